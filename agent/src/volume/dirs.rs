@@ -1,0 +1,316 @@
+//! Creating and removing target directories: publish must be able to remove exactly the
+//! directories it created, and removal must never follow a link or descend into another
+//! filesystem (a foreign mount below the target, e.g. a host path bind-mounted there by mistake).
+//!
+//! Not for deciding whether something is *our* mount (that needs mountinfo, see `Volumes`).
+
+use std::fs::{self, DirBuilder};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use super::error::VolumeError;
+
+/// Mode of a target directory we create: the volume root is world-readable, like kubelet's.
+const TARGET_MODE: u32 = 0o755;
+/// Mode of missing parents we create, as kubelet creates its own volume directories.
+const PARENT_MODE: u32 = 0o750;
+
+/// Checks that `target` is an absolute path naming a directory entry (no `.`/`..`, not `/`).
+pub(crate) fn check_target(target: &Path) -> Result<(), VolumeError> {
+    let reason = if !target.is_absolute() {
+        Some("it must be absolute")
+    } else if target
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        Some("it must not contain '.' or '..'")
+    } else if target.file_name().is_none() {
+        Some("it must not be the root directory")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(VolumeError::InvalidTarget {
+            target: target.to_path_buf(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `target` as the kernel prints it in mountinfo: symlinks in its parents resolved. The target
+/// itself is never a link (publish refuses those), so only the parent is canonicalised.
+pub(crate) fn resolved(target: &Path) -> PathBuf {
+    match (target.parent(), target.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map(|p| p.join(name))
+            .unwrap_or_else(|_| target.to_path_buf()),
+        _ => target.to_path_buf(),
+    }
+}
+
+/// The directories [`create_target`] made, outermost first.
+#[derive(Debug, Default)]
+pub(crate) struct Created {
+    dirs: Vec<PathBuf>,
+}
+
+impl Created {
+    /// Removes what was created, innermost first: the target with everything in it, then the
+    /// parents as long as they are empty (someone else may have put things there meanwhile).
+    /// Best effort, because it runs while another error is being reported; failures are logged.
+    pub(crate) fn remove(self, target: &Path) {
+        for dir in self.dirs.iter().rev() {
+            let result = if dir == target {
+                remove_tree(dir)
+            } else {
+                fs::remove_dir(dir).map_err(|source| VolumeError::Io {
+                    op: "removing directory",
+                    path: dir.clone(),
+                    source,
+                })
+            };
+            match result {
+                Ok(()) => {}
+                Err(VolumeError::Io { source, .. })
+                    if source.kind() == ErrorKind::DirectoryNotEmpty =>
+                {
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(dir = %dir.display(), error = %err, "cleaning up after a failed publish");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Makes sure `target` is a directory, creating it and missing parents. Refuses a target that
+/// exists as anything but a real directory (a link to a directory included).
+pub(crate) fn create_target(target: &Path) -> Result<Created, VolumeError> {
+    let mut missing = Vec::new();
+    let mut current = target;
+    loop {
+        // The target itself must not be a link; links among the parents are the node's business.
+        let meta = if current == target {
+            fs::symlink_metadata(current)
+        } else {
+            fs::metadata(current)
+        };
+        match meta {
+            Ok(meta) if meta.is_dir() => break,
+            Ok(_) => return Err(not_a_directory(current)),
+            Err(err) if err.kind() == ErrorKind::NotFound => {
+                missing.push(current);
+                match current.parent() {
+                    Some(parent) => current = parent,
+                    None => break,
+                }
+            }
+            Err(source) => return Err(io("inspecting", current, source)),
+        }
+    }
+
+    let mut created = Created::default();
+    for dir in missing.into_iter().rev() {
+        let mode = if dir == target {
+            TARGET_MODE
+        } else {
+            PARENT_MODE
+        };
+        match DirBuilder::new().mode(mode).create(dir) {
+            Ok(()) => {
+                created.dirs.push(dir.to_path_buf());
+                // Exact mode regardless of the process umask.
+                if let Err(source) = fs::set_permissions(dir, fs::Permissions::from_mode(mode)) {
+                    created.remove(target);
+                    return Err(io("setting mode of", dir, source));
+                }
+            }
+            // Someone else made it between our check and now: not ours to remove later.
+            Err(err) if err.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(source) => {
+                created.remove(target);
+                return Err(io("creating directory", dir, source));
+            }
+        }
+    }
+    if fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
+        created.remove(target);
+        return Err(not_a_directory(target));
+    }
+    Ok(created)
+}
+
+/// Removes `path` and everything below it without following links and without crossing into a
+/// different filesystem: a directory on another device is refused with `NotOurMount`.
+/// Succeeds when `path` does not exist.
+pub(crate) fn remove_tree(path: &Path) -> Result<(), VolumeError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(io("inspecting", path, source)),
+    };
+    if !meta.is_dir() {
+        return fs::remove_file(path).map_err(|source| io("removing", path, source));
+    }
+    empty_dir(path, meta.dev())?;
+    fs::remove_dir(path).map_err(|source| io("removing directory", path, source))
+}
+
+fn empty_dir(dir: &Path, device: u64) -> Result<(), VolumeError> {
+    let entries = fs::read_dir(dir).map_err(|source| io("listing", dir, source))?;
+    for entry in entries {
+        let entry = entry.map_err(|source| io("listing", dir, source))?;
+        let path = entry.path();
+        // symlink_metadata (not DirEntry::file_type alone) because we need the device number.
+        let meta = fs::symlink_metadata(&path).map_err(|source| io("inspecting", &path, source))?;
+        if meta.is_dir() {
+            if meta.dev() != device {
+                return Err(VolumeError::NotOurMount {
+                    target: path,
+                    fstype: "unknown".into(),
+                    mount_source: "another filesystem".into(),
+                });
+            }
+            empty_dir(&path, device)?;
+            fs::remove_dir(&path).map_err(|source| io("removing directory", &path, source))?;
+        } else {
+            fs::remove_file(&path).map_err(|source| io("removing", &path, source))?;
+        }
+    }
+    Ok(())
+}
+
+fn not_a_directory(path: &Path) -> VolumeError {
+    VolumeError::NotADirectory {
+        target: path.to_path_buf(),
+    }
+}
+
+fn io(op: &'static str, path: &Path, source: std::io::Error) -> VolumeError {
+    VolumeError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+    use crate::volume::test_support::{MountGuard, require_root};
+
+    #[test]
+    fn target_must_be_absolute_and_plain() {
+        assert!(check_target(Path::new("/var/lib/x/mount")).is_ok());
+        for bad in ["relative/x", "/a/../b", "/", "./a", ""] {
+            match check_target(Path::new(bad)) {
+                Err(VolumeError::InvalidTarget { .. }) => {}
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn creates_missing_parents_and_removes_only_those() {
+        let base = tempfile::tempdir().unwrap();
+        let target = base.path().join("a/b/mount");
+        let created = create_target(&target).unwrap();
+        assert_eq!(created.dirs.len(), 3);
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&target), 0o755);
+        assert_eq!(mode(&base.path().join("a")), 0o750);
+        fs::write(target.join("f"), b"x").unwrap();
+        created.remove(&target);
+        assert!(!base.path().join("a").exists());
+        assert!(base.path().exists());
+    }
+
+    #[test]
+    fn cleanup_stops_at_a_parent_someone_else_filled() {
+        let base = tempfile::tempdir().unwrap();
+        let target = base.path().join("a/mount");
+        let created = create_target(&target).unwrap();
+        fs::write(base.path().join("a/other"), b"x").unwrap();
+        created.remove(&target);
+        assert!(!target.exists());
+        assert!(base.path().join("a/other").exists());
+    }
+
+    #[test]
+    fn existing_target_is_not_ours() {
+        let base = tempfile::tempdir().unwrap();
+        let created = create_target(base.path()).unwrap();
+        assert!(created.dirs.is_empty());
+        created.remove(base.path());
+        assert!(base.path().exists());
+    }
+
+    #[test]
+    fn refuses_links_and_files_as_target() {
+        let base = tempfile::tempdir().unwrap();
+        let real = base.path().join("real");
+        fs::create_dir(&real).unwrap();
+        let link = base.path().join("link");
+        symlink(&real, &link).unwrap();
+        assert!(matches!(
+            create_target(&link),
+            Err(VolumeError::NotADirectory { .. })
+        ));
+        let file = base.path().join("file");
+        fs::write(&file, b"").unwrap();
+        assert!(matches!(
+            create_target(&file),
+            Err(VolumeError::NotADirectory { .. })
+        ));
+        assert!(matches!(
+            create_target(&file.join("below")),
+            Err(VolumeError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn remove_tree_does_not_follow_links() {
+        let base = tempfile::tempdir().unwrap();
+        let outside = base.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("keep"), b"x").unwrap();
+        let tree = base.path().join("tree");
+        fs::create_dir_all(tree.join("sub")).unwrap();
+        symlink(&outside, tree.join("sub/link")).unwrap();
+        remove_tree(&tree).unwrap();
+        assert!(!tree.exists());
+        assert!(outside.join("keep").exists());
+        remove_tree(&tree).unwrap();
+    }
+
+    #[test]
+    fn remove_tree_refuses_to_cross_into_another_filesystem() {
+        require_root();
+        let base = tempfile::tempdir().unwrap();
+        let tree = base.path().canonicalize().unwrap().join("tree");
+        let inner = tree.join("inner");
+        fs::create_dir_all(&inner).unwrap();
+        nix::mount::mount(
+            Some("other"),
+            &inner,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64k"),
+        )
+        .unwrap();
+        let _guard = MountGuard::new(&inner);
+        fs::write(inner.join("precious"), b"x").unwrap();
+        match remove_tree(&tree) {
+            Err(VolumeError::NotOurMount { target, .. }) => assert_eq!(target, inner),
+            other => panic!("{other:?}"),
+        }
+        assert!(inner.join("precious").exists());
+    }
+}

@@ -1,0 +1,174 @@
+//! Mounting and unmounting the tmpfs that backs one volume: the only mount(2)/umount2(2) calls in
+//! Latchkey. Every mount gets the source name [`SOURCE`] so that we can later tell our mounts from
+//! anybody else's in mountinfo, and `nosuid,nodev,noexec` so a secret volume can never be used to
+//! run or escalate anything.
+//!
+//! Not for deciding *whether* to mount or unmount (that is `Volumes`), nor for writing files.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+
+use super::error::VolumeError;
+use super::mountinfo::MountEntry;
+
+/// The mount source of every Latchkey tmpfs; how mountinfo tells us a mount is ours.
+pub const SOURCE: &str = "latchkey";
+
+/// Extra room beyond two payloads, for the `..data` and temporary links and anything the kernel
+/// charges that our budget does not count.
+const SLACK_PAGES: u64 = 16;
+
+/// Fallback when sysconf cannot tell the page size.
+const DEFAULT_PAGE_SIZE: u64 = 4096;
+
+/// The unit tmpfs charges space in: the memory page size (4096 on x86_64, up to 64 KiB on some
+/// arm64 kernels). Budgets are counted in it so they match what the filesystem really uses.
+pub fn page_size() -> u64 {
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|size| u64::try_from(size).ok())
+            .filter(|size| *size > 0)
+            .unwrap_or(DEFAULT_PAGE_SIZE)
+    })
+}
+
+/// `bytes` rounded up to whole pages.
+pub fn round_up_to_pages(bytes: u64) -> u64 {
+    bytes.div_ceil(page_size()).saturating_mul(page_size())
+}
+
+/// The tmpfs size for a volume whose payload may use `size_limit` bytes. During an atomic swap the
+/// old and the new set coexist, so the filesystem must hold two payloads, plus some slack.
+pub fn tmpfs_size(size_limit: u64) -> u64 {
+    round_up_to_pages(size_limit.saturating_mul(2))
+        .saturating_add(SLACK_PAGES.saturating_mul(page_size()))
+}
+
+/// True when `entry` is a tmpfs that Latchkey mounted.
+pub fn is_ours(entry: &MountEntry) -> bool {
+    entry.fstype == "tmpfs" && entry.source == SOURCE
+}
+
+/// Mounts a fresh tmpfs of `size_bytes` at the existing directory `target`, root mode 0755.
+pub fn mount(target: &Path, size_bytes: u64) -> Result<(), VolumeError> {
+    // fsGroup support will add `gid=<gid>` and tighten `mode` here.
+    let data = format!("size={size_bytes},mode=0755");
+    nix::mount::mount(
+        Some(SOURCE),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(data.as_str()),
+    )
+    .map_err(|source| VolumeError::Mount {
+        target: target.to_path_buf(),
+        source,
+    })
+}
+
+/// Unmounts whatever is mounted on top at `target`. A busy mount (a process still has a file
+/// open, e.g. a container that has not quite exited) is detached lazily instead: it disappears
+/// from the tree now and is freed when the last user lets go.
+pub fn unmount(target: &Path) -> Result<(), VolumeError> {
+    // NOFOLLOW: if someone swapped the target for a symlink, never unmount where it points.
+    match nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
+        Ok(()) => Ok(()),
+        Err(Errno::EBUSY) => {
+            tracing::warn!(target = %target.display(), "tmpfs is busy; detaching it lazily");
+            nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW | MntFlags::MNT_DETACH).map_err(
+                |source| VolumeError::Unmount {
+                    target: target.to_path_buf(),
+                    source,
+                },
+            )
+        }
+        Err(source) => Err(VolumeError::Unmount {
+            target: target.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::mountinfo;
+    use crate::volume::test_support::{MountGuard, require_root};
+
+    #[test]
+    fn sizes_hold_two_payloads_plus_slack() {
+        let page = page_size();
+        assert_eq!(round_up_to_pages(0), 0);
+        assert_eq!(round_up_to_pages(1), page);
+        assert_eq!(round_up_to_pages(page), page);
+        assert_eq!(tmpfs_size(0), 16 * page);
+        assert_eq!(tmpfs_size(1), page + 16 * page);
+        assert_eq!(tmpfs_size(10 * page), 20 * page + 16 * page);
+        assert_eq!(tmpfs_size(u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn mounts_with_our_source_flags_and_size() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().canonicalize().unwrap();
+        mount(&target, tmpfs_size(1 << 20)).unwrap();
+        let guard = MountGuard::new(&target);
+        let entry = mountinfo::find(&target).unwrap().expect("mounted");
+        assert!(is_ours(&entry), "{entry:?}");
+        for option in ["nosuid", "nodev", "noexec"] {
+            assert!(entry.has_mount_option(option), "{option}: {entry:?}");
+        }
+        let expected = format!("{}k", tmpfs_size(1 << 20) / 1024);
+        assert_eq!(entry.super_option("size"), Some(expected.as_str()));
+        assert_eq!(entry.super_option("mode"), Some("755"));
+
+        unmount(&target).unwrap();
+        assert_eq!(mountinfo::find(&target).unwrap(), None);
+        drop(guard);
+    }
+
+    #[test]
+    fn busy_mount_is_detached() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().canonicalize().unwrap();
+        mount(&target, tmpfs_size(4096)).unwrap();
+        let _guard = MountGuard::new(&target);
+        // An open directory handle on the mount makes a plain umount fail with EBUSY.
+        let busy = std::fs::File::open(&target).unwrap();
+        unmount(&target).unwrap();
+        assert_eq!(mountinfo::find(&target).unwrap(), None);
+        drop(busy);
+    }
+
+    #[test]
+    fn unmounting_a_plain_directory_fails() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        match unmount(dir.path()) {
+            Err(VolumeError::Unmount { source, .. }) => assert_eq!(source, Errno::EINVAL),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn is_ours_needs_tmpfs_and_our_source() {
+        let mut entry =
+            mountinfo::parse(b"40 25 0:39 / /t rw,nosuid - tmpfs latchkey rw,size=8k\n")
+                .unwrap()
+                .remove(0);
+        assert!(is_ours(&entry));
+        entry.source = "other".into();
+        assert!(!is_ours(&entry));
+        entry.source = SOURCE.into();
+        entry.fstype = "ramfs".into();
+        assert!(!is_ours(&entry));
+    }
+}

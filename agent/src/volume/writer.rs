@@ -1,0 +1,473 @@
+//! The atomic writer: puts a set of files into a volume so that a reader sees either the complete
+//! old set or the complete new set, never a mix, the way kubelet's AtomicWriter does for Secret
+//! and ConfigMap volumes (so tools that watch those volumes work unchanged).
+//!
+//! Layout of a volume root:
+//!
+//! ```text
+//! ..2026_05_01_12_00_00.123456789/   the current payload (dirs 0755, files with their mode)
+//! ..data -> ..2026_05_01_12_00_00.123456789
+//! password -> ..data/password       one link per top-level name
+//! db -> ..data/db                   (db/url lives inside the payload directory)
+//! ```
+//!
+//! A new payload is written into a new timestamped directory, then `..data` is replaced by
+//! renaming a temporary link over it: that rename is the single moment the new set becomes
+//! visible. Names starting with `..` are ours alone ([`FilePath`] rejects them).
+//!
+//! Not for mounting (see `tmpfs`), not for deciding between publish and update, and not for
+//! validating single paths (see `path`).
+
+use std::collections::{BTreeSet, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use zeroize::Zeroizing;
+
+use super::error::VolumeError;
+use super::path::{FilePath, check_set};
+use super::tmpfs::{page_size, round_up_to_pages};
+use crate::secret::SecretBytes;
+
+/// The mode callers use for files unless a request says otherwise: anyone in the pod may read.
+pub const DEFAULT_FILE_MODE: u32 = 0o444;
+
+/// Mode of the directories we create inside a payload.
+const DIR_MODE: u32 = 0o755;
+/// The link that names the current payload directory.
+const DATA_LINK: &str = "..data";
+/// Where the next `..data` link is prepared before it is renamed into place.
+const DATA_TMP: &str = "..data_tmp";
+/// Where a new top-level link is prepared before it is renamed into place.
+const LINK_TMP: &str = "..link_tmp";
+/// How many names to try when a timestamped directory name is already taken (clock went back).
+const NAME_ATTEMPTS: u32 = 16;
+
+/// One file to put into a volume.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VolumeFile {
+    /// Where the file goes, relative to the volume root.
+    pub path: FilePath,
+    /// The bytes to write.
+    pub contents: SecretBytes,
+    /// Permission bits (0o000..=0o777); [`DEFAULT_FILE_MODE`] unless the request says otherwise.
+    pub mode: u32,
+}
+
+impl VolumeFile {
+    /// A file with the default mode 0444.
+    pub fn new(path: FilePath, contents: SecretBytes) -> Self {
+        Self {
+            path,
+            contents,
+            mode: DEFAULT_FILE_MODE,
+        }
+    }
+}
+
+impl fmt::Debug for VolumeFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VolumeFile")
+            .field("path", &self.path.as_str())
+            .field("len", &self.contents.len())
+            .field("mode", &format_args!("{:#o}", self.mode))
+            .finish()
+    }
+}
+
+/// A request that passed every check that needs no disk access: paths, modes and budget.
+pub(crate) struct Payload<'a> {
+    /// Sorted by path, so writes and comparisons happen in a stable order.
+    files: Vec<&'a VolumeFile>,
+    /// Names that get a link in the volume root.
+    top_level: BTreeSet<&'a str>,
+}
+
+/// Checks modes, path conflicts and the size budget of `files` against `size_limit`.
+///
+/// The budget counts what tmpfs will charge: every file rounded up to whole pages, plus one page
+/// per top-level link (a long link target takes a page). Directories cost no pages in tmpfs.
+pub(crate) fn check(files: &[VolumeFile], size_limit: u64) -> Result<Payload<'_>, VolumeError> {
+    if let Some(bad) = files.iter().find(|f| f.mode & !0o777 != 0) {
+        return Err(VolumeError::InvalidMode {
+            path: bad.path.as_str().to_owned(),
+            mode: bad.mode,
+        });
+    }
+    check_set(files.iter().map(|f| &f.path))?;
+    let mut sorted: Vec<&VolumeFile> = files.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    let top_level: BTreeSet<&str> = sorted.iter().map(|f| f.path.top_level()).collect();
+    let needed = sorted
+        .iter()
+        .map(|f| round_up_to_pages(f.contents.len() as u64))
+        .fold(0u64, u64::saturating_add)
+        .saturating_add((top_level.len() as u64).saturating_mul(page_size()));
+    if needed > size_limit {
+        return Err(VolumeError::TooLarge {
+            needed,
+            limit: size_limit,
+        });
+    }
+    Ok(Payload {
+        files: sorted,
+        top_level,
+    })
+}
+
+/// Writes payloads into one volume root. Callers serialise writers of the same root.
+pub(crate) struct AtomicWriter<'a> {
+    root: &'a Path,
+    // fsGroup support adds `gid: Option<u32>` here; `write_payload_dir` is the only place that
+    // creates files and directories, so ownership and modes are applied in one spot.
+}
+
+impl<'a> AtomicWriter<'a> {
+    /// A writer for the volume rooted at `root`, an existing directory.
+    pub(crate) fn new(root: &'a Path) -> Self {
+        Self { root }
+    }
+
+    /// Makes the volume hold exactly `payload`. Returns `false` and touches nothing when it
+    /// already does. On error the previous content is left as it was.
+    pub(crate) fn write(&self, payload: &Payload<'_>) -> Result<bool, VolumeError> {
+        let current = self.current_dir()?;
+        if let Some(dir) = &current
+            && self.holds(dir, payload)
+        {
+            return Ok(false);
+        }
+        // Leftovers of an interrupted write would eat the second half of the tmpfs, which the
+        // new payload needs while the old one is still live.
+        self.remove_leftovers(current.as_deref())?;
+
+        let new_dir = self.create_payload_dir()?;
+        let staged = self
+            .write_payload_dir(&new_dir, payload)
+            .and_then(|()| self.add_missing_links(payload));
+        let created_links = match staged {
+            Ok(links) => links,
+            Err(err) => {
+                self.discard(&new_dir, &[]);
+                return Err(err);
+            }
+        };
+        if let Err(err) = self.swap_data_link(&new_dir) {
+            self.discard(&new_dir, &created_links);
+            return Err(err);
+        }
+
+        // The new set is live. What follows only tidies up: a failure leaves a dangling link or
+        // a stale directory (removed by the next write), never wrong content, so it is logged.
+        if let Err(err) = self.remove_old_links(payload) {
+            tracing::warn!(root = %self.root.display(), error = %err, "removing old links");
+        }
+        if let Some(old) = current {
+            let old = self.root.join(old);
+            match fs::remove_dir_all(&old) {
+                Err(err) if err.kind() != ErrorKind::NotFound => {
+                    tracing::warn!(dir = %old.display(), error = %err, "removing old payload");
+                }
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+
+    /// The name `..data` points to, when it is a link to one of our payload directories.
+    fn current_dir(&self) -> Result<Option<OsString>, VolumeError> {
+        let link = self.root.join(DATA_LINK);
+        match fs::read_link(&link) {
+            // Only a bare `..`-name is ours; anything else is never followed nor deleted.
+            Ok(name) if is_payload_dir_name(name.as_os_str()) => Ok(Some(name.into_os_string())),
+            Ok(_) => Ok(None),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+            // EINVAL: it exists but is not a link; the rename of the new link will replace it.
+            Err(err) if err.kind() == ErrorKind::InvalidInput => Ok(None),
+            Err(err) => Err(self.io("reading link", link, err)),
+        }
+    }
+
+    /// True when the payload directory `dir` and the top-level links match `payload` exactly.
+    fn holds(&self, dir: &OsStr, payload: &Payload<'_>) -> bool {
+        let base = self.root.join(dir);
+        let links_ok = payload.top_level.iter().all(|name| {
+            fs::read_link(self.root.join(name)).is_ok_and(|t| t == Path::new(DATA_LINK).join(name))
+        });
+        // Any I/O error while comparing just means "write it again".
+        links_ok
+            && payload.files.iter().all(|f| file_matches(&base, f))
+            && count_files(&base) == Some(payload.files.len())
+    }
+
+    /// Removes every `..` entry except `..data` and the directory it names.
+    fn remove_leftovers(&self, current: Option<&OsStr>) -> Result<(), VolumeError> {
+        let entries = fs::read_dir(self.root).map_err(|e| self.io("listing", self.root, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| self.io("listing", self.root, e))?;
+            let name = entry.file_name();
+            if !name.as_encoded_bytes().starts_with(b"..")
+                || name == DATA_LINK
+                || Some(name.as_os_str()) == current
+            {
+                continue;
+            }
+            let path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(|e| self.io("inspecting", &path, e))?;
+            let removed = if kind.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            removed.map_err(|e| self.io("removing leftover", &path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Creates a fresh, empty timestamped directory and returns its name.
+    fn create_payload_dir(&self) -> Result<OsString, VolumeError> {
+        let base = timestamp_name(SystemTime::now());
+        for attempt in 0..NAME_ATTEMPTS {
+            let name = match attempt {
+                0 => base.clone(),
+                n => format!("{base}_{n}"),
+            };
+            let path = self.root.join(&name);
+            match self.create_dir(&path) {
+                Ok(()) => return Ok(name.into()),
+                Err(err) if err.kind() == ErrorKind::AlreadyExists => continue,
+                Err(err) => return Err(self.io("creating directory", path, err)),
+            }
+        }
+        Err(self.io(
+            "creating directory",
+            self.root.join(base),
+            ErrorKind::AlreadyExists.into(),
+        ))
+    }
+
+    /// Writes every file of `payload` below `dir`, creating directories as needed.
+    fn write_payload_dir(&self, dir: &OsStr, payload: &Payload<'_>) -> Result<(), VolumeError> {
+        let base = self.root.join(dir);
+        let mut made: HashSet<PathBuf> = HashSet::new();
+        for file in &payload.files {
+            let mut parent = base.clone();
+            let segments: Vec<&str> = file.path.segments().collect();
+            let (leaf, dirs) = segments
+                .split_last()
+                .ok_or_else(|| self.io("writing", &base, ErrorKind::InvalidInput.into()))?;
+            for segment in dirs {
+                parent.push(segment);
+                if made.insert(parent.clone()) {
+                    self.create_dir(&parent)
+                        .map_err(|e| self.io("creating directory", &parent, e))?;
+                }
+            }
+            let path = parent.join(leaf);
+            self.create_file(&path, file)
+                .map_err(|e| self.io("writing", &path, e))?;
+        }
+        Ok(())
+    }
+
+    fn create_dir(&self, path: &Path) -> std::io::Result<()> {
+        DirBuilder::new().mode(DIR_MODE).create(path)?;
+        // The umask may have cleared bits; the layout promises exactly 0755.
+        fs::set_permissions(path, fs::Permissions::from_mode(DIR_MODE))
+    }
+
+    fn create_file(&self, path: &Path, file: &VolumeFile) -> std::io::Result<()> {
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(file.mode)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)?;
+        out.write_all(file.contents.expose())?;
+        // fchmod on the open descriptor: the umask must not weaken or alter the requested mode.
+        out.set_permissions(fs::Permissions::from_mode(file.mode))
+    }
+
+    /// Makes sure every top-level name is a link `X -> ..data/X`. Returns the links it created,
+    /// so that a failed swap can remove them again. A new link dangles until the swap, which a
+    /// reader cannot tell from the name being absent.
+    fn add_missing_links(&self, payload: &Payload<'_>) -> Result<Vec<PathBuf>, VolumeError> {
+        let mut created = Vec::new();
+        let result = payload.top_level.iter().try_for_each(|name| {
+            let link = self.root.join(name);
+            let wanted = Path::new(DATA_LINK).join(name);
+            if fs::read_link(&link).is_ok_and(|t| t == wanted) {
+                return Ok(());
+            }
+            self.replace_with_link(&wanted, LINK_TMP, &link)?;
+            created.push(link);
+            Ok(())
+        });
+        match result {
+            Ok(()) => Ok(created),
+            Err(err) => {
+                self.remove_links(&created);
+                Err(err)
+            }
+        }
+    }
+
+    /// The commit point: `..data` now names `new_dir`.
+    fn swap_data_link(&self, new_dir: &OsStr) -> Result<(), VolumeError> {
+        self.replace_with_link(Path::new(new_dir), DATA_TMP, &self.root.join(DATA_LINK))
+    }
+
+    /// Atomically makes `at` a link to `points_to`, via a temporary link named `tmp_name`.
+    fn replace_with_link(
+        &self,
+        points_to: &Path,
+        tmp_name: &str,
+        at: &Path,
+    ) -> Result<(), VolumeError> {
+        let tmp = self.root.join(tmp_name);
+        match fs::remove_file(&tmp) {
+            Err(err) if err.kind() != ErrorKind::NotFound => {
+                return Err(self.io("removing leftover", tmp, err));
+            }
+            _ => {}
+        }
+        symlink(points_to, &tmp).map_err(|e| self.io("creating link", &tmp, e))?;
+        fs::rename(&tmp, at).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            self.io("renaming link into place", at, e)
+        })
+    }
+
+    /// Removes top-level links of names that are no longer in `payload`. Only our own links
+    /// (those pointing into `..data/`) are touched.
+    fn remove_old_links(&self, payload: &Payload<'_>) -> Result<(), VolumeError> {
+        let entries = fs::read_dir(self.root).map_err(|e| self.io("listing", self.root, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| self.io("listing", self.root, e))?;
+            let name = entry.file_name();
+            let keep = name.as_encoded_bytes().starts_with(b"..")
+                || name.to_str().is_some_and(|n| payload.top_level.contains(n));
+            if keep {
+                continue;
+            }
+            let path = entry.path();
+            if fs::read_link(&path).is_ok_and(|t| t.starts_with(DATA_LINK)) {
+                fs::remove_file(&path).map_err(|e| self.io("removing link", &path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Best-effort undo of a write that did not reach the swap.
+    fn discard(&self, new_dir: &OsStr, links: &[PathBuf]) {
+        self.remove_links(links);
+        let dir = self.root.join(new_dir);
+        if let Err(err) = fs::remove_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %err, "removing unfinished payload");
+        }
+    }
+
+    fn remove_links(&self, links: &[PathBuf]) {
+        for link in links {
+            if let Err(err) = fs::remove_file(link) {
+                tracing::warn!(link = %link.display(), error = %err, "removing new link");
+            }
+        }
+    }
+
+    fn io(&self, op: &'static str, path: impl Into<PathBuf>, err: std::io::Error) -> VolumeError {
+        VolumeError::io(op, path, self.root, err)
+    }
+}
+
+/// True when `base/file.path` is a regular file with the same mode and bytes.
+fn file_matches(base: &Path, file: &VolumeFile) -> bool {
+    let path = base.join(file.path.as_str());
+    let Ok(meta) = fs::symlink_metadata(&path) else {
+        return false;
+    };
+    if !meta.is_file()
+        || meta.mode() & 0o7777 != file.mode
+        || meta.len() != file.contents.len() as u64
+    {
+        return false;
+    }
+    let Ok(mut reader) = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&path)
+    else {
+        return false;
+    };
+    // The old bytes are as secret as the new ones: keep them in a zeroizing buffer.
+    let mut old = Zeroizing::new(Vec::with_capacity(file.contents.len()));
+    reader.read_to_end(&mut old).is_ok() && old.as_slice() == file.contents.expose()
+}
+
+/// Number of regular files below `dir`, or `None` if anything else (a link, a device, an
+/// unreadable directory) is found.
+fn count_files(dir: &Path) -> Option<usize> {
+    let mut count = 0;
+    for entry in fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        let kind = entry.file_type().ok()?;
+        if kind.is_file() {
+            count += 1;
+        } else if kind.is_dir() {
+            count += count_files(&entry.path())?;
+        } else {
+            return None;
+        }
+    }
+    Some(count)
+}
+
+/// A name our writer could have given a payload directory: one `..`-prefixed path component.
+fn is_payload_dir_name(name: &OsStr) -> bool {
+    let bytes = name.as_encoded_bytes();
+    bytes.starts_with(b"..")
+        && bytes.len() > 2
+        && !bytes.contains(&b'/')
+        && name != DATA_LINK
+        && name != DATA_TMP
+}
+
+/// `..YYYY_MM_DD_HH_MM_SS.<nanoseconds>` in UTC, the naming kubelet's AtomicWriter uses.
+fn timestamp_name(now: SystemTime) -> String {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (year, month, day) = civil_from_days(secs / 86_400);
+    let of_day = secs % 86_400;
+    format!(
+        "..{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}.{:09}",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60,
+        since.subsec_nanos()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
+/// (Howard Hinnant's `civil_from_days`, restricted to dates after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests;
