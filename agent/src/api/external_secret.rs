@@ -1,0 +1,288 @@
+//! `ExternalSecret`: which remote values a volume (or a mirrored Secret) is made of.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Describes the files a pod's volume is built from and, optionally, a mirrored Secret.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "latchkey.dev",
+    version = "v1alpha1",
+    kind = "ExternalSecret",
+    namespaced,
+    shortname = "es",
+    status = "ExternalSecretStatus",
+    printcolumn = r#"{"name":"Store","type":"string","jsonPath":".spec.secretStoreRef.name"}"#,
+    printcolumn = r#"{"name":"Refresh","type":"string","jsonPath":".spec.refreshInterval"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalSecretSpec {
+    /// The store the remote references are resolved against.
+    pub secret_store_ref: SecretStoreRef,
+    /// How often mounted files and mirrors are refreshed (e.g. `1h`); `0` fetches once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_interval: Option<String>,
+    /// Individual remote values, one entry (file) each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<ExternalSecretData>,
+    /// Remote values that expand into several entries; later entries override earlier ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_from: Vec<DataFrom>,
+    /// What is produced: templates, file layout and the optional mirrored Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
+    /// Service account the mirror controller acts as (defaults to `default`); mounts use the pod's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+}
+
+/// Points at a SecretStore (same namespace) or a ClusterSecretStore.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretStoreRef {
+    /// Name of the store.
+    pub name: String,
+    /// `SecretStore` (default) or `ClusterSecretStore`.
+    #[serde(default)]
+    pub kind: StoreKind,
+}
+
+/// The two kinds of store an ExternalSecret can reference.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum StoreKind {
+    /// A namespaced store; only usable from its own namespace.
+    #[default]
+    SecretStore,
+    /// A cluster-wide store; usable from the namespaces its conditions admit.
+    ClusterSecretStore,
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoreKind::SecretStore => "SecretStore",
+            StoreKind::ClusterSecretStore => "ClusterSecretStore",
+        })
+    }
+}
+
+/// One remote value mapped to one entry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalSecretData {
+    /// Entry name: the file name in the volume, the key in a mirrored Secret.
+    pub secret_key: String,
+    /// Where the value comes from.
+    pub remote_ref: RemoteRef,
+}
+
+/// A reference to a value in the backend.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteRef {
+    /// The remote key (secret name or path).
+    pub key: String,
+    /// A top-level key of a JSON value, or a dotted path into nested JSON; empty = whole value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub property: Option<String>,
+    /// Provider-specific version (AWS VersionStage or `uuid/<VersionId>`, Vault KV version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// How to decode the fetched value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoding_strategy: Option<DecodingStrategy>,
+}
+
+/// Decoding applied to a fetched value, as in ESO.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DecodingStrategy {
+    /// Use the value as is.
+    #[default]
+    None,
+    /// Standard base64.
+    Base64,
+    /// URL-safe base64.
+    #[serde(rename = "Base64URL")]
+    Base64Url,
+    /// Base64 or Base64URL when the value decodes, else as is.
+    Auto,
+}
+
+/// A remote value that expands into several entries.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataFrom {
+    /// A JSON object whose top-level keys become entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extract: Option<RemoteRef>,
+    /// Every remote secret whose name matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub find: Option<FindRef>,
+    /// Renames applied, in order, to the entry names this source produces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewrite: Vec<Rewrite>,
+}
+
+/// Selects remote secrets by name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FindRef {
+    /// Only look below this path (providers with hierarchical keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Name filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<FindName>,
+    /// How to decode each fetched value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoding_strategy: Option<DecodingStrategy>,
+}
+
+/// A regular expression over remote secret names.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct FindName {
+    /// The regular expression (RE2 syntax, unanchored unless `^`/`$` are used).
+    pub regexp: String,
+}
+
+/// One rename step.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Rewrite {
+    /// Replace every match of `source` by `target` (which may use `$1`-style groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regexp: Option<RewriteRegexp>,
+}
+
+/// The regular-expression rename.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct RewriteRegexp {
+    /// Pattern to match in the entry name.
+    pub source: String,
+    /// Replacement.
+    pub target: String,
+}
+
+/// What an ExternalSecret produces.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// CEL templates computed from the resolved entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Template>,
+    /// File layout and modes in the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Files>,
+    /// Name of the mirrored Secret (defaults to the ExternalSecret's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Whether and how a Kubernetes Secret is mirrored; `None` (default) means mount only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_policy: Option<CreationPolicy>,
+    /// What happens to mirrored data when the remote value disappears.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+    /// Make the mirrored Secret immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub immutable: Option<bool>,
+}
+
+/// Output entries computed by CEL expressions.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Template {
+    /// Output key -> CEL expression over `secret` (and `pod` on mounts).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
+}
+
+/// File layout in the mounted volume.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Files {
+    /// Mode of every file without its own (default 0444).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::mode::deserialize"
+    )]
+    pub default_mode: Option<i32>,
+    /// Explicit key -> path mappings; when set, only these keys are written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<FileItem>,
+}
+
+/// One key written to a chosen relative path.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct FileItem {
+    /// Entry name.
+    pub key: String,
+    /// Relative path in the volume.
+    pub path: String,
+    /// File mode (e.g. 0400).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::mode::deserialize"
+    )]
+    pub mode: Option<i32>,
+}
+
+/// Mirroring behaviour, as in ESO.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CreationPolicy {
+    /// Mount only; no Kubernetes Secret is created.
+    #[default]
+    None,
+    /// Create the Secret, owned by the ExternalSecret.
+    Owner,
+    /// Create the Secret without an owner reference.
+    Orphan,
+    /// Merge into an existing Secret.
+    Merge,
+}
+
+/// Mirrored-data behaviour when the remote value is gone, as in ESO.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Keep the Secret as it is.
+    #[default]
+    Retain,
+    /// Delete the Secret.
+    Delete,
+    /// Remove only the keys Latchkey manages.
+    Merge,
+}
+
+/// Observed state, written by the mirror controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalSecretStatus {
+    /// Standard conditions (`Ready`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// When the values were last fetched (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_time: Option<String>,
+}
+
+/// A status condition.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type, e.g. `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable message (never contains values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Last transition (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}

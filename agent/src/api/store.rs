@@ -1,0 +1,291 @@
+//! `SecretStore` and `ClusterSecretStore`: how to reach a backend and authenticate to it.
+
+use std::fmt;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::external_secret::Condition;
+
+/// A namespaced store, usable only by ExternalSecrets of its own namespace.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "latchkey.dev",
+    version = "v1alpha1",
+    kind = "SecretStore",
+    namespaced,
+    shortname = "ss",
+    status = "StoreStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretStoreSpec {
+    /// The backend; exactly one provider block.
+    pub provider: StoreProvider,
+}
+
+/// A cluster-wide store, usable from the namespaces its `conditions` admit.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "latchkey.dev",
+    version = "v1alpha1",
+    kind = "ClusterSecretStore",
+    shortname = "css",
+    status = "StoreStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSecretStoreSpec {
+    /// The backend; exactly one provider block.
+    pub provider: StoreProvider,
+    /// Which namespaces may use the store; empty admits every namespace (as in ESO).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<ClusterStoreCondition>,
+}
+
+/// One admission rule; a namespace is admitted when any condition matches it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStoreCondition {
+    /// Namespaces admitted by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// Namespaces admitted by a label selector on the Namespace object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Namespaces admitted by regular expression over the name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespace_regexes: Vec<String>,
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSelector {
+    /// Labels that must all be present with these values.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub match_labels: std::collections::BTreeMap<String, String>,
+    /// Set-based requirements.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// A set-based label requirement.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct LabelSelectorRequirement {
+    /// Label key.
+    pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    pub operator: String,
+    /// Values for `In` / `NotIn`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// The backend of a store: exactly one of these blocks is set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreProvider {
+    /// AWS Secrets Manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsProvider>,
+    /// HashiCorp Vault or OpenBao.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vault: Option<VaultProvider>,
+    /// Secrets of the pod's own namespace, read as the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesProvider>,
+    /// Inline values, for demos and tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fake: Option<FakeProvider>,
+}
+
+/// A reference to one key of a Kubernetes Secret holding a credential.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct SecretKeySelector {
+    /// Secret name.
+    pub name: String,
+    /// Key in the Secret's data.
+    pub key: String,
+    /// Namespace; only meaningful for ClusterSecretStores (must be the agent's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// AWS Secrets Manager.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwsProvider {
+    /// Only `SecretsManager` is supported.
+    #[serde(default = "default_aws_service")]
+    pub service: String,
+    /// AWS region, e.g. `eu-west-1`.
+    pub region: String,
+    /// Endpoint override (VPC endpoints, tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Role ARN assumed after authenticating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// How to authenticate; exactly one method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AwsAuth>,
+}
+
+fn default_aws_service() -> String {
+    "SecretsManager".to_string()
+}
+
+/// AWS authentication methods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwsAuth {
+    /// Static keys from a Kubernetes Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<AwsSecretRef>,
+    /// Web identity with the pod's own projected service-account token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<AwsJwtAuth>,
+    /// The agent's own default credential chain (must be chosen explicitly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_identity: Option<Empty>,
+}
+
+/// Static AWS keys.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwsSecretRef {
+    /// Access key id.
+    #[serde(rename = "accessKeyIDSecretRef")]
+    pub access_key_id_secret_ref: SecretKeySelector,
+    /// Secret access key.
+    pub secret_access_key_secret_ref: SecretKeySelector,
+    /// Optional session token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token_secret_ref: Option<SecretKeySelector>,
+}
+
+/// Web identity settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct AwsJwtAuth {
+    /// Token audience (default `sts.amazonaws.com`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+}
+
+/// An empty object, for options that are switched on by their presence.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Empty {}
+
+/// HashiCorp Vault / OpenBao.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultProvider {
+    /// Server URL, e.g. `https://vault.example:8200`.
+    pub server: String,
+    /// KV mount path, e.g. `secret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// KV engine version: `v1` or `v2` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Vault Enterprise / OpenBao namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// PEM CA bundle, base64-encoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
+    /// How to authenticate; exactly one method.
+    pub auth: VaultAuth,
+}
+
+/// Vault authentication methods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultAuth {
+    /// A token stored in a Kubernetes Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeySelector>,
+    /// Kubernetes auth with the pod's own token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<VaultRoleAuth>,
+    /// JWT auth with the pod's own token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<VaultRoleAuth>,
+    /// AppRole auth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_role: Option<VaultAppRole>,
+}
+
+/// Role-based login with a service-account token.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultRoleAuth {
+    /// Auth mount path (default `kubernetes` or `jwt`).
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "path")]
+    pub mount_path: Option<String>,
+    /// Vault role.
+    pub role: String,
+    /// Token audience requested from kubelet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+}
+
+/// AppRole login.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultAppRole {
+    /// Auth mount path (default `approle`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Role id.
+    pub role_id: String,
+    /// Secret holding the secret id.
+    pub secret_ref: SecretKeySelector,
+}
+
+/// Reads Secrets of the pod's namespace with the pod's own token.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesProvider {
+    /// Token audience (defaults to the API server's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+}
+
+/// Inline values, for demos and tests.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct FakeProvider {
+    /// The remote values this store serves.
+    #[serde(default)]
+    pub data: Vec<FakeEntry>,
+}
+
+/// One inline value of the fake provider.
+#[derive(Serialize, Deserialize, Clone, Default, PartialEq, JsonSchema)]
+pub struct FakeEntry {
+    /// Remote key.
+    pub key: String,
+    /// The value (a string; JSON text for property lookups).
+    pub value: String,
+    /// Version this value answers to; entries without one answer unversioned reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+impl fmt::Debug for FakeEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeEntry")
+            .field("key", &self.key)
+            .field("value", &"<redacted>")
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// Observed state of a store.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct StoreStatus {
+    /// Standard conditions (`Ready`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

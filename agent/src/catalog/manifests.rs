@@ -1,0 +1,374 @@
+//! Standalone catalog: stores, ExternalSecrets, `v1` Secrets and Namespaces read from the YAML files
+//! of one directory (several documents per file, `*.yaml` / `*.yml`), loaded once at start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use serde::Deserialize;
+
+use super::{Catalog, CatalogError};
+use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+
+/// A manifest that could not be loaded. Messages never quote document contents, since stores and
+/// Secrets can hold values.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The directory or a file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// File or directory.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A document is not valid YAML or does not match its kind's schema.
+    #[error("{path}: document {index}{what}: {reason}")]
+    Invalid {
+        /// File.
+        path: PathBuf,
+        /// 1-based document number in the file.
+        index: usize,
+        /// ` (Kind namespace/name)` when known.
+        what: String,
+        /// Why, without document contents.
+        reason: String,
+    },
+    /// Two documents define the same object.
+    #[error("{path}: {kind} {name} is defined twice")]
+    Duplicate {
+        /// File of the second definition.
+        path: PathBuf,
+        /// Kind.
+        kind: &'static str,
+        /// `namespace/name` or `name`.
+        name: String,
+    },
+}
+
+/// Objects loaded from a manifest directory.
+#[derive(Default)]
+pub struct ManifestCatalog {
+    external_secrets: HashMap<(String, String), Arc<ExternalSecret>>,
+    secret_stores: HashMap<(String, String), Arc<SecretStore>>,
+    cluster_secret_stores: HashMap<String, Arc<ClusterSecretStore>>,
+    secrets: HashMap<(String, String), Arc<Secret>>,
+    namespaces: HashMap<String, BTreeMap<String, String>>,
+}
+
+/// The header every Kubernetes document has.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypeMeta {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    metadata: Meta,
+}
+
+#[derive(Deserialize, Default)]
+struct Meta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+const DEFAULT_NAMESPACE: &str = "default";
+
+impl ManifestCatalog {
+    /// Loads every `*.yaml` / `*.yml` file of `dir` (not recursive), in name order.
+    pub fn load_dir(dir: &Path) -> Result<Self, ManifestError> {
+        let read_err = |source| ManifestError::Read {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(read_err)? {
+            let path = entry.map_err(read_err)?.path();
+            let is_yaml = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            );
+            if is_yaml && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut catalog = Self::default();
+        for path in files {
+            let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            catalog.add_documents(&path, &text)?;
+        }
+        Ok(catalog)
+    }
+
+    /// Adds every document of one YAML text; `path` is only used in error messages.
+    pub fn add_documents(&mut self, path: &Path, text: &str) -> Result<(), ManifestError> {
+        for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+            let index = i + 1;
+            let invalid = |what: String, reason: String| ManifestError::Invalid {
+                path: path.to_path_buf(),
+                index,
+                what,
+                reason,
+            };
+            let value = serde_norway::Value::deserialize(doc)
+                .map_err(|e| invalid(String::new(), location_only(&e)))?;
+            if value.is_null() {
+                continue;
+            }
+            let meta: TypeMeta = serde_norway::from_value(value.clone())
+                .map_err(|e| invalid(String::new(), location_only(&e)))?;
+            let ns = meta
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.into());
+            let name = meta.metadata.name.clone();
+            let what = format!(" ({} {}/{})", meta.kind, ns, name);
+            if name.is_empty() {
+                return Err(invalid(what, "metadata.name is missing".into()));
+            }
+            let dup = |kind: &'static str, name: String| ManifestError::Duplicate {
+                path: path.to_path_buf(),
+                kind,
+                name,
+            };
+            match (meta.api_version.as_str(), meta.kind.as_str()) {
+                ("latchkey.dev/v1alpha1", "ExternalSecret") => {
+                    // ExternalSecrets hold no values, so the full serde message is safe to show.
+                    let mut obj: ExternalSecret = serde_norway::from_value(value)
+                        .map_err(|e| invalid(what.clone(), e.to_string()))?;
+                    obj.metadata.namespace = Some(ns.clone());
+                    if self
+                        .external_secrets
+                        .insert((ns.clone(), name.clone()), Arc::new(obj))
+                        .is_some()
+                    {
+                        return Err(dup("ExternalSecret", format!("{ns}/{name}")));
+                    }
+                }
+                ("latchkey.dev/v1alpha1", "SecretStore") => {
+                    let mut obj: SecretStore = serde_norway::from_value(value)
+                        .map_err(|e| invalid(what.clone(), location_only(&e)))?;
+                    obj.metadata.namespace = Some(ns.clone());
+                    if self
+                        .secret_stores
+                        .insert((ns.clone(), name.clone()), Arc::new(obj))
+                        .is_some()
+                    {
+                        return Err(dup("SecretStore", format!("{ns}/{name}")));
+                    }
+                }
+                ("latchkey.dev/v1alpha1", "ClusterSecretStore") => {
+                    let obj: ClusterSecretStore = serde_norway::from_value(value)
+                        .map_err(|e| invalid(what.clone(), location_only(&e)))?;
+                    if self
+                        .cluster_secret_stores
+                        .insert(name.clone(), Arc::new(obj))
+                        .is_some()
+                    {
+                        return Err(dup("ClusterSecretStore", name));
+                    }
+                }
+                ("v1", "Secret") => {
+                    let mut obj: Secret = serde_norway::from_value(value)
+                        .map_err(|e| invalid(what.clone(), location_only(&e)))?;
+                    obj.metadata.namespace = Some(ns.clone());
+                    merge_string_data(&mut obj);
+                    if self
+                        .secrets
+                        .insert((ns.clone(), name.clone()), Arc::new(obj))
+                        .is_some()
+                    {
+                        return Err(dup("Secret", format!("{ns}/{name}")));
+                    }
+                }
+                ("v1", "Namespace") => {
+                    let obj: Namespace = serde_norway::from_value(value)
+                        .map_err(|e| invalid(what.clone(), location_only(&e)))?;
+                    let mut labels = obj.metadata.labels.unwrap_or_default();
+                    labels.insert(NAMESPACE_NAME_LABEL.into(), name.clone());
+                    if self.namespaces.insert(name.clone(), labels).is_some() {
+                        return Err(dup("Namespace", name));
+                    }
+                }
+                (api, kind) => {
+                    return Err(invalid(
+                        what,
+                        format!(
+                            "unsupported kind {kind} ({api}); expected latchkey.dev/v1alpha1 \
+                             SecretStore, ClusterSecretStore or ExternalSecret, or v1 Secret or Namespace"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The label the API server sets on every Namespace; set here too so selectors behave the same.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// A serde message can quote the offending value; keep only where it happened.
+fn location_only(e: &serde_norway::Error) -> String {
+    match e.location() {
+        Some(l) => format!(
+            "does not match the schema near line {} column {}",
+            l.line(),
+            l.column()
+        ),
+        None => "does not match the schema".to_string(),
+    }
+}
+
+/// The API server folds `stringData` into `data` on write; do the same for manifests.
+fn merge_string_data(secret: &mut Secret) {
+    if let Some(string_data) = secret.string_data.take() {
+        let data = secret.data.get_or_insert_with(BTreeMap::new);
+        for (k, v) in string_data {
+            data.insert(k, ByteString(v.into_bytes()));
+        }
+    }
+}
+
+#[async_trait]
+impl Catalog for ManifestCatalog {
+    async fn external_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ExternalSecret>>, CatalogError> {
+        Ok(self
+            .external_secrets
+            .get(&(namespace.into(), name.into()))
+            .cloned())
+    }
+
+    async fn secret_store(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<SecretStore>>, CatalogError> {
+        Ok(self
+            .secret_stores
+            .get(&(namespace.into(), name.into()))
+            .cloned())
+    }
+
+    async fn cluster_secret_store(
+        &self,
+        name: &str,
+    ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError> {
+        Ok(self.cluster_secret_stores.get(name).cloned())
+    }
+
+    async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Secret>>, CatalogError> {
+        Ok(self.secrets.get(&(namespace.into(), name.into())).cloned())
+    }
+
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<BTreeMap<String, String>, CatalogError> {
+        Ok(self.namespaces.get(namespace).cloned().unwrap_or_else(|| {
+            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), namespace.to_string())])
+        }))
+    }
+
+    fn is_synced(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOCS: &str = r#"
+apiVersion: latchkey.dev/v1alpha1
+kind: SecretStore
+metadata: {name: demo, namespace: shop}
+spec:
+  provider:
+    fake:
+      data:
+      - {key: db, value: '{"user":"app"}'}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: creds}
+spec:
+  secretStoreRef: {name: demo}
+  data:
+  - secretKey: user
+    remoteRef: {key: db, property: user}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: aws, namespace: shop}
+stringData: {key: hunter2}
+---
+"#;
+
+    #[tokio::test]
+    async fn loads_every_kind_and_defaults_the_namespace() {
+        let mut c = ManifestCatalog::default();
+        c.add_documents(Path::new("x.yaml"), DOCS).unwrap();
+        assert!(c.secret_store("shop", "demo").await.unwrap().is_some());
+        assert!(
+            c.external_secret("default", "creds")
+                .await
+                .unwrap()
+                .is_some()
+        );
+        let s = c.secret("shop", "aws").await.unwrap().unwrap();
+        assert_eq!(s.data.as_ref().unwrap()["key"].0, b"hunter2");
+        let labels = c.namespace_labels("shop").await.unwrap();
+        assert_eq!(labels[NAMESPACE_NAME_LABEL], "shop");
+    }
+
+    #[test]
+    fn rejects_duplicates_and_unknown_kinds() {
+        let mut c = ManifestCatalog::default();
+        let twice = format!("{DOCS}\n---\n{DOCS}");
+        let err = c.add_documents(Path::new("x.yaml"), &twice).unwrap_err();
+        assert!(err.to_string().contains("defined twice"), "{err}");
+
+        let mut c = ManifestCatalog::default();
+        let err = c
+            .add_documents(
+                Path::new("y.yaml"),
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("unsupported kind Pod"), "{err}");
+    }
+
+    #[test]
+    fn schema_errors_do_not_quote_values() {
+        let mut c = ManifestCatalog::default();
+        let doc = "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {name: s}\n\
+                   spec: {provider: {fake: {data: [{key: k, value: [hunter2-secret]}]}}}\n";
+        let err = c
+            .add_documents(Path::new("z.yaml"), doc)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("SecretStore default/s"), "{err}");
+    }
+}

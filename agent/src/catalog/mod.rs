@@ -1,0 +1,60 @@
+//! Where Latchkey objects come from: a directory of manifests (standalone mode) or, later, the
+//! Kubernetes API. The catalog only finds objects; which store an ExternalSecret may use is
+//! decided in [`binding`].
+
+pub mod binding;
+pub mod manifests;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Secret;
+
+use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+
+pub use binding::{Binding, BindingError, bind};
+pub use manifests::{ManifestCatalog, ManifestError};
+
+/// Failure to reach the object source itself (not "object missing", which is `Ok(None)`).
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The source could not answer.
+    #[error("catalog unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Read access to the objects a publish needs. Lookups are cheap (served from memory).
+#[async_trait]
+pub trait Catalog: Send + Sync {
+    /// The ExternalSecret `namespace/name`.
+    async fn external_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ExternalSecret>>, CatalogError>;
+    /// The SecretStore `namespace/name`.
+    async fn secret_store(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<SecretStore>>, CatalogError>;
+    /// The ClusterSecretStore `name`.
+    async fn cluster_secret_store(
+        &self,
+        name: &str,
+    ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError>;
+    /// The `v1` Secret `namespace/name` (provider credentials).
+    async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Secret>>, CatalogError>;
+    /// Labels of a namespace, for ClusterSecretStore namespace selectors.
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<BTreeMap<String, String>, CatalogError>;
+    /// True once the catalog holds a complete view (always true for manifests).
+    fn is_synced(&self) -> bool;
+}

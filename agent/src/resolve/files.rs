@@ -1,0 +1,140 @@
+//! Entries -> files: `target.files.items` picks keys and paths, `defaultMode` and per-item `mode`
+//! set permissions (default 0444: readable by any user of the pod, writable by none).
+
+use std::collections::BTreeMap;
+
+use super::{Context, ResolveError};
+use crate::api::external_secret::Target;
+use crate::secret::SecretBytes;
+use crate::volume::{DEFAULT_FILE_MODE, FilePath, VolumeFile};
+
+/// Lays the entries out as files.
+pub fn files(
+    ctx: &Context,
+    target: Option<&Target>,
+    mut entries: BTreeMap<String, SecretBytes>,
+) -> Result<Vec<VolumeFile>, ResolveError> {
+    let fail = |reason: String| ResolveError::Files {
+        ctx: ctx.boxed(),
+        reason,
+    };
+    let layout = target.and_then(|t| t.files.as_ref());
+    let default_mode = match layout.and_then(|f| f.default_mode) {
+        Some(m) => {
+            mode(m).ok_or_else(|| fail(format!("target.files.defaultMode {m} is negative")))?
+        }
+        None => DEFAULT_FILE_MODE,
+    };
+    let path = |p: &str| FilePath::parse(p).map_err(|e| fail(e.to_string()));
+    let items = layout.map(|f| f.items.as_slice()).unwrap_or_default();
+    if items.is_empty() {
+        return entries
+            .into_iter()
+            .map(|(name, contents)| {
+                Ok(VolumeFile {
+                    path: path(&name)?,
+                    contents,
+                    mode: default_mode,
+                })
+            })
+            .collect();
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let contents = entries.remove(&item.key).ok_or_else(|| {
+                fail(format!(
+                    "target.files.items[{i}] names key \"{}\", which the ExternalSecret does not produce",
+                    item.key
+                ))
+            })?;
+            let mode = match item.mode {
+                Some(m) => mode(m)
+                    .ok_or_else(|| fail(format!("target.files.items[{i}].mode {m} is negative")))?,
+                None => default_mode,
+            };
+            Ok(VolumeFile { path: path(&item.path)?, contents, mode })
+        })
+        .collect()
+}
+
+fn mode(m: i32) -> Option<u32> {
+    u32::try_from(m).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::external_secret::{FileItem, Files};
+
+    fn entries() -> BTreeMap<String, SecretBytes> {
+        BTreeMap::from([
+            ("a".to_string(), SecretBytes::from("1")),
+            ("b".into(), SecretBytes::from("2")),
+        ])
+    }
+
+    #[test]
+    fn every_entry_is_a_file_with_the_default_mode() {
+        let f = files(&super::super::tests::ctx(), None, entries()).unwrap();
+        let got: Vec<_> = f.iter().map(|f| (f.path.as_str(), f.mode)).collect();
+        assert_eq!(got, [("a", 0o444), ("b", 0o444)]);
+    }
+
+    #[test]
+    fn items_choose_keys_paths_and_modes() {
+        let target = Target {
+            files: Some(Files {
+                default_mode: Some(0o440),
+                items: vec![
+                    FileItem {
+                        key: "a".into(),
+                        path: "db/url".into(),
+                        mode: Some(0o400),
+                    },
+                    FileItem {
+                        key: "b".into(),
+                        path: "b.txt".into(),
+                        mode: None,
+                    },
+                ],
+            }),
+            ..Default::default()
+        };
+        let f = files(&super::super::tests::ctx(), Some(&target), entries()).unwrap();
+        let got: Vec<_> = f.iter().map(|f| (f.path.as_str(), f.mode)).collect();
+        assert_eq!(got, [("db/url", 0o400), ("b.txt", 0o440)]);
+    }
+
+    #[test]
+    fn hostile_names_and_unknown_items_are_refused_with_context() {
+        let mut e = entries();
+        e.insert("../escape".into(), SecretBytes::from("x"));
+        let err = files(&super::super::tests::ctx(), None, e)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("namespace \"shop\", ExternalSecret \"db\""),
+            "{err}"
+        );
+        assert!(err.contains("escape"), "{err}");
+
+        let target = Target {
+            files: Some(Files {
+                default_mode: None,
+                items: vec![FileItem {
+                    key: "zzz".into(),
+                    path: "z".into(),
+                    mode: None,
+                }],
+            }),
+            ..Default::default()
+        };
+        let err = files(&super::super::tests::ctx(), Some(&target), entries()).unwrap_err();
+        assert!(
+            err.to_string().contains("items[0] names key \"zzz\""),
+            "{err}"
+        );
+    }
+}
