@@ -1,0 +1,242 @@
+//! `latchkey demo`: the whole path on one machine. Starts the node service on a temporary socket
+//! with the `examples/standalone` manifests, publishes a volume the way kubelet would, shows the
+//! files, and unpublishes.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use csi_proto::v1::identity_client::IdentityClient;
+use csi_proto::v1::node_client::NodeClient;
+use csi_proto::v1::{GetPluginInfoRequest, ProbeRequest};
+
+use super::kubelet::status_error;
+use crate::catalog::{Catalog, ManifestCatalog};
+use crate::csi::client::{self, PodVolume};
+use crate::csi::server;
+use crate::publish::Publisher;
+use crate::volume::{Backend, VolumeConfig, Volumes, mountinfo};
+
+/// The demo manifests, built in so the demo works from any directory.
+const DEMO_MANIFESTS: &str = include_str!("../../../examples/standalone/demo.yaml");
+const DEMO_NAMESPACE: &str = "demo";
+const DEMO_EXTERNAL_SECRET: &str = "shop-secrets";
+
+/// Flags of `latchkey demo`.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Where to mount the demo volume.
+    #[arg(long, default_value = "latchkey-demo")]
+    pub dir: PathBuf,
+    /// Print secret values instead of masking them.
+    #[arg(long)]
+    pub show_values: bool,
+    /// Leave the volume mounted on exit.
+    #[arg(long)]
+    pub keep: bool,
+    /// Use the manifests of this directory instead of the built-in example.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// The ExternalSecret to mount (namespace `demo` unless --namespace).
+    #[arg(long, default_value = DEMO_EXTERNAL_SECRET)]
+    pub external_secret: String,
+    /// Namespace of the demo pod.
+    #[arg(long, default_value = DEMO_NAMESPACE)]
+    pub namespace: String,
+}
+
+/// Runs the demo and prints what happens.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let backend = if nix::unistd::geteuid().is_root() {
+        Backend::Tmpfs
+    } else {
+        println!(
+            "note: not running as root, so no tmpfs can be mounted; the demo falls back to a plain \
+             directory.\n      Run it as root (e.g. `sudo latchkey demo`) to see the real tmpfs volume.\n"
+        );
+        Backend::PlainDirectory
+    };
+    let catalog = match &args.manifests {
+        Some(dir) => ManifestCatalog::load_dir(dir)
+            .with_context(|| format!("loading manifests from {}", dir.display()))?,
+        None => {
+            let mut c = ManifestCatalog::default();
+            c.add_documents(Path::new("examples/standalone/demo.yaml"), DEMO_MANIFESTS)?;
+            c
+        }
+    };
+    let catalog: Arc<dyn Catalog> = Arc::new(catalog);
+    let volumes = Volumes::new(VolumeConfig {
+        backend,
+        size_limit: 4 << 20,
+    });
+    let publisher = Arc::new(Publisher::new(catalog, volumes));
+
+    let tmp = tempfile::Builder::new()
+        .prefix("latchkey-demo-")
+        .tempdir()?;
+    let socket_path = tmp.path().join("csi.sock");
+    let socket = server::bind(&socket_path)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::serve(
+        socket,
+        publisher,
+        "demo-node".into(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let result = talk_to_agent(&args, &socket_path).await;
+    let _ = stop.send(());
+    server.await.context("node service task")??;
+    result
+}
+
+async fn talk_to_agent(args: &DemoArgs, socket: &Path) -> anyhow::Result<()> {
+    let channel = client::connect(socket).await?;
+    let info = IdentityClient::new(channel.clone())
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .map_err(status_error("GetPluginInfo"))?
+        .into_inner();
+    let ready = IdentityClient::new(channel.clone())
+        .probe(ProbeRequest {})
+        .await
+        .map_err(status_error("Probe"))?
+        .into_inner()
+        .ready;
+    println!(
+        "1. node service {} {} on {} (ready: {})",
+        info.name,
+        info.vendor_version,
+        socket.display(),
+        ready.unwrap_or(false)
+    );
+
+    let target = std::path::absolute(&args.dir)?;
+    let volume_id = client::volume_id_for(&target);
+    let pod = PodVolume::new(&args.namespace, "demo-pod", &args.external_secret);
+    let mut node = NodeClient::new(channel);
+    node.node_publish_volume(pod.publish_request(&volume_id, &target))
+        .await
+        .map_err(status_error("NodePublishVolume"))?;
+    println!(
+        "2. NodePublishVolume for pod {}/demo-pod, ExternalSecret {:?}: ok\n",
+        args.namespace, args.external_secret
+    );
+    print!("{}", describe(&target, args.show_values)?);
+
+    if args.keep {
+        println!(
+            "\n3. kept the volume (--keep). Remove it with: umount {0} && rmdir {0}",
+            target.display()
+        );
+        return Ok(());
+    }
+    node.node_unpublish_volume(client::unpublish_request(&volume_id, &target))
+        .await
+        .map_err(status_error("NodeUnpublishVolume"))?;
+    println!(
+        "\n3. NodeUnpublishVolume: ok ({} {})",
+        target.display(),
+        if target.exists() {
+            "still exists!"
+        } else {
+            "removed"
+        }
+    );
+    Ok(())
+}
+
+/// The mount line and the file tree with modes; values masked unless `show_values`.
+fn describe(target: &Path, show_values: bool) -> anyhow::Result<String> {
+    let mut out = String::new();
+    match mountinfo::find(target)? {
+        Some(m) => writeln!(
+            out,
+            "   {}  ({}, source {:?}, mount options {}; {})",
+            target.display(),
+            m.fstype,
+            m.source,
+            m.mount_options.join(","),
+            m.super_options.join(",")
+        )?,
+        None => writeln!(out, "   {}  (plain directory)", target.display())?,
+    }
+    let root_mode = std::fs::metadata(target)?.permissions().mode();
+    writeln!(out, "   {}  .", mode_string(root_mode))?;
+    let mut files = Vec::new();
+    collect(target, Path::new(""), &mut files)?;
+    for rel in files {
+        let path = target.join(&rel);
+        let meta = std::fs::metadata(&path)?;
+        let value = if show_values {
+            String::from_utf8_lossy(&std::fs::read(&path)?).into_owned()
+        } else {
+            "********".to_string()
+        };
+        writeln!(
+            out,
+            "   {}  {:<14} {:>4} bytes  {}",
+            mode_string(meta.permissions().mode()),
+            rel.display(),
+            meta.len(),
+            value
+        )?;
+    }
+    if !show_values {
+        writeln!(
+            out,
+            "   (values masked; run with --show-values to print them)"
+        )?;
+    }
+    Ok(out)
+}
+
+/// Files below `dir` as the pod sees them: following the entry symlinks, skipping the writer's
+/// own `..`-prefixed bookkeeping entries.
+fn collect(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(root.join(rel))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| !n.to_string_lossy().starts_with(".."))
+        .collect();
+    entries.sort();
+    for name in entries {
+        let rel = rel.join(name);
+        if std::fs::metadata(root.join(&rel))?.is_dir() {
+            collect(root, &rel, out)?;
+        } else {
+            out.push(rel);
+        }
+    }
+    Ok(())
+}
+
+fn mode_string(mode: u32) -> String {
+    let kind = if mode & 0o170000 == 0o040000 {
+        'd'
+    } else {
+        '-'
+    };
+    let bits = "rwxrwxrwx";
+    std::iter::once(kind)
+        .chain(
+            bits.chars()
+                .enumerate()
+                .map(|(i, c)| if mode & (1 << (8 - i)) != 0 { c } else { '-' }),
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn modes() {
+        assert_eq!(super::mode_string(0o100444), "-r--r--r--");
+        assert_eq!(super::mode_string(0o040755), "drwxr-xr-x");
+    }
+}

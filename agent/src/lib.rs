@@ -1,0 +1,18 @@
+//! Latchkey: a CSI node agent that resolves ExternalSecret references with the pod's identity and
+//! writes the values as files into a fresh tmpfs.
+//!
+//! Data flows one way: CSI request ([`csi`]) -> pod identity ([`identity`]) -> catalog binding
+//! ([`catalog`]) -> provider fetch ([`providers`]) -> resolution ([`resolve`]) -> volume
+//! ([`volume`]); [`publish`] strings the steps together.
+
+pub mod api;
+pub mod catalog;
+pub mod cmd;
+pub mod csi;
+pub mod identity;
+pub mod providers;
+pub mod publish;
+pub mod resolve;
+pub mod secret;
+pub mod telemetry;
+pub mod volume;

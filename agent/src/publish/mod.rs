@@ -1,0 +1,195 @@
+//! The publish path, gRPC-free: pod identity -> catalog binding -> provider fetch -> resolve ->
+//! volume. The CSI edge parses requests into [`PublishRequest`] and maps [`PublishError`] to a
+//! status code; everything in between lives here.
+
+mod locks;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::catalog::{BindingError, Catalog, bind};
+use crate::identity::PodInfo;
+use crate::providers::{self, ProviderError, RemoteKey};
+use crate::resolve::{self, Context, Fetched, ResolveError};
+use crate::volume::{VolumeError, VolumeFile, Volumes};
+
+/// A validated NodePublishVolume call.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    /// CSI volume id (kubelet's, for ephemeral volumes).
+    pub volume_id: String,
+    /// Where the volume is mounted.
+    pub target: PathBuf,
+    /// The pod the volume is for.
+    pub pod: PodInfo,
+    /// The ExternalSecret named in the volume attributes.
+    pub external_secret: String,
+}
+
+/// What a successful publish did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A fresh volume was mounted and filled.
+    Mounted,
+    /// The volume was already there; `changed` says whether new content was swapped in.
+    Refreshed {
+        /// Whether the content differed.
+        changed: bool,
+    },
+    /// The volume was already there and refreshing it failed; the previous content is kept.
+    RefreshFailed,
+}
+
+/// Why a publish or unpublish failed. Messages name namespace, ExternalSecret, store and remote
+/// key where they apply, and never contain values or tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// No usable ExternalSecret/store pair for the pod.
+    #[error(transparent)]
+    Binding(#[from] BindingError),
+    /// The backend did not deliver a value.
+    #[error("{ctx}{}: {source}", key.as_ref().map(|k| format!(", {k}")).unwrap_or_default())]
+    Provider {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// The key being fetched, if the failure is about one.
+        key: Option<RemoteKey>,
+        /// Cause.
+        source: ProviderError,
+    },
+    /// The fetched values do not fit the ExternalSecret.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The volume could not be written or removed.
+    #[error("{}target {}: {source}", ctx.as_ref().map(|c| format!("{c}, ")).unwrap_or_default(), target.display())]
+    Volume {
+        /// Objects involved, when publishing.
+        ctx: Option<Box<Context>>,
+        /// The target path.
+        target: PathBuf,
+        /// Cause.
+        source: VolumeError,
+    },
+    /// A worker thread died (a bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Serves publish and unpublish for one node.
+pub struct Publisher {
+    catalog: Arc<dyn Catalog>,
+    volumes: Arc<Volumes>,
+    locks: locks::TargetLocks,
+}
+
+impl Publisher {
+    /// A publisher over a catalog and a volume manager.
+    pub fn new(catalog: Arc<dyn Catalog>, volumes: Volumes) -> Self {
+        Self {
+            catalog,
+            volumes: Arc::new(volumes),
+            locks: locks::TargetLocks::default(),
+        }
+    }
+
+    /// The catalog, for readiness checks.
+    pub fn catalog(&self) -> &dyn Catalog {
+        &*self.catalog
+    }
+
+    /// Mounts and fills the volume, or refreshes it when it is already mounted. A failed refresh
+    /// keeps the previous content and succeeds (kubelet unmounts a volume whose republish fails).
+    pub async fn publish(&self, req: &PublishRequest) -> Result<Outcome, PublishError> {
+        let _lock = self.locks.lock(&req.target).await;
+        let published = self
+            .blocking(&req.target, None, |v, t| v.is_published(t))
+            .await?;
+        let resolved = self.resolve(req).await;
+        if !published {
+            let (ctx, files) = resolved?;
+            self.blocking(&req.target, Some(&ctx), move |v, t| v.publish(t, &files))
+                .await?;
+            info!(target_path = %req.target.display(), "volume mounted");
+            return Ok(Outcome::Mounted);
+        }
+        let refreshed = match resolved {
+            Ok((ctx, files)) => {
+                self.blocking(&req.target, Some(&ctx), move |v, t| v.update(t, &files))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match refreshed {
+            Ok(changed) => Ok(Outcome::Refreshed { changed }),
+            Err(error) => {
+                warn!(%error, "refresh failed; keeping the previous content");
+                Ok(Outcome::RefreshFailed)
+            }
+        }
+    }
+
+    /// Unmounts and removes the target; succeeds when it is already gone.
+    pub async fn unpublish(&self, target: &Path) -> Result<(), PublishError> {
+        let _lock = self.locks.lock(target).await;
+        self.blocking(target, None, |v, t| v.unpublish(t)).await?;
+        info!(target_path = %target.display(), "volume unmounted");
+        Ok(())
+    }
+
+    /// Identity -> binding -> fetch -> files. No side effects.
+    async fn resolve(
+        &self,
+        req: &PublishRequest,
+    ) -> Result<(Context, Vec<VolumeFile>), PublishError> {
+        let binding = bind(&*self.catalog, &req.pod.namespace, &req.external_secret).await?;
+        let ctx = Context {
+            namespace: binding.namespace.clone(),
+            external_secret: req.external_secret.clone(),
+            store_kind: binding.store_kind,
+            store_name: binding.store_name.clone(),
+        };
+        let provider_err = |key: Option<RemoteKey>, source| PublishError::Provider {
+            ctx: ctx.boxed(),
+            key,
+            source,
+        };
+        // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
+        let spec = crate::api::validate::provider(&binding.provider).map_err(|e| {
+            PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
+        })?;
+        let provider = providers::build(spec).map_err(|e| provider_err(None, e))?;
+        let spec = &binding.external_secret.spec;
+        let mut fetched = Fetched::new();
+        for key in resolve::remote_keys(&ctx, spec)? {
+            let value = provider
+                .get(&key)
+                .await
+                .map_err(|e| provider_err(Some(key.clone()), e))?;
+            fetched.insert(key, value);
+        }
+        let entries = resolve::entries(&ctx, spec, &fetched)?;
+        let files = resolve::files(&ctx, spec.target.as_ref(), entries)?;
+        Ok((ctx, files))
+    }
+
+    /// Runs a blocking volume operation off the async runtime.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        target: &Path,
+        ctx: Option<&Context>,
+        op: impl FnOnce(&Volumes, &Path) -> Result<T, VolumeError> + Send + 'static,
+    ) -> Result<T, PublishError> {
+        let volumes = Arc::clone(&self.volumes);
+        let path = target.to_path_buf();
+        tokio::task::spawn_blocking(move || op(&volumes, &path))
+            .await
+            .map_err(|e| PublishError::Internal(format!("volume worker failed: {e}")))?
+            .map_err(|source| PublishError::Volume {
+                ctx: ctx.map(Context::boxed),
+                target: target.to_path_buf(),
+                source,
+            })
+    }
+}
