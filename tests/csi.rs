@@ -1,0 +1,608 @@
+//! End to end over the real socket: the `latchkey node` binary, the generated CSI client, real
+//! tmpfs mounts. Covers every RPC, every publish error code, idempotency, cleanup after failure,
+//! and that no secret value reaches a log line or a status message.
+
+mod support;
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+
+use csi_proto::v1::controller_service_capability::{Type as CType, rpc};
+use csi_proto::v1::volume_capability::{AccessType, BlockVolume};
+use csi_proto::v1::{
+    ControllerGetCapabilitiesRequest, CreateVolumeRequest, GetPluginCapabilitiesRequest,
+    GetPluginInfoRequest, NodeGetCapabilitiesRequest, NodeGetInfoRequest,
+    NodeGetVolumeStatsRequest, NodePublishVolumeRequest, NodeStageVolumeRequest, ProbeRequest,
+};
+use latchkey::csi::client::{PodVolume, unpublish_request, volume_id_for};
+use support::{Agent, mounts_at};
+use tonic::Code;
+
+const DB_PASSWORD: &str = "hunter2-db-password-e2e";
+const API_KEY: &str = "sk-test-api-key-e2e-4242";
+
+fn manifests(big_value_len: usize) -> String {
+    let big = "Z".repeat(big_value_len);
+    let es = |name: &str, store: &str, kind: &str, data: &str| {
+        format!(
+            "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {{name: {name}, namespace: shop}}\n\
+             spec:\n  secretStoreRef: {{name: {store}, kind: {kind}}}\n  data:\n{data}"
+        )
+    };
+    let one = |secret_key: &str, key: &str, property: &str| {
+        format!(
+            "  - secretKey: {secret_key:?}\n    remoteRef: {{key: {key}, property: {property:?}}}\n"
+        )
+    };
+    let mut out = format!(
+        r#"apiVersion: latchkey.dev/v1alpha1
+kind: SecretStore
+metadata: {{name: fake, namespace: shop}}
+spec:
+  provider:
+    fake:
+      data:
+      - {{key: db, value: '{{"username":"shop","password":"{DB_PASSWORD}"}}'}}
+      - {{key: api, value: {API_KEY}}}
+      - {{key: config, value: '{{"LOG_LEVEL":"debug","nested":{{"a":1}}}}'}}
+      - {{key: big, value: {big}}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: SecretStore
+metadata: {{name: aws, namespace: shop}}
+spec: {{provider: {{aws: {{region: eu-west-1}}}}}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ClusterSecretStore
+metadata: {{name: elsewhere}}
+spec:
+  provider: {{fake: {{data: [{{key: db, value: {DB_PASSWORD}}}]}}}}
+  conditions: [{{namespaces: [billing]}}]
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {{name: app, namespace: shop}}
+spec:
+  secretStoreRef: {{name: fake}}
+  data:
+  - {{secretKey: db-password, remoteRef: {{key: db, property: password}}}}
+  - {{secretKey: api-key, remoteRef: {{key: api}}}}
+  dataFrom:
+  - extract: {{key: config}}
+  target:
+    files:
+      defaultMode: 0440
+      items:
+      - {{key: db-password, path: db/password, mode: 0400}}
+      - {{key: api-key, path: api-key}}
+      - {{key: LOG_LEVEL, path: LOG_LEVEL}}
+"#
+    );
+    out += &es("dotdot", "fake", "SecretStore", &one("../evil", "api", ""));
+    out += &es(
+        "absolute",
+        "fake",
+        "SecretStore",
+        &one("/etc/evil", "api", ""),
+    );
+    out += &es(
+        "empty-segment",
+        "fake",
+        "SecretStore",
+        &one("a//b", "api", ""),
+    );
+    out += &es(
+        "too-long",
+        "fake",
+        "SecretStore",
+        &one(&"x".repeat(300), "api", ""),
+    );
+    out += &es("no-store", "nope", "SecretStore", &one("a", "api", ""));
+    out += &es(
+        "no-key",
+        "fake",
+        "SecretStore",
+        &one("a", "missing-key", ""),
+    );
+    out += &es(
+        "no-property",
+        "fake",
+        "SecretStore",
+        &one("a", "db", "nope"),
+    );
+    out += &es("big", "fake", "SecretStore", &one("big", "big", ""));
+    out += &es(
+        "denied",
+        "elsewhere",
+        "ClusterSecretStore",
+        &one("a", "db", ""),
+    );
+    out += &es("unsupported", "aws", "SecretStore", &one("a", "db", ""));
+    out
+}
+
+async fn agent() -> Agent {
+    // 64 KiB volumes, and a 100 KiB value to overflow them.
+    let m = manifests(100 * 1024);
+    Agent::start(&[("shop.yaml", &m)], &["--volume-size-limit", "64Ki"]).await
+}
+
+fn publish_req(agent: &Agent, name: &str, external_secret: &str) -> NodePublishVolumeRequest {
+    let target = agent.target(name);
+    PodVolume::new("shop", name, external_secret).publish_request(&volume_id_for(&target), &target)
+}
+
+fn assert_nothing_left(target: &Path) {
+    assert_eq!(
+        mounts_at(target),
+        0,
+        "a mount was left at {}",
+        target.display()
+    );
+    assert!(!target.exists(), "{} was left behind", target.display());
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_and_informational_rpcs() {
+    let agent = agent().await;
+    let mut id = agent.identity().await;
+    let info = id
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "csi.latchkey.dev");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    let caps = id
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap();
+    assert!(
+        caps.into_inner().capabilities.is_empty(),
+        "no CONTROLLER_SERVICE advertised"
+    );
+    let probe = id.probe(ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+
+    let mut node = agent.node().await;
+    let info = node
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "test-node");
+    let caps = node
+        .node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap();
+    assert!(caps.into_inner().capabilities.is_empty());
+    let stage = node
+        .node_stage_volume(NodeStageVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(stage.code(), Code::Unimplemented);
+    let stats = node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(stats.code(), Code::Unimplemented);
+
+    let mut ctrl = agent.controller().await;
+    let caps = ctrl
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(
+        caps.len(),
+        1,
+        "exactly one capability, so conformance tools see a list"
+    );
+    match &caps[0].r#type {
+        Some(CType::Rpc(r)) => assert_eq!(r.r#type, rpc::Type::Unknown as i32),
+        other => panic!("unexpected capability {other:?}"),
+    }
+    let create = ctrl
+        .create_volume(CreateVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(create.code(), Code::Unimplemented);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_mounts_a_tmpfs_with_the_files_and_unpublish_removes_it() {
+    let agent = agent().await;
+    let mut node = agent.node().await;
+    let req = publish_req(&agent, "web-0", "app");
+    let target = agent.target("web-0");
+    node.node_publish_volume(req.clone()).await.unwrap();
+
+    let m = latchkey::volume::mountinfo::find(&target)
+        .unwrap()
+        .expect("target is a mount");
+    assert_eq!(m.fstype, "tmpfs");
+    assert_eq!(m.source, "latchkey");
+    for opt in ["nosuid", "nodev", "noexec"] {
+        assert!(
+            m.has_mount_option(opt),
+            "missing {opt}: {:?}",
+            m.mount_options
+        );
+    }
+    let size_kib: u64 = m
+        .super_option("size")
+        .unwrap()
+        .trim_end_matches('k')
+        .parse()
+        .unwrap();
+    assert!(
+        (128..256).contains(&size_kib),
+        "size {size_kib}k: twice the 64Ki limit plus slack"
+    );
+    assert_eq!(m.super_option("mode"), Some("755"));
+
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    assert_eq!(read(&target.join("db/password")), DB_PASSWORD);
+    assert_eq!(read(&target.join("api-key")), API_KEY);
+    assert_eq!(read(&target.join("LOG_LEVEL")), "debug");
+    assert!(!target.join("nested").exists(), "items select keys");
+    let mode = |p: &str| {
+        std::fs::metadata(target.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("db/password"), 0o400);
+    assert_eq!(mode("api-key"), 0o440);
+    assert!(
+        std::fs::symlink_metadata(target.join("..data"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+
+    // Idempotent: same volume again -> success, still exactly one mount, same content.
+    node.node_publish_volume(req.clone()).await.unwrap();
+    assert_eq!(mounts_at(&target), 1);
+    assert_eq!(read(&target.join("api-key")), API_KEY);
+
+    let unreq = unpublish_request(&req.volume_id, &target);
+    node.node_unpublish_volume(unreq.clone()).await.unwrap();
+    assert_nothing_left(&target);
+    // Unpublishing again, or a target that never existed, succeeds.
+    node.node_unpublish_volume(unreq).await.unwrap();
+    let never = agent.target("never");
+    node.node_unpublish_volume(unpublish_request("csi-never", &never))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_invalid_argument_and_write_nothing() {
+    let agent = agent().await;
+    let mut node = agent.node().await;
+    let good = publish_req(&agent, "bad", "app");
+    let target = agent.target("bad");
+    let cases: Vec<(&str, NodePublishVolumeRequest, &str)> = vec![
+        (
+            "no volume id",
+            NodePublishVolumeRequest {
+                volume_id: String::new(),
+                ..good.clone()
+            },
+            "volume_id is required",
+        ),
+        (
+            "no target",
+            NodePublishVolumeRequest {
+                target_path: String::new(),
+                ..good.clone()
+            },
+            "target_path is required",
+        ),
+        (
+            "relative target",
+            NodePublishVolumeRequest {
+                target_path: "rel/x".into(),
+                ..good.clone()
+            },
+            "absolute",
+        ),
+        (
+            "no capability",
+            NodePublishVolumeRequest {
+                volume_capability: None,
+                ..good.clone()
+            },
+            "volume_capability is required",
+        ),
+        (
+            "block",
+            {
+                let mut r = good.clone();
+                r.volume_capability.as_mut().unwrap().access_type =
+                    Some(AccessType::Block(BlockVolume {}));
+                r
+            },
+            "block volumes are not supported",
+        ),
+        (
+            "writable",
+            NodePublishVolumeRequest {
+                readonly: false,
+                ..good.clone()
+            },
+            "readOnly: true",
+        ),
+        (
+            "no externalSecret",
+            {
+                let mut r = good.clone();
+                r.volume_context.remove("externalSecret");
+                r
+            },
+            "externalSecret is required",
+        ),
+        (
+            "typo attribute",
+            {
+                let mut r = good.clone();
+                r.volume_context
+                    .insert("externalSecrets".into(), "x".into());
+                r
+            },
+            "unknown volume attribute \"externalSecrets\"",
+        ),
+        (
+            "no pod info",
+            {
+                let mut r = good.clone();
+                r.volume_context.remove("csi.storage.k8s.io/pod.namespace");
+                r
+            },
+            "podInfoOnMount",
+        ),
+    ];
+    for (what, req, want) in cases {
+        let err = node.node_publish_volume(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{what}: {err:?}");
+        assert!(
+            err.message().contains(want),
+            "{what}: {:?} lacks {want:?}",
+            err.message()
+        );
+        assert_nothing_left(&target);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_errors_have_precise_codes_and_leave_nothing_behind() {
+    let agent = agent().await;
+    let mut node = agent.node().await;
+    let cases = [
+        (
+            "dotdot",
+            Code::InvalidArgument,
+            vec!["\"../evil\"", "'.' and '..'"],
+        ),
+        (
+            "absolute",
+            Code::InvalidArgument,
+            vec!["/etc/evil", "relative"],
+        ),
+        (
+            "empty-segment",
+            Code::InvalidArgument,
+            vec!["a//b", "empty segment"],
+        ),
+        ("too-long", Code::InvalidArgument, vec!["maximum"]),
+        (
+            "missing-es",
+            Code::FailedPrecondition,
+            vec![
+                "namespace \"shop\"",
+                "ExternalSecret \"missing-es\" not found",
+            ],
+        ),
+        (
+            "no-store",
+            Code::FailedPrecondition,
+            vec![
+                "ExternalSecret \"no-store\"",
+                "SecretStore \"nope\" not found",
+            ],
+        ),
+        (
+            "no-key",
+            Code::FailedPrecondition,
+            vec![
+                "SecretStore \"fake\"",
+                "remote key \"missing-key\"",
+                "not found",
+            ],
+        ),
+        (
+            "no-property",
+            Code::FailedPrecondition,
+            vec!["remote key \"db\"", "property \"nope\" not found"],
+        ),
+        ("big", Code::ResourceExhausted, vec!["limit is 65536 bytes"]),
+        (
+            "denied",
+            Code::PermissionDenied,
+            vec![
+                "ClusterSecretStore \"elsewhere\" does not admit",
+                "not in namespaces",
+            ],
+        ),
+        (
+            "unsupported",
+            Code::FailedPrecondition,
+            vec!["provider aws is not available"],
+        ),
+    ];
+    for (es, code, wants) in cases {
+        let req = publish_req(&agent, es, es);
+        let target = agent.target(es);
+        let err = node.node_publish_volume(req).await.unwrap_err();
+        assert_eq!(err.code(), code, "{es}: {err:?}");
+        for want in wants {
+            assert!(
+                err.message().contains(want),
+                "{es}: {:?} lacks {want:?}",
+                err.message()
+            );
+        }
+        for secret in [DB_PASSWORD, API_KEY, "ZZZZZZZZZZZZ"] {
+            assert!(
+                !err.message().contains(secret),
+                "{es}: status leaks a value"
+            );
+        }
+        assert_nothing_left(&target);
+    }
+    let log = agent.log_text();
+    assert!(
+        log.contains("publish failed"),
+        "failures are logged:\n{log}"
+    );
+    for secret in [DB_PASSWORD, API_KEY, "ZZZZZZZZZZZZ"] {
+        assert!(!log.contains(secret), "the agent log leaks a secret value");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_is_root_only_and_removed_on_sigterm() {
+    let mut agent = agent().await;
+    let meta = std::fs::metadata(&agent.socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let status = agent.stop();
+    assert!(status.success(), "clean shutdown: {status}");
+    assert!(!agent.socket.exists(), "socket removed on shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
+    let first = agent().await;
+    // A second agent on the same live socket must refuse to start.
+    let out = std::process::Command::new(support::BIN)
+        .args(["node", "--node-id", "n", "--manifests"])
+        .arg(first.dir.path().join("manifests"))
+        .arg("--endpoint")
+        .arg(format!("unix://{}", first.socket.display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("served by another running process"));
+
+    // A socket file nobody listens on (a crashed agent) is replaced.
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join("csi.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let mut child = std::process::Command::new(support::BIN)
+        .args(["node", "--node-id", "n", "--manifests"])
+        .arg(first.dir.path().join("manifests"))
+        .arg("--endpoint")
+        .arg(format!("unix://{}", stale.display()))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while latchkey::csi::client::connect(&stale).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agent did not take over the stale socket"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_publish_and_unpublish_work_like_kubelet() {
+    let agent = agent().await;
+    let target = agent.target("cli");
+    let endpoint = format!("unix://{}", agent.socket.display());
+    let run = |args: &[&str]| {
+        std::process::Command::new(support::BIN)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let t = target.to_str().unwrap();
+    let out = run(&[
+        "publish",
+        "--endpoint",
+        &endpoint,
+        "--target",
+        t,
+        "--namespace",
+        "shop",
+        "--external-secret",
+        "app",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&target.join("api-key")), API_KEY);
+    // A failure on a fresh target is reported with its gRPC code and leaves nothing behind.
+    let fresh = agent.target("cli-fresh");
+    let f = fresh.to_str().unwrap();
+    let out = run(&[
+        "publish",
+        "--endpoint",
+        &endpoint,
+        "--target",
+        f,
+        "--namespace",
+        "shop",
+        "--external-secret",
+        "no-key",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("NodePublishVolume: FailedPrecondition"),
+        "{stderr}"
+    );
+    assert_nothing_left(&fresh);
+    // The same failure on a mounted target is a failed refresh: old content kept, success.
+    let out = run(&[
+        "publish",
+        "--endpoint",
+        &endpoint,
+        "--target",
+        t,
+        "--namespace",
+        "shop",
+        "--external-secret",
+        "no-key",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&target.join("api-key")), API_KEY);
+    let out = run(&["unpublish", "--endpoint", &endpoint, "--target", t]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(&target);
+}

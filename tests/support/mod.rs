@@ -1,0 +1,164 @@
+//! Test harness for end-to-end tests: runs the real `latchkey` binary as a child process on a
+//! temporary unix socket and talks to it with the generated CSI client, as kubelet would.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use csi_proto::v1::controller_client::ControllerClient;
+use csi_proto::v1::identity_client::IdentityClient;
+use csi_proto::v1::node_client::NodeClient;
+use latchkey::csi::client;
+use tonic::transport::Channel;
+
+/// Path of the binary under test, built by Cargo for this test target.
+pub const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
+
+/// Fails loudly when the test cannot do real mounts, instead of skipping.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "end-to-end tests mount tmpfs and must run as root; use scripts/test.sh, which re-runs \
+         itself in a user+mount namespace when not root"
+    );
+}
+
+/// A running `latchkey node` with its own socket, manifests and work directory.
+pub struct Agent {
+    child: Option<Child>,
+    /// Scratch directory holding the socket, manifests, log and targets.
+    pub dir: tempfile::TempDir,
+    /// The socket path.
+    pub socket: PathBuf,
+    /// Where the agent's stderr goes.
+    pub log: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent over the given manifests (file name -> YAML text) with extra flags.
+    pub async fn start(manifests: &[(&str, &str)], extra_args: &[&str]) -> Self {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("latchkey-e2e-")
+            .tempdir()
+            .unwrap();
+        let manifest_dir = dir.path().join("manifests");
+        std::fs::create_dir(&manifest_dir).unwrap();
+        for (name, text) in manifests {
+            std::fs::write(manifest_dir.join(name), text).unwrap();
+        }
+        let socket = dir.path().join("plugin").join("csi.sock");
+        let log = dir.path().join("agent.log");
+        let mut agent = Self {
+            child: None,
+            socket,
+            log,
+            dir,
+        };
+        agent.spawn(&manifest_dir, extra_args);
+        agent.wait_ready().await;
+        agent
+    }
+
+    fn spawn(&mut self, manifest_dir: &Path, extra_args: &[&str]) {
+        let log = std::fs::File::create(&self.log).unwrap();
+        let child = Command::new(BIN)
+            .arg("node")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(["--node-id", "test-node", "--manifests"])
+            .arg(manifest_dir)
+            .args(extra_args)
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start latchkey node");
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("agent exited early ({status}):\n{}", self.log_text());
+            }
+            if self.socket.exists() && client::connect(&self.socket).await.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not serve in time:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A fresh channel to the agent.
+    pub async fn channel(&self) -> Channel {
+        client::connect(&self.socket)
+            .await
+            .expect("connect to agent")
+    }
+
+    /// Node client.
+    pub async fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel().await)
+    }
+
+    /// Identity client.
+    pub async fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel().await)
+    }
+
+    /// Controller client.
+    pub async fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel().await)
+    }
+
+    /// A target path inside the scratch directory (not created).
+    pub fn target(&self, name: &str) -> PathBuf {
+        self.dir.path().join("pods").join(name).join("mount")
+    }
+
+    /// Everything the agent logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for a clean exit; returns the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("agent running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Never leave a mount behind, whatever the test did.
+        for m in latchkey::volume::mountinfo::below(self.dir.path()).unwrap_or_default() {
+            let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// Number of mounts whose mount point is exactly `path`.
+pub fn mounts_at(path: &Path) -> usize {
+    latchkey::volume::mountinfo::read()
+        .unwrap()
+        .iter()
+        .filter(|m| m.mount_point == path)
+        .count()
+}
