@@ -1,1 +1,91 @@
+//! The first thing a new user runs: `latchkey demo` must work from a fresh directory, as root
+//! (real tmpfs) and as an ordinary user (plain-directory fallback, said clearly).
 
+mod support;
+
+use std::process::Command;
+
+const DB_PASSWORD: &str = "correct-horse-battery-staple";
+
+fn demo(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(support::BIN)
+        .arg("demo")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn demo_publishes_shows_masked_files_and_cleans_up() {
+    support::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = demo(dir.path(), &[]);
+    assert!(ok, "demo failed:\n{out}\n{err}");
+    for want in [
+        "csi.latchkey.dev",
+        "NodePublishVolume",
+        "tmpfs",
+        "nosuid,nodev,noexec",
+        "-r--r--r--  db-password",
+        "api-key",
+        "LOG_LEVEL",
+        "NodeUnpublishVolume: ok",
+        "removed",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert!(!out.contains(DB_PASSWORD), "values are masked by default");
+    assert!(!dir.path().join("latchkey-demo").exists());
+    assert_eq!(support::mounts_at(&dir.path().join("latchkey-demo")), 0);
+}
+
+#[test]
+fn demo_show_values_and_keep() {
+    support::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("latchkey-demo");
+    let (ok, out, err) = demo(dir.path(), &["--show-values", "--keep"]);
+    assert!(ok, "demo failed:\n{out}\n{err}");
+    assert!(out.contains(DB_PASSWORD), "{out}");
+    assert!(out.contains("kept the volume"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(target.join("db-password")).unwrap(),
+        DB_PASSWORD
+    );
+    nix::mount::umount(&target).unwrap();
+    std::fs::remove_dir(&target).unwrap();
+}
+
+#[test]
+fn demo_as_non_root_falls_back_to_a_plain_directory_and_says_so() {
+    support::require_root();
+    // A new user namespace without a uid mapping runs the demo as the overflow user (nobody)
+    // with no mount privilege, whether the test itself runs as real root or in a namespace.
+    // unshare (util-linux) is required; the test fails rather than skips without it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .unwrap();
+    let out = Command::new("unshare")
+        .args(["--user", "--"])
+        .arg(support::BIN)
+        .arg("demo")
+        .current_dir(dir.path())
+        .output()
+        .expect("unshare (util-linux) is needed for this test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("not running as root"), "{stdout}");
+    assert!(stdout.contains("plain directory"), "{stdout}");
+    assert!(stdout.contains("NodeUnpublishVolume: ok"), "{stdout}");
+    assert!(!dir.path().join("latchkey-demo").exists());
+}

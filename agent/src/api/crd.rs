@@ -18,3 +18,34 @@ pub fn render_all() -> Result<String, serde_norway::Error> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The checked-in CRDs, regenerated with `latchkey crds > crds/latchkey-crds.yaml`.
+    const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/latchkey-crds.yaml");
+
+    #[test]
+    fn checked_in_crds_match_the_rust_types() {
+        let generated = super::render_all().unwrap();
+        if std::env::var_os("LATCHKEY_UPDATE_CRDS").is_some() {
+            std::fs::write(CHECKED_IN, &generated).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(CHECKED_IN).unwrap_or_default();
+        assert!(
+            on_disk == generated,
+            "crds/latchkey-crds.yaml is out of date: run \
+             `cargo run -p latchkey -- crds > crds/latchkey-crds.yaml` \
+             (or LATCHKEY_UPDATE_CRDS=1 cargo test -p latchkey checked_in_crds)"
+        );
+    }
+
+    #[test]
+    fn every_kind_is_served_in_the_latchkey_group() {
+        let text = super::render_all().unwrap();
+        for kind in ["SecretStore", "ClusterSecretStore", "ExternalSecret"] {
+            assert!(text.contains(&format!("kind: {kind}\n")), "{kind} missing");
+        }
+        assert_eq!(text.matches("group: latchkey.dev").count(), 3);
+        assert!(text.contains("scope: Cluster") && text.contains("scope: Namespaced"));
+    }
+}

