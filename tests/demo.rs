@@ -69,8 +69,6 @@ fn demo_as_non_root_falls_back_to_a_plain_directory_and_says_so() {
     // with no mount privilege, whether the test itself runs as real root or in a namespace.
     // unshare (util-linux) is required; the test fails rather than skips without it.
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
-        .unwrap();
     let out = Command::new("unshare")
         .args(["--user", "--"])
         .arg(support::BIN)
