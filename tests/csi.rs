@@ -496,7 +496,14 @@ async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
     let first = agent().await;
     // A second agent on the same live socket must refuse to start.
     let out = std::process::Command::new(support::BIN)
-        .args(["node", "--node-id", "n", "--manifests"])
+        .args([
+            "node",
+            "--node-id",
+            "n",
+            "--metrics-addr",
+            "none",
+            "--manifests",
+        ])
         .arg(first.dir.path().join("manifests"))
         .arg("--endpoint")
         .arg(format!("unix://{}", first.socket.display()))
@@ -511,7 +518,14 @@ async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
     let mut child = std::process::Command::new(support::BIN)
-        .args(["node", "--node-id", "n", "--manifests"])
+        .args([
+            "node",
+            "--node-id",
+            "n",
+            "--metrics-addr",
+            "none",
+            "--manifests",
+        ])
         .arg(first.dir.path().join("manifests"))
         .arg("--endpoint")
         .arg(format!("unix://{}", stale.display()))
@@ -605,4 +619,125 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_nothing_left(&target);
+}
+
+fn metric(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no series {series} in:\n{body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_endpoints_report_publishes_failures_and_refreshes() {
+    let agent = agent().await;
+    assert_eq!(agent.http_get("/healthz").await.0, 200);
+    let (code, body) = agent.http_get("/readyz").await;
+    assert_eq!(code, 200, "{body}");
+
+    let mut node = agent.node().await;
+    let req = publish_req(&agent, "m-0", "app");
+    node.node_publish_volume(req.clone()).await.unwrap(); // mounted
+    node.node_publish_volume(req.clone()).await.unwrap(); // refreshed, unchanged
+    node.node_publish_volume(publish_req(&agent, "m-1", "no-key"))
+        .await
+        .unwrap_err(); // failed_precondition
+
+    let (code, body) = agent.http_get("/metrics").await;
+    assert_eq!(code, 200);
+    let series = [
+        (
+            "latchkey_node_publish_duration_seconds_count{result=\"success\",reason=\"mounted\"}",
+            1.0,
+        ),
+        (
+            "latchkey_node_publish_duration_seconds_count{result=\"success\",reason=\"unchanged\"}",
+            1.0,
+        ),
+        (
+            "latchkey_node_publish_duration_seconds_count{result=\"error\",reason=\"failed_precondition\"}",
+            1.0,
+        ),
+        ("latchkey_node_publish_total{result=\"success\"}", 2.0),
+        ("latchkey_node_publish_total{result=\"error\"}", 1.0),
+        ("latchkey_node_refresh_total{result=\"unchanged\"}", 1.0),
+        ("latchkey_volumes_active", 1.0),
+        // `app` reads 3 remote keys, twice; `no-key` fails on its only key.
+        (
+            "latchkey_backend_requests_total{provider=\"fake\",operation=\"get\",result=\"success\"}",
+            6.0,
+        ),
+        (
+            "latchkey_backend_requests_total{provider=\"fake\",operation=\"get\",result=\"not_found\"}",
+            1.0,
+        ),
+        (
+            "latchkey_backend_request_duration_seconds_count{provider=\"fake\",operation=\"get\",result=\"success\"}",
+            6.0,
+        ),
+    ];
+    for (s, want) in series {
+        assert_eq!(metric(&body, s), want, "{s}");
+    }
+    for family in [
+        "latchkey_cache_hits",
+        "latchkey_cache_misses",
+        "latchkey_cache_singleflight_joins",
+        "latchkey_backend_logins",
+    ] {
+        assert!(
+            body.contains(&format!("# TYPE {family} counter")),
+            "{family} missing"
+        );
+    }
+    // Labels are closed sets: no pod names, targets, keys or values.
+    for unbounded in ["m-0", "m-1", "no-key", "app", DB_PASSWORD, API_KEY] {
+        let leaked = body
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .any(|l| l.contains(unbounded));
+        assert!(!leaked, "{unbounded:?} appears in a metric line");
+    }
+
+    node.node_unpublish_volume(unpublish_request(&req.volume_id, &agent.target("m-0")))
+        .await
+        .unwrap();
+    let (_, body) = agent.http_get("/metrics").await;
+    assert_eq!(metric(&body, "latchkey_volumes_active"), 0.0);
+    assert_eq!(
+        metric(&body, "latchkey_node_unpublish_total{result=\"success\"}"),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_publish_span_without_values() {
+    let m = manifests(16);
+    let agent = Agent::start(&[("shop.yaml", &m)], &["--log-format", "json"]).await;
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(&agent, "j-0", "app"))
+        .await
+        .unwrap();
+    node.node_publish_volume(publish_req(&agent, "j-1", "no-property"))
+        .await
+        .unwrap_err();
+    let log = agent.log_text();
+    let published = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "published")
+        .unwrap_or_else(|| panic!("no JSON 'published' line in:\n{log}"));
+    let span = &published["span"];
+    assert_eq!(span["name"], "publish");
+    assert_eq!(span["pod_namespace"], "shop");
+    assert_eq!(span["pod"], "j-0");
+    assert_eq!(span["external_secret"], "app");
+    assert_eq!(span["store"], "SecretStore/fake");
+    assert!(span["volume_id"].as_str().unwrap().starts_with("csi-"));
+    assert!(log.contains("property \\\"nope\\\" not found"), "{log}");
+    for secret in [DB_PASSWORD, API_KEY] {
+        assert!(!log.contains(secret), "JSON log leaks a secret value");
+    }
 }

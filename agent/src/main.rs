@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use latchkey::cmd;
+use latchkey::telemetry::{LogFormat, init_logging};
 
 #[derive(Parser)]
 #[command(
@@ -10,6 +11,9 @@ use latchkey::cmd;
     about = "Secrets from external secret managers, mounted as files by a CSI node agent"
 )]
 struct Cli {
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,13 +37,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Node(args) => {
-            latchkey::telemetry::init_logging("info");
+            init_logging(cli.log_format, "info");
             cmd::node::run(args).await
         }
         Command::Publish(args) => cmd::kubelet::publish(args).await,
         Command::Unpublish(args) => cmd::kubelet::unpublish(args).await,
         Command::Demo(args) => {
-            latchkey::telemetry::init_logging("warn");
+            init_logging(cli.log_format, "warn");
             cmd::demo::run(args).await
         }
         Command::Crds => {

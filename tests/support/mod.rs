@@ -34,6 +34,8 @@ pub struct Agent {
     pub socket: PathBuf,
     /// Where the agent's stderr goes.
     pub log: PathBuf,
+    /// The metrics endpoint.
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 impl Agent {
@@ -51,11 +53,13 @@ impl Agent {
         }
         let socket = dir.path().join("plugin").join("csi.sock");
         let log = dir.path().join("agent.log");
+        let metrics_addr = free_local_addr();
         let mut agent = Self {
             child: None,
             socket,
             log,
             dir,
+            metrics_addr,
         };
         agent.spawn(&manifest_dir, extra_args);
         agent.wait_ready().await;
@@ -70,6 +74,8 @@ impl Agent {
             .arg(format!("unix://{}", self.socket.display()))
             .args(["--node-id", "test-node", "--manifests"])
             .arg(manifest_dir)
+            .arg("--metrics-addr")
+            .arg(self.metrics_addr.to_string())
             .args(extra_args)
             .env("RUST_LOG", "debug")
             .stdout(Stdio::null())
@@ -124,6 +130,24 @@ impl Agent {
         self.dir.path().join("pods").join(name).join("mount")
     }
 
+    /// GET a path of the metrics endpoint: (status code, body).
+    pub async fn http_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.metrics_addr)
+            .await
+            .unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let code = out[9..12].parse().unwrap();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (code, body)
+    }
+
     /// Everything the agent logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -152,6 +176,14 @@ impl Drop for Agent {
             let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_local_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 /// Number of mounts whose mount point is exactly `path`.

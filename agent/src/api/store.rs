@@ -258,6 +258,9 @@ pub struct FakeProvider {
     /// The remote values this store serves.
     #[serde(default)]
     pub data: Vec<FakeEntry>,
+    /// Simulated backend latency per read, e.g. `5ms` (benchmarks and demos).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<String>,
 }
 
 /// One inline value of the fake provider.

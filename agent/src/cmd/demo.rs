@@ -17,6 +17,7 @@ use crate::catalog::{Catalog, ManifestCatalog};
 use crate::csi::client::{self, PodVolume};
 use crate::csi::server;
 use crate::publish::Publisher;
+use crate::telemetry::Metrics;
 use crate::volume::{Backend, VolumeConfig, Volumes, mountinfo};
 
 /// The demo manifests, built in so the demo works from any directory.
@@ -72,7 +73,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         backend,
         size_limit: 4 << 20,
     });
-    let publisher = Arc::new(Publisher::new(catalog, volumes));
+    // The demo serves no metrics endpoint; the registry only feeds the node service.
+    let metrics = Arc::new(Metrics::new());
+    let publisher = Arc::new(Publisher::new(catalog, volumes, Arc::clone(&metrics)));
 
     let tmp = tempfile::Builder::new()
         .prefix("latchkey-demo-")
@@ -83,6 +86,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let server = tokio::spawn(server::serve(
         socket,
         publisher,
+        metrics,
         "demo-node".into(),
         async {
             let _ = stopped.await;

@@ -1,14 +1,17 @@
-//! `latchkey node`: the per-node CSI agent kubelet talks to.
+//! `latchkey node`: the per-node CSI agent kubelet talks to, plus its metrics and health endpoint.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use tokio::sync::watch;
 use tracing::info;
 
 use crate::catalog::{Catalog, ManifestCatalog};
 use crate::csi::{endpoint, server};
 use crate::publish::Publisher;
+use crate::telemetry::Metrics;
+use crate::telemetry::http::{self, Readiness};
 use crate::volume::{Backend, VolumeConfig, Volumes};
 
 /// Flags of `latchkey node`.
@@ -27,6 +30,10 @@ pub struct NodeArgs {
     /// Largest payload one volume may hold (files rounded up to 4 KiB pages).
     #[arg(long, default_value = "4Mi", value_parser = super::parse_size)]
     pub volume_size_limit: u64,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint (`:9808` = every
+    /// interface); `none` disables it.
+    #[arg(long, default_value = ":9808")]
+    pub metrics_addr: String,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -41,15 +48,57 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
              run with --manifests DIR (standalone mode)"
         ),
     };
+    let metrics = Arc::new(Metrics::new());
     let volumes = Volumes::new(VolumeConfig {
         backend: Backend::Tmpfs,
         size_limit: args.volume_size_limit,
     });
-    let publisher = Arc::new(Publisher::new(catalog, volumes));
+    let publisher = Arc::new(Publisher::new(
+        Arc::clone(&catalog),
+        volumes,
+        Arc::clone(&metrics),
+    ));
+
+    let (stop, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stopping.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    // The socket first: a second agent on the same node fails here, with that reason.
     let path = endpoint::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
     let socket = server::bind(&path)?;
+    let readiness = Arc::new(Readiness::new(move || catalog.is_synced()));
+    let http_task = if args.metrics_addr == "none" {
+        None
+    } else {
+        let addr = http::parse_addr(&args.metrics_addr).map_err(anyhow::Error::msg)?;
+        let (bound, serve) = http::bind(
+            addr,
+            Arc::clone(&metrics),
+            Arc::clone(&readiness),
+            stopped(),
+        )
+        .await
+        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+        info!(%bound, "serving /metrics, /healthz, /readyz");
+        Some(tokio::spawn(serve))
+    };
+
     info!(socket = %path.display(), node_id = %args.node_id, "serving CSI");
-    server::serve(socket, publisher, args.node_id, shutdown_signal()).await?;
+    // The listener accepts from here on; connections queue until the server polls them.
+    readiness.set_serving(true);
+    server::serve(socket, publisher, metrics, args.node_id, stopped()).await?;
+    readiness.set_serving(false);
+    if let Some(task) = http_task {
+        task.await.context("metrics endpoint task")??;
+    }
     info!("stopped");
     Ok(())
 }

@@ -1,6 +1,8 @@
-//! CSI Node service: publish and unpublish ephemeral inline volumes; node info.
+//! CSI Node service: publish and unpublish ephemeral inline volumes; node info. Records the
+//! publish metrics, since only here is the final status code known.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use csi_proto::v1::node_server::Node;
 use csi_proto::v1::{
@@ -9,32 +11,32 @@ use csi_proto::v1::{
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, field, info, info_span, warn};
 
 use super::{request, status};
 use crate::publish::{Outcome, Publisher};
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::{PublishLabels, ResultLabel};
 
 /// Serves the Node service.
 pub struct NodeService {
     publisher: Arc<Publisher>,
+    metrics: Arc<Metrics>,
     node_id: String,
 }
 
 impl NodeService {
     /// Node service for `node_id` (the Kubernetes node name).
-    pub fn new(publisher: Arc<Publisher>, node_id: String) -> Self {
-        Self { publisher, node_id }
+    pub fn new(publisher: Arc<Publisher>, metrics: Arc<Metrics>, node_id: String) -> Self {
+        Self {
+            publisher,
+            metrics,
+            node_id,
+        }
     }
-}
 
-#[tonic::async_trait]
-impl Node for NodeService {
-    async fn node_publish_volume(
-        &self,
-        req: Request<NodePublishVolumeRequest>,
-    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        let req = req.into_inner();
-        let parsed = request::publish(&req).map_err(|e| {
+    async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<Outcome, Status> {
+        let parsed = request::publish(req).map_err(|e| {
             warn!(volume_id = %req.volume_id, error = %e, "publish rejected");
             status::from_request(&e)
         })?;
@@ -44,25 +46,63 @@ impl Node for NodeService {
             pod_namespace = %parsed.pod.namespace,
             pod = %parsed.pod.name,
             external_secret = %parsed.external_secret,
+            store = field::Empty,
         );
         async {
-            match self.publisher.publish(&parsed).await {
-                Ok(outcome) => {
-                    match outcome {
-                        Outcome::Mounted => info!("published"),
-                        Outcome::Refreshed { changed } => info!(changed, "republished"),
-                        Outcome::RefreshFailed => warn!("republished with previous content"),
-                    }
-                    Ok(Response::new(NodePublishVolumeResponse {}))
-                }
-                Err(e) => {
-                    warn!(error = %e, "publish failed");
-                    Err(status::from_publish(&e))
-                }
+            let outcome = self.publisher.publish(&parsed).await.map_err(|e| {
+                warn!(error = %e, "publish failed");
+                status::from_publish(&e)
+            })?;
+            match outcome {
+                Outcome::Mounted => info!("published"),
+                Outcome::Refreshed { changed } => info!(changed, "republished"),
+                Outcome::RefreshFailed => warn!("republished with previous content"),
             }
+            Ok(outcome)
         }
         .instrument(span)
         .await
+    }
+
+    fn record_publish(&self, result: &Result<Outcome, Status>, seconds: f64) {
+        let m = &self.metrics;
+        let (result, reason) = match result {
+            Ok(Outcome::Mounted) => ("success", "mounted"),
+            Ok(Outcome::Refreshed { changed: true }) => ("success", "refreshed"),
+            Ok(Outcome::Refreshed { changed: false }) => ("success", "unchanged"),
+            Ok(Outcome::RefreshFailed) => ("success", "refresh_failed"),
+            Err(s) => ("error", status::code_label(s.code())),
+        };
+        m.publish_duration
+            .get_or_create(&PublishLabels { result, reason })
+            .observe(seconds);
+        m.publishes.get_or_create(&ResultLabel { result }).inc();
+        let refresh = match reason {
+            "mounted" => {
+                m.volumes_active.inc();
+                None
+            }
+            "refreshed" => Some("changed"),
+            "unchanged" => Some("unchanged"),
+            "refresh_failed" => Some("failed"),
+            _ => None,
+        };
+        if let Some(result) = refresh {
+            m.refreshes.get_or_create(&ResultLabel { result }).inc();
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_publish_volume(
+        &self,
+        req: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let start = Instant::now();
+        let result = self.publish(req.get_ref()).await;
+        self.record_publish(&result, start.elapsed().as_secs_f64());
+        result.map(|_| Response::new(NodePublishVolumeResponse {}))
     }
 
     async fn node_unpublish_volume(
@@ -72,15 +112,24 @@ impl Node for NodeService {
         let req = req.into_inner();
         let target = request::unpublish(&req).map_err(|e| status::from_request(&e))?;
         let span = info_span!("unpublish", volume_id = %req.volume_id);
-        async {
-            self.publisher.unpublish(&target).await.map_err(|e| {
-                warn!(error = %e, "unpublish failed");
-                status::from_publish(&e)
-            })?;
-            Ok(Response::new(NodeUnpublishVolumeResponse {}))
+        let result = self.publisher.unpublish(&target).instrument(span).await;
+        let label = if result.is_ok() { "success" } else { "error" };
+        self.metrics
+            .unpublishes
+            .get_or_create(&ResultLabel { result: label })
+            .inc();
+        match result {
+            Ok(removed) => {
+                if removed {
+                    self.metrics.volumes_active.dec();
+                }
+                Ok(Response::new(NodeUnpublishVolumeResponse {}))
+            }
+            Err(e) => {
+                warn!(volume_id = %req.volume_id, error = %e, "unpublish failed");
+                Err(status::from_publish(&e))
+            }
         }
-        .instrument(span)
-        .await
     }
 
     async fn node_get_capabilities(

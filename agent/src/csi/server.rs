@@ -21,6 +21,7 @@ use super::controller::ControllerService;
 use super::identity::IdentityService;
 use super::node::NodeService;
 use crate::publish::Publisher;
+use crate::telemetry::Metrics;
 
 /// Why the socket could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +107,7 @@ pub fn bind(path: &Path) -> Result<BoundSocket, ServeError> {
 pub async fn serve(
     mut socket: BoundSocket,
     publisher: Arc<Publisher>,
+    metrics: Arc<Metrics>,
     node_id: String,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -120,7 +122,9 @@ pub async fn serve(
         .add_service(IdentityServer::new(IdentityService::new(Arc::clone(
             &publisher,
         ))))
-        .add_service(NodeServer::new(NodeService::new(publisher, node_id)))
+        .add_service(NodeServer::new(NodeService::new(
+            publisher, metrics, node_id,
+        )))
         .add_service(ControllerServer::new(ControllerService))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
             shutdown.await;

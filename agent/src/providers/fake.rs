@@ -2,6 +2,7 @@
 //! real backend: unknown keys and versions are NotFound.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -12,11 +13,12 @@ use crate::secret::SecretBytes;
 /// Inline values indexed by (key, version).
 pub struct Fake {
     values: HashMap<(String, Option<String>), SecretBytes>,
+    latency: Duration,
 }
 
 impl Fake {
     /// Indexes a store's inline data; a later duplicate entry wins, as in ESO.
-    pub fn new(spec: &FakeProvider) -> Self {
+    pub fn new(spec: &FakeProvider) -> Result<Self, ProviderError> {
         let values = spec
             .data
             .iter()
@@ -27,13 +29,22 @@ impl Fake {
                 )
             })
             .collect();
-        Self { values }
+        let latency = match &spec.latency {
+            Some(l) => humantime::parse_duration(l).map_err(|_| {
+                ProviderError::Config(format!("fake.latency {l:?} is not a duration like 5ms"))
+            })?,
+            None => Duration::ZERO,
+        };
+        Ok(Self { values, latency })
     }
 }
 
 #[async_trait]
 impl Provider for Fake {
     async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
         self.values
             .get(&(key.key.clone(), key.version.clone()))
             .cloned()
@@ -61,8 +72,9 @@ mod tests {
                     version: Some("v1".into()),
                 },
             ],
+            latency: None,
         };
-        let fake = Fake::new(&spec);
+        let fake = Fake::new(&spec).unwrap();
         let get = |key: &str, version: Option<&str>| RemoteKey {
             key: key.into(),
             version: version.map(String::from),
@@ -83,5 +95,27 @@ mod tests {
             fake.get(&get("nope", None)).await,
             Err(ProviderError::NotFound)
         ));
+    }
+
+    #[tokio::test]
+    async fn latency_is_simulated_and_validated() {
+        let spec = FakeProvider {
+            data: vec![],
+            latency: Some("30ms".into()),
+        };
+        let fake = Fake::new(&spec).unwrap();
+        let start = std::time::Instant::now();
+        let _ = fake
+            .get(&RemoteKey {
+                key: "k".into(),
+                version: None,
+            })
+            .await;
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        let bad = FakeProvider {
+            data: vec![],
+            latency: Some("soon".into()),
+        };
+        assert!(matches!(Fake::new(&bad), Err(ProviderError::Config(_))));
     }
 }

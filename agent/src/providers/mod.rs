@@ -4,11 +4,14 @@
 pub mod fake;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 
 use crate::api::validate::ProviderSpec;
 use crate::secret::SecretBytes;
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::BackendLabels;
 
 /// One remote value to fetch: a key and an optional provider-specific version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,9 +49,27 @@ pub enum ProviderError {
     /// The backend did not answer in time.
     #[error("backend timed out: {0}")]
     Timeout(String),
+    /// The store's provider settings are unusable.
+    #[error("invalid provider configuration: {0}")]
+    Config(String),
     /// The store names a provider this build cannot use.
     #[error("provider {0} is not available in this version of Latchkey")]
     Unsupported(&'static str),
+}
+
+impl ProviderError {
+    /// A short, bounded name for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProviderError::NotFound => "not_found",
+            ProviderError::PermissionDenied(_) => "permission_denied",
+            ProviderError::Unavailable(_) => "unavailable",
+            ProviderError::Throttled(_) => "throttled",
+            ProviderError::Timeout(_) => "timeout",
+            ProviderError::Config(_) => "config",
+            ProviderError::Unsupported(_) => "unsupported",
+        }
+    }
 }
 
 /// A source of secret values.
@@ -58,10 +79,46 @@ pub trait Provider: Send + Sync {
     async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError>;
 }
 
-/// Builds the provider a store's (validated) spec selects.
-pub fn build(spec: ProviderSpec<'_>) -> Result<Arc<dyn Provider>, ProviderError> {
-    match spec {
-        ProviderSpec::Fake(f) => Ok(Arc::new(fake::Fake::new(f))),
-        other => Err(ProviderError::Unsupported(other.name())),
+/// Builds the provider a store's (validated) spec selects, with every request counted and timed.
+pub fn build(
+    spec: ProviderSpec<'_>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let inner: Arc<dyn Provider> = match spec {
+        ProviderSpec::Fake(f) => Arc::new(fake::Fake::new(f)?),
+        other => return Err(ProviderError::Unsupported(other.name())),
+    };
+    Ok(Arc::new(Instrumented {
+        inner,
+        provider: spec.name(),
+        metrics: Arc::clone(metrics),
+    }))
+}
+
+/// Records every backend request in the metrics, whatever the provider.
+struct Instrumented {
+    inner: Arc<dyn Provider>,
+    provider: &'static str,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait]
+impl Provider for Instrumented {
+    async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
+        let start = Instant::now();
+        let result = self.inner.get(key).await;
+        let labels = BackendLabels {
+            provider: self.provider,
+            operation: "get",
+            result: result
+                .as_ref()
+                .map_or_else(ProviderError::kind, |_| "success"),
+        };
+        self.metrics.backend_requests.get_or_create(&labels).inc();
+        self.metrics
+            .backend_duration
+            .get_or_create(&labels)
+            .observe(start.elapsed().as_secs_f64());
+        result
     }
 }

@@ -13,6 +13,7 @@ use crate::catalog::{BindingError, Catalog, bind};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
+use crate::telemetry::Metrics;
 use crate::volume::{VolumeError, VolumeFile, Volumes};
 
 /// A validated NodePublishVolume call.
@@ -81,15 +82,17 @@ pub enum PublishError {
 pub struct Publisher {
     catalog: Arc<dyn Catalog>,
     volumes: Arc<Volumes>,
+    metrics: Arc<Metrics>,
     locks: locks::TargetLocks,
 }
 
 impl Publisher {
-    /// A publisher over a catalog and a volume manager.
-    pub fn new(catalog: Arc<dyn Catalog>, volumes: Volumes) -> Self {
+    /// A publisher over a catalog and a volume manager, recording backend calls in `metrics`.
+    pub fn new(catalog: Arc<dyn Catalog>, volumes: Volumes, metrics: Arc<Metrics>) -> Self {
         Self {
             catalog,
             volumes: Arc::new(volumes),
+            metrics,
             locks: locks::TargetLocks::default(),
         }
     }
@@ -130,12 +133,18 @@ impl Publisher {
         }
     }
 
-    /// Unmounts and removes the target; succeeds when it is already gone.
-    pub async fn unpublish(&self, target: &Path) -> Result<(), PublishError> {
+    /// Unmounts and removes the target; succeeds when it is already gone. Returns whether a
+    /// published volume was removed.
+    pub async fn unpublish(&self, target: &Path) -> Result<bool, PublishError> {
         let _lock = self.locks.lock(target).await;
+        let published = self
+            .blocking(target, None, |v, t| v.is_published(t))
+            .await?;
         self.blocking(target, None, |v, t| v.unpublish(t)).await?;
-        info!(target_path = %target.display(), "volume unmounted");
-        Ok(())
+        if published {
+            info!(target_path = %target.display(), "volume unmounted");
+        }
+        Ok(published)
     }
 
     /// Identity -> binding -> fetch -> files. No side effects.
@@ -144,6 +153,10 @@ impl Publisher {
         req: &PublishRequest,
     ) -> Result<(Context, Vec<VolumeFile>), PublishError> {
         let binding = bind(&*self.catalog, &req.pod.namespace, &req.external_secret).await?;
+        tracing::Span::current().record(
+            "store",
+            format!("{}/{}", binding.store_kind, binding.store_name),
+        );
         let ctx = Context {
             namespace: binding.namespace.clone(),
             external_secret: req.external_secret.clone(),
@@ -159,7 +172,7 @@ impl Publisher {
         let spec = crate::api::validate::provider(&binding.provider).map_err(|e| {
             PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
         })?;
-        let provider = providers::build(spec).map_err(|e| provider_err(None, e))?;
+        let provider = providers::build(spec, &self.metrics).map_err(|e| provider_err(None, e))?;
         let spec = &binding.external_secret.spec;
         let mut fetched = Fetched::new();
         for key in resolve::remote_keys(&ctx, spec)? {
