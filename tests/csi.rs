@@ -78,46 +78,30 @@ spec:
       - {{key: LOG_LEVEL, path: LOG_LEVEL}}
 "#
     );
-    out += &es("dotdot", "fake", "SecretStore", &one("../evil", "api", ""));
-    out += &es(
-        "absolute",
-        "fake",
-        "SecretStore",
-        &one("/etc/evil", "api", ""),
-    );
-    out += &es(
-        "empty-segment",
-        "fake",
-        "SecretStore",
-        &one("a//b", "api", ""),
-    );
-    out += &es(
-        "too-long",
-        "fake",
-        "SecretStore",
-        &one(&"x".repeat(300), "api", ""),
-    );
-    out += &es("no-store", "nope", "SecretStore", &one("a", "api", ""));
-    out += &es(
-        "no-key",
-        "fake",
-        "SecretStore",
-        &one("a", "missing-key", ""),
-    );
-    out += &es(
-        "no-property",
-        "fake",
-        "SecretStore",
-        &one("a", "db", "nope"),
-    );
-    out += &es("big", "fake", "SecretStore", &one("big", "big", ""));
-    out += &es(
-        "denied",
-        "elsewhere",
-        "ClusterSecretStore",
-        &one("a", "db", ""),
-    );
-    out += &es("unsupported", "aws", "SecretStore", &one("a", "db", ""));
+    // (ExternalSecret, store, store kind, secretKey, remote key, property)
+    let too_long = "x".repeat(300);
+    let broken = [
+        ("dotdot", "fake", "SecretStore", "../evil", "api", ""),
+        ("absolute", "fake", "SecretStore", "/etc/evil", "api", ""),
+        ("empty-segment", "fake", "SecretStore", "a//b", "api", ""),
+        (
+            "too-long",
+            "fake",
+            "SecretStore",
+            too_long.as_str(),
+            "api",
+            "",
+        ),
+        ("no-store", "nope", "SecretStore", "a", "api", ""),
+        ("no-key", "fake", "SecretStore", "a", "missing-key", ""),
+        ("no-property", "fake", "SecretStore", "a", "db", "nope"),
+        ("big", "fake", "SecretStore", "big", "big", ""),
+        ("denied", "elsewhere", "ClusterSecretStore", "a", "db", ""),
+        ("unsupported", "aws", "SecretStore", "a", "db", ""),
+    ];
+    for (name, store, kind, secret_key, key, property) in broken {
+        out += &es(name, store, kind, &one(secret_key, key, property));
+    }
     out
 }
 
