@@ -20,6 +20,7 @@ use tonic::Code;
 
 const DB_PASSWORD: &str = "hunter2-db-password-e2e";
 const API_KEY: &str = "sk-test-api-key-e2e-4242";
+const POD_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.pod-token-e2e.c2lnbmF0dXJl";
 
 fn manifests(big_value_len: usize) -> String {
     let big = "Z".repeat(big_value_len);
@@ -111,9 +112,12 @@ async fn agent() -> Agent {
     Agent::start(&[("shop.yaml", &m)], &["--volume-size-limit", "64Ki"]).await
 }
 
+/// What kubelet sends for pod `name`, including a projected service-account token.
 fn publish_req(agent: &Agent, name: &str, external_secret: &str) -> NodePublishVolumeRequest {
     let target = agent.target(name);
-    PodVolume::new("shop", name, external_secret).publish_request(&volume_id_for(&target), &target)
+    let mut pod = PodVolume::new("shop", name, external_secret);
+    pod.tokens_json = Some(format!(r#"{{"vault":{{"token":"{POD_TOKEN}"}}}}"#));
+    pod.publish_request(&volume_id_for(&target), &target)
 }
 
 fn assert_nothing_left(target: &Path) {
@@ -355,6 +359,18 @@ async fn bad_requests_are_invalid_argument_and_write_nothing() {
             },
             "podInfoOnMount",
         ),
+        (
+            "malformed tokens",
+            {
+                let mut r = good.clone();
+                r.volume_context.insert(
+                    "csi.storage.k8s.io/serviceAccount.tokens".into(),
+                    format!("[\"{POD_TOKEN}\"]"),
+                );
+                r
+            },
+            "serviceAccount.tokens is not a JSON object",
+        ),
     ];
     for (what, req, want) in cases {
         let err = node.node_publish_volume(req).await.unwrap_err();
@@ -364,8 +380,16 @@ async fn bad_requests_are_invalid_argument_and_write_nothing() {
             "{what}: {:?} lacks {want:?}",
             err.message()
         );
+        assert!(
+            !err.message().contains(POD_TOKEN),
+            "{what}: status leaks the token"
+        );
         assert_nothing_left(&target);
     }
+    assert!(
+        !agent.log_text().contains(POD_TOKEN),
+        "the agent log leaks the pod token"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,7 +470,7 @@ async fn publish_errors_have_precise_codes_and_leave_nothing_behind() {
                 err.message()
             );
         }
-        for secret in [DB_PASSWORD, API_KEY, "ZZZZZZZZZZZZ"] {
+        for secret in [DB_PASSWORD, API_KEY, POD_TOKEN, "ZZZZZZZZZZZZ"] {
             assert!(
                 !err.message().contains(secret),
                 "{es}: status leaks a value"
@@ -459,7 +483,7 @@ async fn publish_errors_have_precise_codes_and_leave_nothing_behind() {
         log.contains("publish failed"),
         "failures are logged:\n{log}"
     );
-    for secret in [DB_PASSWORD, API_KEY, "ZZZZZZZZZZZZ"] {
+    for secret in [DB_PASSWORD, API_KEY, POD_TOKEN, "ZZZZZZZZZZZZ"] {
         assert!(!log.contains(secret), "the agent log leaks a secret value");
     }
 }
@@ -677,7 +701,15 @@ async fn metrics_and_health_endpoints_report_publishes_failures_and_refreshes() 
         );
     }
     // Labels are closed sets: no pod names, targets, keys or values.
-    for unbounded in ["m-0", "m-1", "no-key", "app", DB_PASSWORD, API_KEY] {
+    for unbounded in [
+        "m-0",
+        "m-1",
+        "no-key",
+        "app",
+        DB_PASSWORD,
+        API_KEY,
+        POD_TOKEN,
+    ] {
         let leaked = body
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -721,7 +753,7 @@ async fn json_logs_carry_the_publish_span_without_values() {
     assert_eq!(span["store"], "SecretStore/fake");
     assert!(span["volume_id"].as_str().unwrap().starts_with("csi-"));
     assert!(log.contains("property \\\"nope\\\" not found"), "{log}");
-    for secret in [DB_PASSWORD, API_KEY] {
+    for secret in [DB_PASSWORD, API_KEY, POD_TOKEN] {
         assert!(!log.contains(secret), "JSON log leaks a secret value");
     }
 }

@@ -49,6 +49,28 @@ impl fmt::Debug for SecretBytes {
     }
 }
 
+/// A secret string (a token, a password); `Debug` prints only the length.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SecretString(Zeroizing<String>);
+
+impl SecretString {
+    /// Wraps a string that must be treated as secret.
+    pub fn new(s: String) -> Self {
+        Self(Zeroizing::new(s))
+    }
+
+    /// The raw string, for sending to the one backend that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretString(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +81,8 @@ mod tests {
         let printed = format!("{s:?} {s:#?}");
         assert!(!printed.contains("hunter2"), "{printed}");
         assert!(printed.contains("20 bytes"));
+        let t = SecretString::new("eyJhbGciOi.token".into());
+        assert!(!format!("{t:?} {t:#?}").contains("eyJ"));
+        assert_eq!(t.expose(), "eyJhbGciOi.token");
     }
 }

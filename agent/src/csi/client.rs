@@ -40,6 +40,8 @@ pub struct PodVolume {
     pub external_secret: String,
     /// Further volume attributes.
     pub extra_attributes: Vec<(String, String)>,
+    /// kubelet's `csi.storage.k8s.io/serviceAccount.tokens` JSON, if the driver requests tokens.
+    pub tokens_json: Option<String>,
 }
 
 impl PodVolume {
@@ -55,6 +57,7 @@ impl PodVolume {
             service_account: "default".into(),
             external_secret: external_secret.into(),
             extra_attributes: vec![],
+            tokens_json: None,
         }
     }
 
@@ -75,6 +78,9 @@ impl PodVolume {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         ctx.extend(self.extra_attributes.iter().cloned());
+        if let Some(tokens) = &self.tokens_json {
+            ctx.insert(crate::identity::tokens::TOKENS_KEY.into(), tokens.clone());
+        }
         NodePublishVolumeRequest {
             volume_id: volume_id.into(),
             target_path: target.to_string_lossy().into_owned(),

@@ -75,7 +75,7 @@ pub fn publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Request
     if !is_dns_subdomain(&external_secret) {
         return Err(RequestError::BadExternalSecretName(external_secret));
     }
-    let pod = PodInfo::from_volume_context(ctx)?;
+    let pod = PodInfo::from_request(ctx, &req.secrets)?;
     Ok(PublishRequest {
         volume_id: req.volume_id.clone(),
         target,

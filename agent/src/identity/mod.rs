@@ -1,7 +1,11 @@
-//! The pod a volume is for, as kubelet describes it in `volume_context` (`podInfoOnMount: true`).
-//! Service-account tokens are parsed here later; this module never logs what it reads.
+//! The pod a volume is for, as kubelet describes it in `volume_context` (`podInfoOnMount: true`),
+//! with its service-account tokens (`tokenRequests`). This module never logs what it reads.
+
+pub mod tokens;
 
 use std::collections::HashMap;
+
+pub use tokens::{PodTokens, ServiceAccountToken};
 
 /// Key prefix kubelet uses for pod information in `volume_context`.
 pub const POD_INFO_PREFIX: &str = "csi.storage.k8s.io/";
@@ -22,6 +26,8 @@ pub struct PodInfo {
     pub uid: String,
     /// The pod's service account.
     pub service_account: String,
+    /// The pod's projected service-account tokens, by audience.
+    pub tokens: PodTokens,
 }
 
 /// The volume context does not describe an ephemeral inline volume of a pod.
@@ -38,6 +44,9 @@ pub enum IdentityError {
         /// Which key.
         key: &'static str,
     },
+    /// The tokens value is malformed.
+    #[error(transparent)]
+    MalformedTokens(#[from] tokens::MalformedTokens),
     /// The volume is not a CSI ephemeral inline volume.
     #[error(
         "Latchkey serves only CSI ephemeral inline volumes (pod.spec.volumes[].csi); \
@@ -47,8 +56,12 @@ pub enum IdentityError {
 }
 
 impl PodInfo {
-    /// Reads the pod fields kubelet puts into `volume_context`.
-    pub fn from_volume_context(ctx: &HashMap<String, String>) -> Result<Self, IdentityError> {
+    /// Reads the pod fields kubelet puts into `volume_context`, and the tokens from `secrets`
+    /// (kubelets with `serviceAccountTokenInSecrets`) or else from `volume_context`.
+    pub fn from_request(
+        ctx: &HashMap<String, String>,
+        secrets: &HashMap<String, String>,
+    ) -> Result<Self, IdentityError> {
         let get = |key: &'static str| {
             ctx.get(key)
                 .filter(|v| !v.is_empty())
@@ -69,11 +82,15 @@ impl PodInfo {
                 key: SERVICE_ACCOUNT,
             });
         }
+        let tokens_json = secrets
+            .get(tokens::TOKENS_KEY)
+            .or_else(|| ctx.get(tokens::TOKENS_KEY));
         Ok(Self {
             namespace,
             name: get(POD_NAME)?,
             uid: get(POD_UID)?,
             service_account,
+            tokens: PodTokens::parse(tokens_json.map(String::as_str))?,
         })
     }
 }
@@ -124,9 +141,36 @@ mod tests {
 
     #[test]
     fn parses_kubelet_pod_info() {
-        let p = PodInfo::from_volume_context(&ctx(&full())).unwrap();
+        let p = PodInfo::from_request(&ctx(&full()), &HashMap::new()).unwrap();
         assert_eq!(p.namespace, "shop");
         assert_eq!(p.service_account, "web");
+        assert_eq!(p.tokens.audiences().count(), 0);
+    }
+
+    #[test]
+    fn tokens_come_from_secrets_before_volume_context() {
+        let json = |t: &str| format!(r#"{{"vault":{{"token":"{t}"}}}}"#);
+        let mut c = ctx(&full());
+        c.insert(tokens::TOKENS_KEY.into(), json("from-context"));
+        let p = PodInfo::from_request(&c, &HashMap::new()).unwrap();
+        assert_eq!(
+            p.tokens.for_audience("vault").unwrap().token.expose(),
+            "from-context"
+        );
+        let secrets = HashMap::from([(tokens::TOKENS_KEY.to_string(), json("from-secrets"))]);
+        let p = PodInfo::from_request(&c, &secrets).unwrap();
+        assert_eq!(
+            p.tokens.for_audience("vault").unwrap().token.expose(),
+            "from-secrets"
+        );
+        assert!(
+            !format!("{p:?}").contains("from-"),
+            "PodInfo Debug shows a token"
+        );
+        c.insert(tokens::TOKENS_KEY.into(), "not json from-context".into());
+        let err = PodInfo::from_request(&c, &HashMap::new()).unwrap_err();
+        assert!(matches!(err, IdentityError::MalformedTokens(_)));
+        assert!(!err.to_string().contains("from-context"));
     }
 
     #[test]
@@ -134,19 +178,19 @@ mod tests {
         let mut c = ctx(&full());
         c.remove(POD_NAMESPACE);
         assert_eq!(
-            PodInfo::from_volume_context(&c),
+            PodInfo::from_request(&c, &HashMap::new()),
             Err(IdentityError::Missing(POD_NAMESPACE))
         );
         let mut c = ctx(&full());
         c.insert(POD_NAMESPACE.into(), "../etc".into());
         assert!(matches!(
-            PodInfo::from_volume_context(&c),
+            PodInfo::from_request(&c, &HashMap::new()),
             Err(IdentityError::BadName { .. })
         ));
         let mut c = ctx(&full());
         c.insert(EPHEMERAL.into(), "false".into());
         assert!(matches!(
-            PodInfo::from_volume_context(&c),
+            PodInfo::from_request(&c, &HashMap::new()),
             Err(IdentityError::NotEphemeral(_))
         ));
     }
