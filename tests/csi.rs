@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
 use csi_proto::v1::controller_service_capability::{Type as CType, rpc};
+use csi_proto::v1::node_service_capability;
 use csi_proto::v1::volume_capability::{AccessType, BlockVolume};
 use csi_proto::v1::{
     ControllerGetCapabilitiesRequest, CreateVolumeRequest, GetPluginCapabilitiesRequest,
@@ -166,8 +167,21 @@ async fn identity_and_informational_rpcs() {
     let caps = node
         .node_get_capabilities(NodeGetCapabilitiesRequest {})
         .await
-        .unwrap();
-    assert!(caps.into_inner().capabilities.is_empty());
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let rpcs: Vec<_> = caps
+        .iter()
+        .filter_map(|c| {
+            let node_service_capability::Type::Rpc(r) = c.r#type.as_ref()?;
+            Some(r.r#type)
+        })
+        .collect();
+    assert_eq!(
+        rpcs,
+        [node_service_capability::rpc::Type::VolumeMountGroup as i32],
+        "only VOLUME_MOUNT_GROUP: kubelet passes fsGroup, no staging"
+    );
     let stage = node
         .node_stage_volume(NodeStageVolumeRequest::default())
         .await
@@ -358,6 +372,19 @@ async fn bad_requests_are_invalid_argument_and_write_nothing() {
                 r
             },
             "podInfoOnMount",
+        ),
+        (
+            "non-numeric fsGroup",
+            {
+                let mut r = good.clone();
+                if let Some(AccessType::Mount(m)) =
+                    &mut r.volume_capability.as_mut().unwrap().access_type
+                {
+                    m.volume_mount_group = "wheel".into();
+                }
+                r
+            },
+            "volume_mount_group \"wheel\" is not a numeric group id",
         ),
         (
             "malformed tokens",
@@ -756,4 +783,31 @@ async fn json_logs_carry_the_publish_span_without_values() {
     for secret in [DB_PASSWORD, API_KEY, POD_TOKEN] {
         assert!(!log.contains(secret), "JSON log leaks a secret value");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fs_group_from_kubelet_owns_the_files() {
+    use std::os::unix::fs::MetadataExt;
+    let agent = agent().await;
+    let mut node = agent.node().await;
+    let mut req = publish_req(&agent, "fsgroup", "app");
+    if let Some(AccessType::Mount(m)) = &mut req.volume_capability.as_mut().unwrap().access_type {
+        m.volume_mount_group = "2000".into();
+    }
+    node.node_publish_volume(req.clone()).await.unwrap();
+    let target = agent.target("fsgroup");
+    let root = std::fs::metadata(&target).unwrap();
+    assert_eq!((root.mode() & 0o7777, root.gid()), (0o750, 2000));
+    for (path, mode) in [
+        ("db/password", 0o400),
+        ("api-key", 0o440),
+        ("LOG_LEVEL", 0o440),
+    ] {
+        let meta = std::fs::metadata(target.join(path)).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.gid()), (mode, 2000), "{path}");
+    }
+    node.node_unpublish_volume(unpublish_request(&req.volume_id, &target))
+        .await
+        .unwrap();
+    assert_nothing_left(&target);
 }

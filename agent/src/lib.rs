@@ -9,6 +9,7 @@ pub mod api;
 pub mod catalog;
 pub mod cmd;
 pub mod csi;
+pub mod events;
 pub mod identity;
 pub mod providers;
 pub mod publish;

@@ -1,8 +1,9 @@
-//! Where Latchkey objects come from: a directory of manifests (standalone mode) or, later, the
-//! Kubernetes API. The catalog only finds objects; which store an ExternalSecret may use is
+//! Where Latchkey objects come from: the Kubernetes API (watch-backed caches) or a directory of
+//! manifests (standalone mode). The catalog only finds objects; which store an ExternalSecret may use is
 //! decided in [`binding`].
 
 pub mod binding;
+pub mod kubernetes;
 pub mod manifests;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 pub use binding::{Binding, BindingError, bind};
+pub use kubernetes::KubernetesCatalog;
 pub use manifests::{ManifestCatalog, ManifestError};
 
 /// Failure to reach the object source itself (not "object missing", which is `Ok(None)`).

@@ -16,6 +16,7 @@ use super::kubelet::status_error;
 use crate::catalog::{Catalog, ManifestCatalog};
 use crate::csi::client::{self, PodVolume};
 use crate::csi::server;
+use crate::events::NoEvents;
 use crate::publish::Publisher;
 use crate::telemetry::Metrics;
 use crate::volume::{Backend, VolumeConfig, Volumes, mountinfo};
@@ -75,7 +76,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     });
     // The demo serves no metrics endpoint; the registry only feeds the node service.
     let metrics = Arc::new(Metrics::new());
-    let publisher = Arc::new(Publisher::new(catalog, volumes, Arc::clone(&metrics)));
+    let publisher = Arc::new(Publisher::new(
+        catalog,
+        volumes,
+        Arc::clone(&metrics),
+        Arc::new(NoEvents),
+    ));
 
     let tmp = tempfile::Builder::new()
         .prefix("latchkey-demo-")

@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::catalog::{Catalog, ManifestCatalog};
+use crate::catalog::{Catalog, KubernetesCatalog, ManifestCatalog};
 use crate::csi::{endpoint, server};
+use crate::events::{KubeEvents, NoEvents, PodEvents};
 use crate::publish::Publisher;
 use crate::telemetry::Metrics;
 use crate::telemetry::http::{self, Readiness};
@@ -38,15 +39,20 @@ pub struct NodeArgs {
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let catalog: Arc<dyn Catalog> = match &args.manifests {
-        Some(dir) => Arc::new(
-            ManifestCatalog::load_dir(dir)
-                .with_context(|| format!("loading manifests from {}", dir.display()))?,
-        ),
-        None => bail!(
-            "reading the Kubernetes API is not available in this version yet; \
-             run with --manifests DIR (standalone mode)"
-        ),
+    let (catalog, events): (Arc<dyn Catalog>, Arc<dyn PodEvents>) = match &args.manifests {
+        Some(dir) => {
+            let catalog = ManifestCatalog::load_dir(dir)
+                .with_context(|| format!("loading manifests from {}", dir.display()))?;
+            (Arc::new(catalog), Arc::new(NoEvents))
+        }
+        None => {
+            // In-cluster config in a pod, KUBECONFIG elsewhere.
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+            let events = KubeEvents::new(client.clone(), &args.node_id);
+            (Arc::new(KubernetesCatalog::start(client)), Arc::new(events))
+        }
     };
     let metrics = Arc::new(Metrics::new());
     let volumes = Volumes::new(VolumeConfig {
@@ -57,6 +63,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         Arc::clone(&catalog),
         volumes,
         Arc::clone(&metrics),
+        events,
     ));
 
     let (stop, stopping) = watch::channel(false);

@@ -10,6 +10,7 @@ use csi_proto::v1::{
     NodeGetInfoResponse, NodePublishVolumeRequest, NodePublishVolumeResponse,
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
+use csi_proto::v1::{NodeServiceCapability, node_service_capability};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, field, info, info_span, warn};
 
@@ -136,9 +137,17 @@ impl Node for NodeService {
         &self,
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        // No staging, no stats, no expansion: ephemeral volumes need none of them.
+        // VOLUME_MOUNT_GROUP: kubelet passes the pod's fsGroup and leaves ownership to us (no
+        // recursive chown). No staging, stats or expansion: ephemeral volumes need none.
+        let mount_group = NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(
+                node_service_capability::Rpc {
+                    r#type: node_service_capability::rpc::Type::VolumeMountGroup as i32,
+                },
+            )),
+        };
         Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: vec![],
+            capabilities: vec![mount_group],
         }))
     }
 

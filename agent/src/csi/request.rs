@@ -34,6 +34,9 @@ pub enum RequestError {
     /// The pod fields are missing or wrong.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// The fsGroup is not a number.
+    #[error("volume_capability.mount.volume_mount_group {0:?} is not a numeric group id")]
+    BadMountGroup(String),
     /// The ExternalSecret name is not a Kubernetes name.
     #[error("volume attribute {ATTR_EXTERNAL_SECRET} {0:?} is not a valid Kubernetes name")]
     BadExternalSecretName(String),
@@ -52,11 +55,16 @@ pub fn publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Request
         .volume_capability
         .as_ref()
         .ok_or(RequestError::Missing("volume_capability"))?;
-    match cap.access_type {
-        Some(AccessType::Mount(_)) => {}
+    let group = match &cap.access_type {
+        Some(AccessType::Mount(m)) if m.volume_mount_group.is_empty() => None,
+        Some(AccessType::Mount(m)) => Some(
+            m.volume_mount_group
+                .parse::<u32>()
+                .map_err(|_| RequestError::BadMountGroup(m.volume_mount_group.clone()))?,
+        ),
         Some(AccessType::Block(_)) => return Err(RequestError::Block),
         None => return Err(RequestError::NoAccessType),
-    }
+    };
     if !req.readonly {
         return Err(RequestError::NotReadOnly);
     }
@@ -81,6 +89,7 @@ pub fn publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Request
         target,
         pod,
         external_secret,
+        group,
     })
 }
 

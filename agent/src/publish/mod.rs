@@ -10,6 +10,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use crate::catalog::{BindingError, Catalog, bind};
+use crate::events::{MOUNT_FAILED, PodEvents};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
@@ -27,6 +28,8 @@ pub struct PublishRequest {
     pub pod: PodInfo,
     /// The ExternalSecret named in the volume attributes.
     pub external_secret: String,
+    /// The pod's fsGroup (kubelet's `volume_mount_group`): files are group-owned by it.
+    pub group: Option<u32>,
 }
 
 /// What a successful publish did.
@@ -83,16 +86,24 @@ pub struct Publisher {
     catalog: Arc<dyn Catalog>,
     volumes: Arc<Volumes>,
     metrics: Arc<Metrics>,
+    events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
 }
 
 impl Publisher {
-    /// A publisher over a catalog and a volume manager, recording backend calls in `metrics`.
-    pub fn new(catalog: Arc<dyn Catalog>, volumes: Volumes, metrics: Arc<Metrics>) -> Self {
+    /// A publisher over a catalog and a volume manager, recording backend calls in `metrics`
+    /// and failures as Events on the pod.
+    pub fn new(
+        catalog: Arc<dyn Catalog>,
+        volumes: Volumes,
+        metrics: Arc<Metrics>,
+        events: Arc<dyn PodEvents>,
+    ) -> Self {
         Self {
             catalog,
             volumes: Arc::new(volumes),
             metrics,
+            events,
             locks: locks::TargetLocks::default(),
         }
     }
@@ -106,21 +117,34 @@ impl Publisher {
     /// keeps the previous content and succeeds (kubelet unmounts a volume whose republish fails).
     pub async fn publish(&self, req: &PublishRequest) -> Result<Outcome, PublishError> {
         let _lock = self.locks.lock(&req.target).await;
+        let group = req.group;
         let published = self
             .blocking(&req.target, None, |v, t| v.is_published(t))
             .await?;
         let resolved = self.resolve(req).await;
         if !published {
-            let (ctx, files) = resolved?;
-            self.blocking(&req.target, Some(&ctx), move |v, t| v.publish(t, &files))
-                .await?;
+            let mounted = match resolved {
+                Ok((ctx, files)) => {
+                    self.blocking(&req.target, Some(&ctx), move |v, t| {
+                        v.publish(t, &files, group)
+                    })
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = &mounted {
+                self.events.warn(&req.pod, MOUNT_FAILED, &e.to_string());
+            }
+            mounted?;
             info!(target_path = %req.target.display(), "volume mounted");
             return Ok(Outcome::Mounted);
         }
         let refreshed = match resolved {
             Ok((ctx, files)) => {
-                self.blocking(&req.target, Some(&ctx), move |v, t| v.update(t, &files))
-                    .await
+                self.blocking(&req.target, Some(&ctx), move |v, t| {
+                    v.update(t, &files, group)
+                })
+                .await
             }
             Err(e) => Err(e),
         };

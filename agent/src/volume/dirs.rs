@@ -16,6 +16,18 @@ const TARGET_MODE: u32 = 0o755;
 /// Mode of missing parents we create, as kubelet creates its own volume directories.
 const PARENT_MODE: u32 = 0o750;
 
+/// Gives a plain-directory volume root the ownership tmpfs would get from its mount options:
+/// group `group` and mode 0750. Without a group the root keeps the mode it was created with.
+pub(crate) fn set_root_group(target: &Path, group: Option<u32>) -> Result<(), VolumeError> {
+    let Some(gid) = group else {
+        return Ok(());
+    };
+    nix::unistd::chown(target, None, Some(nix::unistd::Gid::from_raw(gid)))
+        .map_err(|e| io("setting the group of", target, e.into()))?;
+    std::fs::set_permissions(target, std::os::unix::fs::PermissionsExt::from_mode(0o750))
+        .map_err(|e| io("setting the mode of", target, e))
+}
+
 /// Checks that `target` is an absolute path naming a directory entry (no `.`/`..`, not `/`).
 pub(crate) fn check_target(target: &Path) -> Result<(), VolumeError> {
     let reason = if !target.is_absolute() {

@@ -100,9 +100,15 @@ impl Volumes {
     }
 
     /// First publish: creates `target` if needed, mounts a fresh tmpfs there and writes `files`
-    /// atomically. On any failure nothing is left behind: no mount, no files, and no directories
-    /// that this call created.
-    pub fn publish(&self, target: &Path, files: &[VolumeFile]) -> Result<(), VolumeError> {
+    /// atomically. With a `group` (the pod's fsGroup) the root is 0750 and everything is
+    /// group-owned by it. On any failure nothing is left behind: no mount, no files, and no
+    /// directories that this call created.
+    pub fn publish(
+        &self,
+        target: &Path,
+        files: &[VolumeFile],
+        group: Option<u32>,
+    ) -> Result<(), VolumeError> {
         dirs::check_target(target)?;
         // Everything that can be rejected without touching the disk is rejected first.
         let payload = writer::check(files, self.config.size_limit)?;
@@ -111,7 +117,7 @@ impl Volumes {
 
         let mounted = match self.config.backend {
             Backend::Tmpfs => {
-                if let Err(err) = tmpfs::mount(target, self.tmpfs_size) {
+                if let Err(err) = tmpfs::mount(target, self.tmpfs_size, group) {
                     created.remove(target);
                     return Err(err);
                 }
@@ -119,7 +125,13 @@ impl Volumes {
             }
             Backend::PlainDirectory => false,
         };
-        match AtomicWriter::new(target).write(&payload) {
+        let written = match self.config.backend {
+            // tmpfs applied the root's group and mode at mount time.
+            Backend::Tmpfs => Ok(()),
+            Backend::PlainDirectory => dirs::set_root_group(target, group),
+        }
+        .and_then(|()| AtomicWriter::new(target, group).write(&payload));
+        match written {
             Ok(_) => Ok(()),
             Err(err) => {
                 // The writer has already removed its own partial work; what is left is ours.
@@ -135,9 +147,14 @@ impl Volumes {
     }
 
     /// Later publish of an already-published target: swaps in `files` only if they differ from
-    /// what is there (paths, bytes and modes); returns whether it wrote. On failure the old
-    /// content stays fully intact.
-    pub fn update(&self, target: &Path, files: &[VolumeFile]) -> Result<bool, VolumeError> {
+    /// what is there (paths, bytes, modes and group); returns whether it wrote. On failure the
+    /// old content stays fully intact.
+    pub fn update(
+        &self,
+        target: &Path,
+        files: &[VolumeFile],
+        group: Option<u32>,
+    ) -> Result<bool, VolumeError> {
         dirs::check_target(target)?;
         let payload = writer::check(files, self.config.size_limit)?;
         // Without this check an update after an unexpected unmount would write secrets onto
@@ -147,7 +164,7 @@ impl Volumes {
                 target: target.to_path_buf(),
             });
         }
-        AtomicWriter::new(target).write(&payload)
+        AtomicWriter::new(target, group).write(&payload)
     }
 
     /// Unmounts our tmpfs (if mounted) and removes the target directory. Succeeds when the target

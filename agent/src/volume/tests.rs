@@ -67,7 +67,7 @@ fn publish_mounts_a_locked_down_tmpfs_and_writes_the_files() {
         file("db/url", "postgres://db/shop"),
         file_with_mode("db/key", "k", 0o400),
     ];
-    f.volumes.publish(&f.target, &files).unwrap();
+    f.volumes.publish(&f.target, &files, None).unwrap();
     assert!(f.volumes.is_published(&f.target).unwrap());
 
     let entry = mountinfo::find(&f.target).unwrap().expect("mounted");
@@ -98,9 +98,11 @@ fn publish_mounts_a_locked_down_tmpfs_and_writes_the_files() {
 #[test]
 fn publish_twice_is_refused() {
     let f = fixture(Backend::Tmpfs);
-    f.volumes.publish(&f.target, &[file("a", "1")]).unwrap();
+    f.volumes
+        .publish(&f.target, &[file("a", "1")], None)
+        .unwrap();
     assert!(matches!(
-        f.volumes.publish(&f.target, &[file("a", "1")]),
+        f.volumes.publish(&f.target, &[file("a", "1")], None),
         Err(VolumeError::AlreadyPublished { .. })
     ));
     assert_eq!(fs::read(f.target.join("a")).unwrap(), b"1");
@@ -114,7 +116,7 @@ fn update_swaps_atomically_under_concurrent_readers() {
         let body = format!("{n:08}\n").repeat(4096);
         [file("a", &body), file("nested/b", &body)]
     };
-    f.volumes.publish(&f.target, &generation(0)).unwrap();
+    f.volumes.publish(&f.target, &generation(0), None).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
@@ -122,7 +124,7 @@ fn update_swaps_atomically_under_concurrent_readers() {
         std::thread::spawn(move || read_until_stopped(&target, &stop))
     };
     for n in 1..=200 {
-        assert!(f.volumes.update(&f.target, &generation(n)).unwrap());
+        assert!(f.volumes.update(&f.target, &generation(n), None).unwrap());
     }
     stop.store(true, Ordering::Relaxed);
     let (snapshots, single_reads) = reader.join().unwrap();
@@ -187,15 +189,15 @@ fn assert_uniform(content: &[u8]) {
 fn update_removes_keys_and_identical_content_is_not_rewritten() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1"), file("gone/x", "2")])
+        .publish(&f.target, &[file("a", "1"), file("gone/x", "2")], None)
         .unwrap();
     let files = [file("a", "1"), file("new", "3")];
-    assert!(f.volumes.update(&f.target, &files).unwrap());
+    assert!(f.volumes.update(&f.target, &files, None).unwrap());
     assert!(fs::symlink_metadata(f.target.join("gone")).is_err());
     assert_eq!(fs::read(f.target.join("new")).unwrap(), b"3");
 
     let before = data_link(&f.target);
-    assert!(!f.volumes.update(&f.target, &files).unwrap());
+    assert!(!f.volumes.update(&f.target, &files, None).unwrap());
     assert_eq!(data_link(&f.target), before);
 }
 
@@ -204,7 +206,7 @@ fn update_of_an_unpublished_target_writes_nothing() {
     let f = fixture(Backend::Tmpfs);
     fs::create_dir_all(&f.target).unwrap();
     assert!(matches!(
-        f.volumes.update(&f.target, &[file("a", "1")]),
+        f.volumes.update(&f.target, &[file("a", "1")], None),
         Err(VolumeError::NotPublished { .. })
     ));
     assert_eq!(fs::read_dir(&f.target).unwrap().count(), 0);
@@ -213,16 +215,18 @@ fn update_of_an_unpublished_target_writes_nothing() {
 #[test]
 fn update_errors_keep_the_old_content() {
     let f = fixture(Backend::Tmpfs);
-    f.volumes.publish(&f.target, &[file("a", "1")]).unwrap();
+    f.volumes
+        .publish(&f.target, &[file("a", "1")], None)
+        .unwrap();
     let before = data_link(&f.target);
     let too_big = "x".repeat(usize::try_from(LIMIT).unwrap());
     assert!(matches!(
-        f.volumes.update(&f.target, &[file("a", &too_big)]),
+        f.volumes.update(&f.target, &[file("a", &too_big)], None),
         Err(VolumeError::TooLarge { .. })
     ));
     assert!(matches!(
         f.volumes
-            .update(&f.target, &[file("a", "2"), file("a/b", "3")]),
+            .update(&f.target, &[file("a", "2"), file("a/b", "3")], None),
         Err(VolumeError::Conflict(_))
     ));
     assert_eq!(data_link(&f.target), before);
@@ -233,7 +237,7 @@ fn update_errors_keep_the_old_content() {
 fn too_large_publish_leaves_nothing() {
     let f = fixture(Backend::Tmpfs);
     let big = "x".repeat(usize::try_from(LIMIT).unwrap());
-    match f.volumes.publish(&f.target, &[file("a", &big)]) {
+    match f.volumes.publish(&f.target, &[file("a", &big)], None) {
         Err(VolumeError::TooLarge { needed, limit }) => {
             assert_eq!(limit, LIMIT);
             assert_eq!(needed, LIMIT + tmpfs::page_size());
@@ -248,7 +252,7 @@ fn conflicting_publish_leaves_nothing() {
     let f = fixture(Backend::Tmpfs);
     let err = f
         .volumes
-        .publish(&f.target, &[file("db", "1"), file("db/url", "2")])
+        .publish(&f.target, &[file("db", "1"), file("db/url", "2")], None)
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::InvalidArgument);
     assert!(err.to_string().contains("\"db/url\""), "{err}");
@@ -261,7 +265,7 @@ fn no_space_during_publish_leaves_nothing() {
     // Within the budget, but the tmpfs is made smaller than the payload.
     let volumes = f.volumes.clone().with_tmpfs_size(2 * tmpfs::page_size());
     let files = [file("a", &"x".repeat(64 * 1024))];
-    match volumes.publish(&f.target, &files) {
+    match volumes.publish(&f.target, &files, None) {
         Err(VolumeError::NoSpace { target }) => assert_eq!(target, f.target),
         other => panic!("{other:?}"),
     }
@@ -274,7 +278,7 @@ fn failed_publish_keeps_a_target_it_did_not_create() {
     fs::create_dir_all(&f.target).unwrap();
     let volumes = f.volumes.clone().with_tmpfs_size(2 * tmpfs::page_size());
     let files = [file("a", &"x".repeat(64 * 1024))];
-    assert!(volumes.publish(&f.target, &files).is_err());
+    assert!(volumes.publish(&f.target, &files, None).is_err());
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(f.target.is_dir());
     assert_eq!(fs::read_dir(&f.target).unwrap().count(), 0);
@@ -283,7 +287,9 @@ fn failed_publish_keeps_a_target_it_did_not_create() {
 #[test]
 fn unpublish_removes_mount_and_directory_and_is_idempotent() {
     let f = fixture(Backend::Tmpfs);
-    f.volumes.publish(&f.target, &[file("a", "1")]).unwrap();
+    f.volumes
+        .publish(&f.target, &[file("a", "1")], None)
+        .unwrap();
     f.volumes.unpublish(&f.target).unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(!f.target.exists());
@@ -301,7 +307,9 @@ fn unpublish_of_a_missing_target_succeeds() {
 #[test]
 fn unpublish_detaches_a_busy_volume() {
     let f = fixture(Backend::Tmpfs);
-    f.volumes.publish(&f.target, &[file("a", "1")]).unwrap();
+    f.volumes
+        .publish(&f.target, &[file("a", "1")], None)
+        .unwrap();
     let mut open = fs::File::open(f.target.join("a")).unwrap();
     f.volumes.unpublish(&f.target).unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
@@ -335,8 +343,10 @@ fn foreign_mounts_are_refused_and_left_intact() {
     assert!(!f.volumes.is_published(&f.target).unwrap());
     for result in [
         f.volumes.unpublish(&f.target),
-        f.volumes.publish(&f.target, &[file("a", "1")]),
-        f.volumes.update(&f.target, &[file("a", "1")]).map(drop),
+        f.volumes.publish(&f.target, &[file("a", "1")], None),
+        f.volumes
+            .update(&f.target, &[file("a", "1")], None)
+            .map(drop),
     ] {
         match result {
             Err(VolumeError::NotOurMount {
@@ -359,7 +369,9 @@ fn foreign_mounts_are_refused_and_left_intact() {
 #[test]
 fn a_foreign_mount_below_the_target_blocks_unpublish() {
     let f = fixture(Backend::PlainDirectory);
-    f.volumes.publish(&f.target, &[file("a", "1")]).unwrap();
+    f.volumes
+        .publish(&f.target, &[file("a", "1")], None)
+        .unwrap();
     let inner = f.target.join("mnt");
     let _foreign = foreign_mount(&inner);
     match f.volumes.unpublish(&f.target) {
@@ -375,19 +387,27 @@ fn plain_directory_backend_never_mounts() {
     let f = fixture(Backend::PlainDirectory);
     assert!(!f.volumes.is_published(&f.target).unwrap());
     f.volumes
-        .publish(&f.target, &[file("a", "1"), file("b/c", "2")])
+        .publish(&f.target, &[file("a", "1"), file("b/c", "2")], None)
         .unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(f.volumes.is_published(&f.target).unwrap());
     assert_eq!(mode(&f.target), 0o755);
     assert_eq!(fs::read(f.target.join("b/c")).unwrap(), b"2");
     assert!(matches!(
-        f.volumes.publish(&f.target, &[file("a", "1")]),
+        f.volumes.publish(&f.target, &[file("a", "1")], None),
         Err(VolumeError::AlreadyPublished { .. })
     ));
 
-    assert!(f.volumes.update(&f.target, &[file("a", "2")]).unwrap());
-    assert!(!f.volumes.update(&f.target, &[file("a", "2")]).unwrap());
+    assert!(
+        f.volumes
+            .update(&f.target, &[file("a", "2")], None)
+            .unwrap()
+    );
+    assert!(
+        !f.volumes
+            .update(&f.target, &[file("a", "2")], None)
+            .unwrap()
+    );
     assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
     assert!(!f.target.join("b").exists());
 
@@ -395,7 +415,7 @@ fn plain_directory_backend_never_mounts() {
     assert!(!f.target.exists());
     f.volumes.unpublish(&f.target).unwrap();
     assert!(matches!(
-        f.volumes.update(&f.target, &[file("a", "2")]),
+        f.volumes.update(&f.target, &[file("a", "2")], None),
         Err(VolumeError::NotPublished { .. })
     ));
 }
@@ -405,7 +425,7 @@ fn plain_directory_failed_publish_leaves_nothing() {
     let f = fixture(Backend::PlainDirectory);
     let err = f
         .volumes
-        .publish(&f.target, &[file_with_mode("a", "1", 0o2755)])
+        .publish(&f.target, &[file_with_mode("a", "1", 0o2755)], None)
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::InvalidArgument);
     assert_nothing_left(&f);
@@ -420,5 +440,38 @@ fn bad_targets_are_invalid_arguments() {
     for target in ["relative", "/a/../b", "/"] {
         let err = volumes.unpublish(Path::new(target)).unwrap_err();
         assert_eq!(err.class(), ErrorClass::InvalidArgument, "{target}: {err}");
+    }
+}
+
+#[test]
+fn fs_group_owns_the_volume_and_tightens_the_root() {
+    use std::os::unix::fs::MetadataExt;
+    for backend in [Backend::Tmpfs, Backend::PlainDirectory] {
+        let f = fixture(backend);
+        let gid = 2345;
+        let files = [
+            file_with_mode("db/password", "1", 0o440),
+            file("api-key", "2"),
+        ];
+        f.volumes.publish(&f.target, &files, Some(gid)).unwrap();
+        let root = fs::metadata(&f.target).unwrap();
+        assert_eq!(root.mode() & 0o7777, 0o750, "{backend:?}: root");
+        assert_eq!(root.gid(), gid, "{backend:?}: root group");
+        for (path, mode) in [("db/password", 0o440), ("api-key", 0o444), ("db", 0o750)] {
+            let meta = fs::metadata(f.target.join(path)).unwrap();
+            assert_eq!(meta.gid(), gid, "{backend:?}: {path} group");
+            assert_eq!(meta.mode() & 0o7777, mode, "{backend:?}: {path} mode");
+        }
+        if backend == Backend::Tmpfs {
+            let m = mountinfo::find(&f.target).unwrap().unwrap();
+            assert_eq!(m.super_option("gid"), Some("2345"));
+            assert_eq!(m.super_option("mode"), Some("750"));
+        }
+        // Same content and group: nothing to do. Another group: rewritten with it.
+        assert!(!f.volumes.update(&f.target, &files, Some(gid)).unwrap());
+        assert!(f.volumes.update(&f.target, &files, Some(gid + 1)).unwrap());
+        let meta = fs::metadata(f.target.join("api-key")).unwrap();
+        assert_eq!(meta.gid(), gid + 1);
+        f.volumes.unpublish(&f.target).unwrap();
     }
 }

@@ -55,10 +55,13 @@ pub fn is_ours(entry: &MountEntry) -> bool {
     entry.fstype == "tmpfs" && entry.source == SOURCE
 }
 
-/// Mounts a fresh tmpfs of `size_bytes` at the existing directory `target`, root mode 0755.
-pub fn mount(target: &Path, size_bytes: u64) -> Result<(), VolumeError> {
-    // fsGroup support will add `gid=<gid>` and tighten `mode` here.
-    let data = format!("size={size_bytes},mode=0755");
+/// Mounts a fresh tmpfs of `size_bytes` at the existing directory `target`: root mode 0755, or
+/// 0750 owned by `group` (the pod's fsGroup) so only the pod's processes can enter it.
+pub fn mount(target: &Path, size_bytes: u64, group: Option<u32>) -> Result<(), VolumeError> {
+    let data = match group {
+        Some(gid) => format!("size={size_bytes},mode=0750,gid={gid}"),
+        None => format!("size={size_bytes},mode=0755"),
+    };
     nix::mount::mount(
         Some(SOURCE),
         target,
@@ -118,7 +121,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().canonicalize().unwrap();
-        mount(&target, tmpfs_size(1 << 20)).unwrap();
+        mount(&target, tmpfs_size(1 << 20), None).unwrap();
         let guard = MountGuard::new(&target);
         let entry = mountinfo::find(&target).unwrap().expect("mounted");
         assert!(is_ours(&entry), "{entry:?}");
@@ -139,7 +142,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().canonicalize().unwrap();
-        mount(&target, tmpfs_size(4096)).unwrap();
+        mount(&target, tmpfs_size(4096), None).unwrap();
         let _guard = MountGuard::new(&target);
         // An open directory handle on the mount makes a plain umount fail with EBUSY.
         let busy = std::fs::File::open(&target).unwrap();

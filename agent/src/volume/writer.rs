@@ -39,6 +39,8 @@ pub const DEFAULT_FILE_MODE: u32 = 0o444;
 
 /// Mode of the directories we create inside a payload.
 const DIR_MODE: u32 = 0o755;
+/// The same with an fsGroup: only the pod's group may enter.
+const GROUP_DIR_MODE: u32 = 0o750;
 /// The link that names the current payload directory.
 const DATA_LINK: &str = "..data";
 /// Where the next `..data` link is prepared before it is renamed into place.
@@ -123,14 +125,24 @@ pub(crate) fn check(files: &[VolumeFile], size_limit: u64) -> Result<Payload<'_>
 /// Writes payloads into one volume root. Callers serialise writers of the same root.
 pub(crate) struct AtomicWriter<'a> {
     root: &'a Path,
-    // fsGroup support adds `gid: Option<u32>` here; `write_payload_dir` is the only place that
-    // creates files and directories, so ownership and modes are applied in one spot.
+    /// The pod's fsGroup: when set, directories are 0750 and everything is group-owned by it.
+    /// `write_payload_dir` is the only place that creates files and directories, so ownership
+    /// and modes are applied in one spot.
+    group: Option<u32>,
 }
 
 impl<'a> AtomicWriter<'a> {
     /// A writer for the volume rooted at `root`, an existing directory.
-    pub(crate) fn new(root: &'a Path) -> Self {
-        Self { root }
+    pub(crate) fn new(root: &'a Path, group: Option<u32>) -> Self {
+        Self { root, group }
+    }
+
+    fn dir_mode(&self) -> u32 {
+        if self.group.is_some() {
+            GROUP_DIR_MODE
+        } else {
+            DIR_MODE
+        }
     }
 
     /// Makes the volume hold exactly `payload`. Returns `false` and touches nothing when it
@@ -201,7 +213,10 @@ impl<'a> AtomicWriter<'a> {
         });
         // Any I/O error while comparing just means "write it again".
         links_ok
-            && payload.files.iter().all(|f| file_matches(&base, f))
+            && payload
+                .files
+                .iter()
+                .all(|f| file_matches(&base, f, self.group))
             && count_files(&base) == Some(payload.files.len())
     }
 
@@ -278,9 +293,12 @@ impl<'a> AtomicWriter<'a> {
     }
 
     fn create_dir(&self, path: &Path) -> std::io::Result<()> {
-        DirBuilder::new().mode(DIR_MODE).create(path)?;
-        // The umask may have cleared bits; the layout promises exactly 0755.
-        fs::set_permissions(path, fs::Permissions::from_mode(DIR_MODE))
+        DirBuilder::new().mode(self.dir_mode()).create(path)?;
+        if let Some(gid) = self.group {
+            nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))?;
+        }
+        // The umask may have cleared bits; the layout promises exactly this mode.
+        fs::set_permissions(path, fs::Permissions::from_mode(self.dir_mode()))
     }
 
     fn create_file(&self, path: &Path, file: &VolumeFile) -> std::io::Result<()> {
@@ -291,7 +309,11 @@ impl<'a> AtomicWriter<'a> {
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(path)?;
         out.write_all(file.contents.expose())?;
-        // fchmod on the open descriptor: the umask must not weaken or alter the requested mode.
+        if let Some(gid) = self.group {
+            nix::unistd::fchown(&out, None, Some(nix::unistd::Gid::from_raw(gid)))?;
+        }
+        // fchmod on the open descriptor (after fchown, which may clear set-id bits): the umask
+        // must not weaken or alter the requested mode.
         out.set_permissions(fs::Permissions::from_mode(file.mode))
     }
 
@@ -388,7 +410,7 @@ impl<'a> AtomicWriter<'a> {
 }
 
 /// True when `base/file.path` is a regular file with the same mode and bytes.
-fn file_matches(base: &Path, file: &VolumeFile) -> bool {
+fn file_matches(base: &Path, file: &VolumeFile, group: Option<u32>) -> bool {
     let path = base.join(file.path.as_str());
     let Ok(meta) = fs::symlink_metadata(&path) else {
         return false;
@@ -396,6 +418,7 @@ fn file_matches(base: &Path, file: &VolumeFile) -> bool {
     if !meta.is_file()
         || meta.mode() & 0o7777 != file.mode
         || meta.len() != file.contents.len() as u64
+        || group.is_some_and(|gid| meta.gid() != gid)
     {
         return false;
     }

@@ -10,7 +10,7 @@ const LIMIT: u64 = 1 << 20;
 
 fn write(root: &Path, files: &[VolumeFile]) -> Result<bool, VolumeError> {
     let payload = check(files, LIMIT)?;
-    AtomicWriter::new(root).write(&payload)
+    AtomicWriter::new(root, None).write(&payload)
 }
 
 fn data_target(root: &Path) -> PathBuf {
@@ -228,7 +228,7 @@ fn no_space_is_reported_and_the_old_set_survives() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     // Four pages: room for the first payload, not for the second next to it.
-    tmpfs::mount(&root, 4 * page_size()).unwrap();
+    tmpfs::mount(&root, 4 * page_size(), None).unwrap();
     let _guard = MountGuard::new(&root);
     assert!(mountinfo::find(&root).unwrap().is_some());
 

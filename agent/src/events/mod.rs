@@ -1,0 +1,138 @@
+//! Kubernetes Events on the pod a volume is for, so a failed mount explains itself in
+//! `kubectl describe pod`. Messages are the publish errors' texts, which never contain values.
+//! Recording is fire-and-forget: a slow API server never delays kubelet.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tracing::warn;
+
+use crate::identity::PodInfo;
+
+/// Reason of the Event recorded when a first publish fails.
+pub const MOUNT_FAILED: &str = "MountFailed";
+/// Longest Event message the API server accepts comfortably.
+const MAX_MESSAGE: usize = 1024;
+/// How long recording one Event may take before it is dropped.
+const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where pod Events go.
+pub trait PodEvents: Send + Sync {
+    /// Records a Warning Event on the pod (in the background).
+    fn warn(&self, pod: &PodInfo, reason: &'static str, message: &str);
+}
+
+/// Standalone mode: there is no API server; the failure is already in the log.
+pub struct NoEvents;
+
+impl PodEvents for NoEvents {
+    fn warn(&self, _: &PodInfo, _: &'static str, _: &str) {}
+}
+
+/// Writes `v1` Events through the API server.
+pub struct KubeEvents {
+    client: Client,
+    node: Arc<str>,
+}
+
+impl KubeEvents {
+    /// Events reported by the agent on `node`.
+    pub fn new(client: Client, node: &str) -> Self {
+        Self {
+            client,
+            node: node.into(),
+        }
+    }
+}
+
+impl PodEvents for KubeEvents {
+    fn warn(&self, pod: &PodInfo, reason: &'static str, message: &str) {
+        let event = pod_event(pod, reason, message, &self.node);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
+        tokio::spawn(async move {
+            let params = PostParams::default();
+            let created = tokio::time::timeout(RECORD_TIMEOUT, api.create(&params, &event));
+            match created.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    warn!(%namespace, pod = %name, reason, %error, "cannot record event")
+                }
+                Err(_) => warn!(%namespace, pod = %name, reason, "recording event timed out"),
+            }
+        });
+    }
+}
+
+/// The Event kubelet's own volume plugins would write for the pod.
+pub fn pod_event(pod: &PodInfo, reason: &str, message: &str, node: &str) -> Event {
+    let now = Timestamp::now();
+    let mut message = message.to_string();
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    Event {
+        metadata: ObjectMeta {
+            // The API server rejects generateName collisions rarely; a timestamp keeps names unique.
+            name: Some(format!("{}.{:x}", pod.name, now.as_nanosecond())),
+            namespace: Some(pod.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message),
+        type_: Some("Warning".into()),
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        action: Some("NodePublishVolume".into()),
+        reporting_component: Some(crate::csi::DRIVER_NAME.into()),
+        reporting_instance: Some(node.into()),
+        source: Some(EventSource {
+            component: Some(crate::csi::DRIVER_NAME.into()),
+            host: Some(node.into()),
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::PodTokens;
+
+    #[test]
+    fn event_names_the_pod_and_bounds_the_message() {
+        let pod = PodInfo {
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            uid: "u-1".into(),
+            service_account: "web".into(),
+            tokens: PodTokens::default(),
+        };
+        let e = pod_event(&pod, MOUNT_FAILED, &"é".repeat(2000), "node-1");
+        assert_eq!(e.involved_object.name.as_deref(), Some("web-0"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("u-1"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.reason.as_deref(), Some("MountFailed"));
+        assert!(e.message.unwrap().len() <= MAX_MESSAGE);
+        assert!(e.metadata.name.unwrap().starts_with("web-0."));
+    }
+}
