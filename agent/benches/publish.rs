@@ -1,0 +1,1184 @@
+//! Publish benchmark: starts the real `latchkey node` binary on a temporary socket with the fake
+//! provider and measures what DESIGN.md "Performance targets" promises:
+//!
+//! 1. the floor: a bare tmpfs mount + the same files written by the same writer (`Volumes`, in
+//!    this process, no gRPC) + unmount, and one unary gRPC round trip (Probe) on the agent socket;
+//! 2. warm publish (store without latency) and its ratio to the floor measured in the same run;
+//! 3. cold publish from a store with a 5 ms backend latency;
+//! 4. a mount storm: concurrent publishes over 10 remote secrets -> backend calls, wall time;
+//! 5. republish of every mounted volume when nothing is due -> total time, backend calls;
+//! 6. the agent's RSS idle and with many volumes, and its CPU time while they sit idle.
+//!
+//! Scenarios 5 and 6 run before the storm, whose burst of blocking threads would colour them;
+//! RSS and threads after the storm are reported too. Target directories are created below
+//! `$TMPDIR` (the header names its filesystem), as kubelet creates them on the node's disk.
+//!
+//! Run as root (every volume is a tmpfs mount):
+//!
+//! ```text
+//! cargo bench -p latchkey --bench publish                          # full counts, release build
+//! LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --bench publish    # small counts (CI)
+//! ```
+//!
+//! Prints a table and writes JSON to `target/bench/publish.json`. Targets are reported as
+//! PASS/MISS and never enforced: the exit code is non-zero only when something breaks (the agent
+//! does not start, an RPC that must succeed fails). Command-line arguments are ignored (`cargo
+//! bench` passes `--bench`). See docs/benchmarks.md for the latest numbers.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use csi_proto::v1::identity_client::IdentityClient;
+use csi_proto::v1::node_client::NodeClient;
+use csi_proto::v1::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeRequest};
+use latchkey::csi::client::{self, PodVolume, unpublish_request, volume_id_for};
+use latchkey::secret::SecretBytes;
+use latchkey::volume::{Backend, DEFAULT_FILE_MODE, FilePath, VolumeConfig, VolumeFile, Volumes};
+use nix::unistd::{SysconfVar, geteuid, sysconf};
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+
+/// The binary under test, built by Cargo with the same profile as this benchmark.
+const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
+/// Where the JSON report goes (the workspace's target directory).
+const REPORT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
+const NAMESPACE: &str = "bench";
+/// `--volume-size-limit` of the agent and size limit of the floor's volumes (the default).
+const SIZE_LIMIT_FLAG: &str = "4Mi";
+const SIZE_LIMIT: u64 = 4 << 20;
+/// Simulated backend latency of the slow store (cold publish, storm).
+const BACKEND_LATENCY: Duration = Duration::from_millis(5);
+/// Files of the warm ExternalSecret, and the size of every value.
+const WARM_FILES: usize = 3;
+const VALUE_BYTES: usize = 64;
+/// Remote secrets the mount storm spreads over.
+const STORM_SECRETS: usize = 10;
+/// Untimed iterations before each timed series.
+const WARMUP: usize = 5;
+
+fn main() -> ExitCode {
+    // No argument changes anything: `cargo bench` passes `--bench`, `cargo test` may pass filters.
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("publish benchmark: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    ensure!(
+        geteuid().is_root(),
+        "the publish benchmark mounts tmpfs volumes and must run as root \
+         (e.g. `sudo -E cargo bench -p latchkey --bench publish`)"
+    );
+    let counts = Counts::from_env();
+    let machine = Machine::detect();
+    println!("{}", machine.header(&counts));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let mut report = Report::default();
+    runtime.block_on(measure_all(&counts, &mut report))?;
+    print!("{}", report.table());
+    let path = report.write_json(&machine, &counts)?;
+    println!("JSON report: {}", path.display());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// What is measured, in order.
+
+async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
+    let agent = Agent::start().await?;
+    let node = NodeClient::new(agent.channel().await?);
+    report.check(
+        "rss_idle_mib",
+        "agent RSS idle, before any publish".into(),
+        agent.rss_mib()?,
+        Unit::MiB,
+        Target::AtMost(20.0),
+    );
+    let floor = measure_floor(&agent, counts, report).await?;
+    measure_warm(&agent, &node, counts, floor, report).await?;
+    measure_cold(&agent, &node, counts, report).await?;
+    // Before the storm, so that RSS with many volumes is not coloured by the storm's peak.
+    measure_many_volumes(&agent, &node, counts, report).await?;
+    measure_storm(&agent, &node, counts, report).await?;
+    report.info(
+        "rss_peak_mib",
+        "agent peak RSS over the whole run (VmHWM)".into(),
+        agent.status_mib("VmHWM")?,
+        Unit::MiB,
+    );
+    Ok(())
+}
+
+/// Floor: mount + write + unmount through `Volumes` in this process, and Probe round trips.
+/// Returns mount+write median + probe median.
+async fn measure_floor(agent: &Agent, counts: &Counts, report: &mut Report) -> Result<Duration> {
+    let (write, unmount) = floor_series(&agent.dir.path().join("floor"), counts.floor)?;
+    let probe = probe_series(&agent.channel().await?, counts.probe).await?;
+    let n = counts.floor;
+    report.samples(
+        "floor_mount_write",
+        &format!("floor: tmpfs mount + write ({n})"),
+        &write,
+    );
+    report.info(
+        "floor_unmount_median_ms",
+        format!("floor: unmount, median ({n})"),
+        ms(unmount.median()),
+        Unit::Ms,
+    );
+    report.samples(
+        "probe",
+        &format!("gRPC round trip, Probe ({})", counts.probe),
+        &probe,
+    );
+    let floor = write.median() + probe.median();
+    report.info(
+        "floor_ms",
+        "floor = mount+write median + Probe median".into(),
+        ms(floor),
+        Unit::Ms,
+    );
+    Ok(floor)
+}
+
+/// Warm publish: values from a store without latency; time NodePublishVolume only.
+async fn measure_warm(
+    agent: &Agent,
+    node: &NodeClient<Channel>,
+    counts: &Counts,
+    floor: Duration,
+    report: &mut Report,
+) -> Result<()> {
+    check_warm_layout(agent, node).await?;
+    let (publish, unpublish) = publish_series(agent, node, "warm", "warm", counts.warm).await?;
+    let n = counts.warm;
+    report.samples("warm_publish", &format!("warm publish ({n})"), &publish);
+    report.check(
+        "warm_ratio",
+        "warm publish median / floor".into(),
+        publish.median().as_secs_f64() / floor.as_secs_f64(),
+        Unit::Ratio,
+        Target::AtMost(1.5),
+    );
+    report.info(
+        "warm_unpublish_median_ms",
+        format!("unpublish, median ({n})"),
+        ms(unpublish.median()),
+        Unit::Ms,
+    );
+    Ok(())
+}
+
+/// Cold publish: one value from a store with a 5 ms latency.
+async fn measure_cold(
+    agent: &Agent,
+    node: &NodeClient<Channel>,
+    counts: &Counts,
+    report: &mut Report,
+) -> Result<()> {
+    let before = agent.backend_time()?;
+    let (publish, _) = publish_series(agent, node, "cold", "cold", counts.cold).await?;
+    let (seconds, requests) = agent.backend_time()?;
+    let backend_mean = (seconds - before.0) / (requests - before.1).max(1.0);
+    let label = format!(
+        "cold publish, {} ms backend, median ({})",
+        BACKEND_LATENCY.as_millis(),
+        counts.cold
+    );
+    report.check(
+        "cold_publish_median_ms",
+        label,
+        ms(publish.median()),
+        Unit::Ms,
+        Target::AtMost(ms(BACKEND_LATENCY) + 1.0),
+    );
+    report.info(
+        "cold_publish_p99_ms",
+        format!("cold publish, p99 ({})", counts.cold),
+        ms(publish.p99()),
+        Unit::Ms,
+    );
+    report.info(
+        "cold_backend_mean_ms",
+        "cold: simulated backend read as the agent times it, mean".into(),
+        backend_mean * 1000.0,
+        Unit::Ms,
+    );
+    Ok(())
+}
+
+/// Mount storm: all pods published at once, round-robin over the storm ExternalSecrets.
+async fn measure_storm(
+    agent: &Agent,
+    node: &NodeClient<Channel>,
+    counts: &Counts,
+    report: &mut Report,
+) -> Result<()> {
+    let n = counts.storm;
+    let volumes: Vec<Volume> = (0..n)
+        .map(|i| Volume::new(agent, &format!("storm-{i}"), &storm_name(i % STORM_SECRETS)))
+        .collect();
+    let before = agent.backend_calls()?;
+    let start = Instant::now();
+    concurrently(node, &volumes, Rpc::Publish).await?;
+    let wall = start.elapsed();
+    let calls = agent.backend_calls()? - before;
+    concurrently(node, &volumes, Rpc::Unpublish).await?;
+    let what = format!("storm: {n} concurrent publishes over {STORM_SECRETS} secrets");
+    report.info(
+        "storm_wall_ms",
+        format!("{what}, wall time"),
+        ms(wall),
+        Unit::Ms,
+    );
+    report.check(
+        "storm_backend_calls",
+        format!("{what}, backend calls"),
+        calls,
+        Unit::Count,
+        Target::Exactly(STORM_SECRETS as f64),
+    );
+    report.info(
+        "rss_after_storm_mib",
+        "agent RSS after the storm, no volume left".into(),
+        agent.rss_mib()?,
+        Unit::MiB,
+    );
+    report.info(
+        "threads_after_storm",
+        "agent threads after the storm".into(),
+        agent.status_field("Threads")?,
+        Unit::Threads,
+    );
+    Ok(())
+}
+
+/// Many mounted volumes: RSS with them, CPU while they sit idle, then a republish of each.
+async fn measure_many_volumes(
+    agent: &Agent,
+    node: &NodeClient<Channel>,
+    counts: &Counts,
+    report: &mut Report,
+) -> Result<()> {
+    let n = counts.volumes;
+    let volumes: Vec<Volume> = (0..n)
+        .map(|i| Volume::new(agent, &format!("idle-{i}"), "warm"))
+        .collect();
+    let setup = sequentially(node, &volumes, Rpc::Publish).await?;
+    report.info(
+        "volumes_publish_total_ms",
+        format!("publish {n} volumes one after another, total"),
+        ms(setup.total()),
+        Unit::Ms,
+    );
+    report.check(
+        "rss_volumes_mib",
+        format!("agent RSS with {n} volumes"),
+        agent.rss_mib()?,
+        Unit::MiB,
+        Target::AtMost(40.0),
+    );
+    report.info(
+        "threads_volumes",
+        format!("agent threads with {n} volumes"),
+        agent.status_field("Threads")?,
+        Unit::Threads,
+    );
+    measure_idle_cpu(agent, n, counts.idle, report).await?;
+    let before = agent.backend_calls()?;
+    let republish = sequentially(node, &volumes, Rpc::Publish).await?;
+    let calls = agent.backend_calls()? - before;
+    let start = Instant::now();
+    concurrently(node, &volumes, Rpc::Unpublish).await?;
+    let teardown = start.elapsed();
+    let what = format!("republish {n} volumes, nothing due");
+    report.info(
+        "republish_total_ms",
+        format!("{what}, total"),
+        ms(republish.total()),
+        Unit::Ms,
+    );
+    report.check(
+        "republish_backend_calls",
+        format!("{what}, backend calls"),
+        calls,
+        Unit::Count,
+        Target::Exactly(0.0),
+    );
+    report.info(
+        "volumes_unpublish_wall_ms",
+        format!("unpublish {n} volumes concurrently, wall time"),
+        ms(teardown),
+        Unit::Ms,
+    );
+    Ok(())
+}
+
+/// CPU time (user + system) the agent uses while `n` volumes sit idle for `period`.
+async fn measure_idle_cpu(
+    agent: &Agent,
+    n: usize,
+    period: Duration,
+    report: &mut Report,
+) -> Result<()> {
+    let before = agent.cpu_time()?;
+    tokio::time::sleep(period).await;
+    let used = agent.cpu_time()?.saturating_sub(before);
+    let what = format!("agent CPU, {n} volumes idle for {} s", period.as_secs());
+    report.info("idle_cpu_ms", what.clone(), ms(used), Unit::Ms);
+    report.info(
+        "idle_cpu_mcpu",
+        format!("{what}, average"),
+        ms(used) / period.as_secs_f64(),
+        Unit::MilliCpu,
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Series of operations.
+
+/// Mount + write timed, unmount timed separately, through the same writer as the agent.
+fn floor_series(root: &Path, n: usize) -> Result<(Samples, Samples)> {
+    let volumes = Volumes::new(VolumeConfig {
+        backend: Backend::Tmpfs,
+        size_limit: SIZE_LIMIT,
+    });
+    let files = warm_volume_files()?;
+    let (mut write, mut unmount) = (Samples::default(), Samples::default());
+    for i in 0..WARMUP + n {
+        let target = root.join(i.to_string()).join("mount");
+        let start = Instant::now();
+        // No fsGroup: the benchmark's pods have none either.
+        volumes
+            .publish(&target, &files, None)
+            .with_context(|| format!("floor: mounting {}", target.display()))?;
+        let written = start.elapsed();
+        let start = Instant::now();
+        volumes
+            .unpublish(&target)
+            .with_context(|| format!("floor: unmounting {}", target.display()))?;
+        if i >= WARMUP {
+            write.push(written);
+            unmount.push(start.elapsed());
+        }
+    }
+    Ok((write, unmount))
+}
+
+async fn probe_series(channel: &Channel, n: usize) -> Result<Samples> {
+    let mut identity = IdentityClient::new(channel.clone());
+    let mut samples = Samples::default();
+    for i in 0..WARMUP + n {
+        let start = Instant::now();
+        identity.probe(ProbeRequest {}).await.context("Probe")?;
+        if i >= WARMUP {
+            samples.push(start.elapsed());
+        }
+    }
+    Ok(samples)
+}
+
+/// Publishes and unpublishes pods `<prefix>-<i>` of one ExternalSecret, one after another;
+/// returns the publish and the unpublish times.
+async fn publish_series(
+    agent: &Agent,
+    node: &NodeClient<Channel>,
+    prefix: &str,
+    external_secret: &str,
+    n: usize,
+) -> Result<(Samples, Samples)> {
+    let (mut publish, mut unpublish) = (Samples::default(), Samples::default());
+    for i in 0..WARMUP + n {
+        let volume = Volume::new(agent, &format!("{prefix}-{i}"), external_secret);
+        let published = call(node.clone(), &volume, Rpc::Publish).await?;
+        let unpublished = call(node.clone(), &volume, Rpc::Unpublish).await?;
+        if i >= WARMUP {
+            publish.push(published);
+            unpublish.push(unpublished);
+        }
+    }
+    Ok((publish, unpublish))
+}
+
+/// Makes sure the floor writes what the warm ExternalSecret really produces.
+async fn check_warm_layout(agent: &Agent, node: &NodeClient<Channel>) -> Result<()> {
+    let volume = Volume::new(agent, "warm-layout", "warm");
+    call(node.clone(), &volume, Rpc::Publish).await?;
+    let checked = compare_with_floor_files(&volume.target);
+    call(node.clone(), &volume, Rpc::Unpublish).await?;
+    checked
+}
+
+fn compare_with_floor_files(target: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for (name, value) in warm_values() {
+        let path = target.join(&name);
+        let got = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mode = std::fs::metadata(&path)?.permissions().mode() & 0o7777;
+        ensure!(
+            got == value.as_bytes() && mode == DEFAULT_FILE_MODE,
+            "the warm volume's {name} differs from the floor's file (mode {mode:o})"
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Rpc {
+    Publish,
+    Unpublish,
+}
+
+/// One RPC for one volume; returns its round-trip time.
+async fn call(mut node: NodeClient<Channel>, volume: &Volume, rpc: Rpc) -> Result<Duration> {
+    let (result, elapsed) = match rpc {
+        Rpc::Publish => {
+            let request = volume.publish.clone();
+            let start = Instant::now();
+            let result = node.node_publish_volume(request).await.map(drop);
+            (result, start.elapsed())
+        }
+        Rpc::Unpublish => {
+            let request = volume.unpublish.clone();
+            let start = Instant::now();
+            let result = node.node_unpublish_volume(request).await.map(drop);
+            (result, start.elapsed())
+        }
+    };
+    result.with_context(|| format!("{rpc:?} of pod {}", volume.pod))?;
+    Ok(elapsed)
+}
+
+async fn sequentially(node: &NodeClient<Channel>, volumes: &[Volume], rpc: Rpc) -> Result<Samples> {
+    let mut samples = Samples::default();
+    for volume in volumes {
+        samples.push(call(node.clone(), volume, rpc).await?);
+    }
+    Ok(samples)
+}
+
+async fn concurrently(node: &NodeClient<Channel>, volumes: &[Volume], rpc: Rpc) -> Result<()> {
+    let mut tasks = JoinSet::new();
+    for volume in volumes {
+        let (node, volume) = (node.clone(), volume.clone());
+        tasks.spawn(async move { call(node, &volume, rpc).await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.context("an RPC task panicked")??;
+    }
+    Ok(())
+}
+
+/// One pod's volume: what kubelet sends to publish and unpublish it.
+#[derive(Clone)]
+struct Volume {
+    pod: String,
+    target: PathBuf,
+    publish: NodePublishVolumeRequest,
+    unpublish: NodeUnpublishVolumeRequest,
+}
+
+impl Volume {
+    fn new(agent: &Agent, pod: &str, external_secret: &str) -> Self {
+        let target = agent.dir.path().join("pods").join(pod).join("mount");
+        let id = volume_id_for(&target);
+        Self {
+            pod: pod.into(),
+            publish: PodVolume::new(NAMESPACE, pod, external_secret).publish_request(&id, &target),
+            unpublish: unpublish_request(&id, &target),
+            target,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifests: a store without latency (warm), one with latency (cold, storm), ExternalSecrets.
+
+fn warm_values() -> Vec<(String, String)> {
+    (0..WARM_FILES)
+        .map(|i| (format!("warm-{i}"), value(&format!("warm-value-{i}-"))))
+        .collect()
+}
+
+/// `VALUE_BYTES` bytes repeating `seed`: a plain YAML scalar.
+fn value(seed: &str) -> String {
+    seed.chars().cycle().take(VALUE_BYTES).collect()
+}
+
+/// The files the warm ExternalSecret produces (file name = remote key, default mode).
+fn warm_volume_files() -> Result<Vec<VolumeFile>> {
+    warm_values()
+        .into_iter()
+        .map(|(name, value)| {
+            Ok(VolumeFile {
+                path: FilePath::parse(&name)?,
+                contents: SecretBytes::from(value),
+                mode: DEFAULT_FILE_MODE,
+            })
+        })
+        .collect()
+}
+
+fn storm_name(i: usize) -> String {
+    format!("storm-{i}")
+}
+
+fn manifests() -> String {
+    let warm = warm_values();
+    let cold = vec![("cold-0".to_string(), value("cold-value-"))];
+    let storm: Vec<_> = (0..STORM_SECRETS)
+        .map(|i| (storm_name(i), value(&format!("storm-value-{i}-"))))
+        .collect();
+    let latency = format!("{}ms", BACKEND_LATENCY.as_millis());
+    let slow_data: Vec<_> = cold.iter().chain(&storm).cloned().collect();
+    let mut out = store("fast", None, &warm) + &store("slow", Some(&latency), &slow_data);
+    out += &external_secret("warm", "fast", &warm);
+    out += &external_secret("cold", "slow", &cold);
+    for entry in &storm {
+        out += &external_secret(&entry.0, "slow", std::slice::from_ref(entry));
+    }
+    out
+}
+
+fn store(name: &str, latency: Option<&str>, data: &[(String, String)]) -> String {
+    let mut out = format!(
+        "---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\n\
+         metadata: {{name: {name}, namespace: {NAMESPACE}}}\nspec:\n  provider:\n    fake:\n"
+    );
+    if let Some(latency) = latency {
+        let _ = writeln!(out, "      latency: {latency}");
+    }
+    out += "      data:\n";
+    for (key, value) in data {
+        let _ = writeln!(out, "      - {{key: {key}, value: {value}}}");
+    }
+    out
+}
+
+/// An ExternalSecret whose files are named like the remote keys.
+fn external_secret(name: &str, store: &str, data: &[(String, String)]) -> String {
+    let mut out = format!(
+        "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+         metadata: {{name: {name}, namespace: {NAMESPACE}}}\nspec:\n  \
+         secretStoreRef: {{name: {store}}}\n  data:\n"
+    );
+    for (key, _) in data {
+        let _ = writeln!(out, "  - {{secretKey: {key}, remoteRef: {{key: {key}}}}}");
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agent under test.
+
+/// A running `latchkey node`. Dropping it stops the agent and detaches every mount left below
+/// its scratch directory (the benchmark's own floor mounts included), on every exit path.
+struct Agent {
+    child: Option<Child>,
+    socket: PathBuf,
+    log: PathBuf,
+    metrics_addr: SocketAddr,
+    /// Socket, manifests, log, targets. Declared last: removed after `drop` unmounted.
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    async fn start() -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("latchkey-bench-")
+            .tempdir()
+            .context("creating the scratch directory")?;
+        let manifest_dir = dir.path().join("manifests");
+        std::fs::create_dir(&manifest_dir)?;
+        std::fs::write(manifest_dir.join("bench.yaml"), manifests())?;
+        let mut agent = Self {
+            child: None,
+            socket: dir.path().join("plugin").join("csi.sock"),
+            log: dir.path().join("agent.log"),
+            metrics_addr: free_local_addr()?,
+            dir,
+        };
+        agent.spawn(&manifest_dir)?;
+        agent.wait_ready().await?;
+        Ok(agent)
+    }
+
+    fn spawn(&mut self, manifest_dir: &Path) -> Result<()> {
+        let log = std::fs::File::create(&self.log)?;
+        let child = Command::new(BIN)
+            .arg("node")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(["--node-id", "bench", "--volume-size-limit", SIZE_LIMIT_FLAG])
+            .arg("--manifests")
+            .arg(manifest_dir)
+            .arg("--metrics-addr")
+            .arg(self.metrics_addr.to_string())
+            // The production default log level (info), whatever the caller's environment says.
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {BIN}"))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the socket accepts gRPC and /readyz answers 200.
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child_mut()?.try_wait()? {
+                bail!(
+                    "the agent exited early ({status}); its log:\n{}",
+                    self.log_tail()
+                );
+            }
+            if client::connect(&self.socket).await.is_ok()
+                && http_get(self.metrics_addr, "/readyz").is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the agent did not become ready in 30 s; its log:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn child_mut(&mut self) -> Result<&mut Child> {
+        self.child.as_mut().context("the agent is not running")
+    }
+
+    fn pid(&self) -> Result<u32> {
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .context("the agent is not running")
+    }
+
+    async fn channel(&self) -> Result<Channel> {
+        client::connect(&self.socket)
+            .await
+            .with_context(|| format!("connecting to {}", self.socket.display()))
+    }
+
+    /// Backend requests so far: the sum of every `latchkey_backend_requests_total` series.
+    fn backend_calls(&self) -> Result<f64> {
+        let text = http_get(self.metrics_addr, "/metrics")?;
+        Ok(sum_series(&text, "latchkey_backend_requests_total"))
+    }
+
+    /// Total seconds and count of backend requests, as the agent's histogram has them.
+    fn backend_time(&self) -> Result<(f64, f64)> {
+        let text = http_get(self.metrics_addr, "/metrics")?;
+        let name = "latchkey_backend_request_duration_seconds";
+        Ok((
+            sum_series(&text, &format!("{name}_sum")),
+            sum_series(&text, &format!("{name}_count")),
+        ))
+    }
+
+    fn rss_mib(&self) -> Result<f64> {
+        self.status_mib("VmRSS")
+    }
+
+    /// A `kB` field of /proc/<pid>/status, in MiB.
+    fn status_mib(&self, field: &str) -> Result<f64> {
+        Ok(self.status_field(field)? / 1024.0)
+    }
+
+    /// The number in a field of /proc/<pid>/status (`VmRSS:  8192 kB` -> 8192).
+    fn status_field(&self, field: &str) -> Result<f64> {
+        let path = format!("/proc/{}/status", self.pid()?);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no {field} in {path}"))
+    }
+
+    /// User + system CPU time of the agent so far (/proc/<pid>/stat utime + stime).
+    fn cpu_time(&self) -> Result<Duration> {
+        let path = format!("/proc/{}/stat", self.pid()?);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        // Fields after the parenthesised command name start at field 3 (state); utime and stime
+        // are fields 14 and 15.
+        let after_name = text
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .unwrap_or_default();
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: u64 = match (fields.get(11), fields.get(12)) {
+            (Some(user), Some(system)) => user.parse::<u64>()? + system.parse::<u64>()?,
+            _ => bail!("cannot parse {path}"),
+        };
+        let per_second = sysconf(SysconfVar::CLK_TCK)?.context("CLK_TCK is unknown")?;
+        let per_second = u64::try_from(per_second).context("CLK_TCK is negative")?;
+        Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
+    }
+
+    /// The last lines of the agent's log, for error messages.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            stop(child);
+        }
+        // Whatever the run did or failed to do, no mount outlives it.
+        let root = self
+            .dir
+            .path()
+            .canonicalize()
+            .unwrap_or_else(|_| self.dir.path().to_path_buf());
+        let left = latchkey::volume::mountinfo::below(&root).unwrap_or_default();
+        for mount in left.iter().rev() {
+            let _ = nix::mount::umount2(&mount.mount_point, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL if the agent has not exited after 10 s.
+fn stop(mut child: Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn free_local_addr() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// GET a path of the metrics endpoint; the body of a 200 answer.
+fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let status = answer.lines().next().unwrap_or_default();
+    ensure!(status.starts_with("HTTP/1.1 200"), "GET {path}: {status}");
+    Ok(answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default())
+}
+
+/// Sum of every series of a metric in Prometheus/OpenMetrics text.
+fn sum_series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counts, samples, machine, report.
+
+/// How many of each operation; `LATCHKEY_BENCH_QUICK=1` selects the small CI counts.
+struct Counts {
+    quick: bool,
+    floor: usize,
+    probe: usize,
+    warm: usize,
+    cold: usize,
+    storm: usize,
+    volumes: usize,
+    idle: Duration,
+}
+
+impl Counts {
+    fn from_env() -> Self {
+        let quick = std::env::var("LATCHKEY_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        if quick {
+            Self {
+                quick,
+                floor: 30,
+                probe: 30,
+                warm: 50,
+                cold: 20,
+                storm: 50,
+                volumes: 50,
+                idle: Duration::from_secs(1),
+            }
+        } else {
+            Self {
+                quick,
+                floor: 1000,
+                probe: 1000,
+                warm: 1000,
+                cold: 200,
+                storm: 500,
+                volumes: 1000,
+                idle: Duration::from_secs(10),
+            }
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.quick { "quick" } else { "full" }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "floor": self.floor, "probe": self.probe, "warm": self.warm, "cold": self.cold,
+            "storm": self.storm, "storm_secrets": STORM_SECRETS, "volumes": self.volumes,
+            "idle_seconds": self.idle.as_secs(), "warmup": WARMUP,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d);
+    }
+
+    fn sorted(&self) -> Vec<Duration> {
+        let mut v = self.0.clone();
+        v.sort_unstable();
+        v
+    }
+
+    fn median(&self) -> Duration {
+        let v = self.sorted();
+        match v.len() {
+            0 => Duration::ZERO,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2,
+        }
+    }
+
+    /// Nearest-rank 99th percentile.
+    fn p99(&self) -> Duration {
+        let v = self.sorted();
+        let rank = (v.len() * 99).div_ceil(100);
+        v.get(rank.saturating_sub(1)).copied().unwrap_or_default()
+    }
+
+    fn total(&self) -> Duration {
+        self.0.iter().sum()
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Where the numbers come from.
+struct Machine {
+    cpu: String,
+    cpus: usize,
+    kernel: String,
+    build: &'static str,
+    date: String,
+    /// Filesystem of the scratch directory (`$TMPDIR`), where the target directories are made.
+    scratch_fs: String,
+}
+
+impl Machine {
+    fn detect() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+            .map_or("unknown", |(_, model)| model.trim());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        Self {
+            cpu: cpu.to_string(),
+            cpus: std::thread::available_parallelism().map_or(0, usize::from),
+            kernel: kernel.trim().to_string(),
+            // The agent binary is built with the benchmark's profile.
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            date: utc_now(),
+            scratch_fs: scratch_filesystem(),
+        }
+    }
+
+    fn header(&self, counts: &Counts) -> String {
+        format!(
+            "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}; \
+             targets on {} ({})\n",
+            counts.mode(),
+            self.build,
+            self.date,
+            self.cpu,
+            self.cpus,
+            self.kernel,
+            std::env::temp_dir().display(),
+            self.scratch_fs,
+        )
+    }
+}
+
+/// The filesystem type of the mount holding `$TMPDIR` (target directories are created there,
+/// as kubelet creates them on the node's disk; on a tmpfs the floor is smaller).
+fn scratch_filesystem() -> String {
+    let dir = std::env::temp_dir();
+    let dir = dir.canonicalize().unwrap_or(dir);
+    let mounts = latchkey::volume::mountinfo::read().unwrap_or_default();
+    mounts
+        .into_iter()
+        .filter(|m| dir.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.as_os_str().len())
+        .map_or_else(|| "unknown".into(), |m| m.fstype)
+}
+
+/// Now in UTC, `YYYY-MM-DD HH:MM UTC`.
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (year, month, day) = civil_from_days(secs / 86_400);
+    let (hour, minute) = (secs % 86_400 / 3600, secs % 3600 / 60);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02} UTC")
+}
+
+/// Days since 1970-01-01 -> (year, month, day); Howard Hinnant's algorithm.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Ms,
+    MiB,
+    Count,
+    Ratio,
+    MilliCpu,
+    Threads,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Ms => "ms",
+            Unit::MiB => "MiB",
+            Unit::Count => "calls",
+            Unit::Ratio => "x",
+            Unit::MilliCpu => "mCPU",
+            Unit::Threads => "threads",
+        }
+    }
+
+    fn format(self, value: f64) -> String {
+        match self {
+            Unit::Ms => format!("{value:.3} ms"),
+            Unit::MiB => format!("{value:.1} MiB"),
+            Unit::Count => format!("{value:.0}"),
+            Unit::Ratio => format!("{value:.2}x"),
+            Unit::MilliCpu => format!("{value:.1} mCPU"),
+            Unit::Threads => format!("{value:.0}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    AtMost(f64),
+    Exactly(f64),
+}
+
+impl Target {
+    fn met(self, value: f64) -> bool {
+        match self {
+            Target::AtMost(limit) => value <= limit,
+            Target::Exactly(wanted) => value == wanted,
+        }
+    }
+
+    fn describe(self, unit: Unit) -> String {
+        match self {
+            Target::AtMost(limit) => format!("<= {}", unit.format(limit)),
+            Target::Exactly(wanted) => format!("= {}", unit.format(wanted)),
+        }
+    }
+
+    fn json(self) -> Value {
+        match self {
+            Target::AtMost(limit) => json!({"op": "<=", "value": limit}),
+            Target::Exactly(wanted) => json!({"op": "=", "value": wanted}),
+        }
+    }
+}
+
+struct Row {
+    id: String,
+    label: String,
+    value: f64,
+    unit: Unit,
+    target: Option<Target>,
+}
+
+/// Every measurement in the order taken; printed as a table and written as JSON.
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn push(&mut self, id: &str, label: String, value: f64, unit: Unit, target: Option<Target>) {
+        self.rows.push(Row {
+            id: id.into(),
+            label,
+            value,
+            unit,
+            target,
+        });
+    }
+
+    /// A measurement without a target.
+    fn info(&mut self, id: &str, label: String, value: f64, unit: Unit) {
+        self.push(id, label, value, unit, None);
+    }
+
+    /// A measurement with a target (reported, never enforced).
+    fn check(&mut self, id: &str, label: String, value: f64, unit: Unit, target: Target) {
+        self.push(id, label, value, unit, Some(target));
+    }
+
+    /// Median and p99 of a timed series.
+    fn samples(&mut self, id: &str, label: &str, samples: &Samples) {
+        let median = ms(samples.median());
+        self.info(
+            &format!("{id}_median_ms"),
+            format!("{label}, median"),
+            median,
+            Unit::Ms,
+        );
+        let p99 = ms(samples.p99());
+        self.info(
+            &format!("{id}_p99_ms"),
+            format!("{label}, p99"),
+            p99,
+            Unit::Ms,
+        );
+    }
+
+    fn table(&self) -> String {
+        let width = self.rows.iter().map(|r| r.label.len()).max().unwrap_or(0);
+        let mut out = format!(
+            "{:width$}  {:>14}  {:>14}  status\n",
+            "measurement", "value", "target"
+        );
+        for row in &self.rows {
+            let (target, status) = match row.target {
+                Some(t) => (t.describe(row.unit), status(t.met(row.value))),
+                None => (String::new(), ""),
+            };
+            let value = row.unit.format(row.value);
+            let _ = writeln!(
+                out,
+                "{:width$}  {value:>14}  {target:>14}  {status}",
+                row.label
+            );
+        }
+        let checked: Vec<_> = self
+            .rows
+            .iter()
+            .filter_map(|r| Some((r.target?, r.value)))
+            .collect();
+        let met = checked.iter().filter(|(t, v)| t.met(*v)).count();
+        let _ = writeln!(
+            out,
+            "\ntargets met: {met} of {} (reported only; see docs/benchmarks.md)",
+            checked.len()
+        );
+        out
+    }
+
+    fn json(&self, machine: &Machine, counts: &Counts) -> Value {
+        let mut results = Map::new();
+        for row in &self.rows {
+            // Microsecond (or 0.001 MiB) resolution is all the measurements have.
+            let value = (row.value * 1000.0).round() / 1000.0;
+            let mut entry = json!({"label": row.label, "value": value, "unit": row.unit.name()});
+            if let Some(target) = row.target {
+                entry["target"] = target.json();
+                entry["met"] = Value::Bool(target.met(row.value));
+            }
+            results.insert(row.id.clone(), entry);
+        }
+        json!({
+            "benchmark": "publish",
+            "date": machine.date,
+            "mode": counts.mode(),
+            "build": machine.build,
+            "machine": {
+                "cpu": machine.cpu, "cpus": machine.cpus, "kernel": machine.kernel,
+                "scratch_dir": std::env::temp_dir(), "scratch_fs": machine.scratch_fs,
+            },
+            "counts": counts.json(),
+            "results": results,
+        })
+    }
+
+    fn write_json(&self, machine: &Machine, counts: &Counts) -> Result<PathBuf> {
+        std::fs::create_dir_all(REPORT_DIR).with_context(|| format!("creating {REPORT_DIR}"))?;
+        let dir = Path::new(REPORT_DIR).canonicalize()?;
+        let path = dir.join("publish.json");
+        let text = serde_json::to_string_pretty(&self.json(machine, counts))?;
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+}
+
+fn status(met: bool) -> &'static str {
+    if met { "PASS" } else { "MISS" }
+}
