@@ -191,10 +191,25 @@ pub struct Target {
 
 /// Output entries computed by CEL expressions.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct Template {
     /// Output key -> CEL expression over `secret` (and `pod` on mounts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub data: BTreeMap<String, String>,
+    /// `Replace` (default): the entries are only the template keys; `Merge`: the resolved
+    /// entries plus the template keys, which override them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_policy: Option<TemplateMergePolicy>,
+}
+
+/// How template output combines with the resolved entries, as in ESO.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TemplateMergePolicy {
+    /// Only the template keys.
+    #[default]
+    Replace,
+    /// The resolved entries plus the template keys, which override them.
+    Merge,
 }
 
 /// File layout in the mounted volume.

@@ -63,6 +63,7 @@ fn code(e: &PublishError) -> Code {
         },
         PublishError::Resolve(r) => match r {
             ResolveError::Files { .. } => Code::InvalidArgument,
+            ResolveError::Template { .. } => Code::InvalidArgument,
             ResolveError::NotFetched { .. } => Code::Internal,
             ResolveError::PropertyNotFound { .. }
             | ResolveError::NotJson { .. }

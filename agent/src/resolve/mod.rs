@@ -6,6 +6,7 @@
 pub mod decode;
 pub mod files;
 pub mod property;
+pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,6 +18,7 @@ use crate::providers::RemoteKey;
 use crate::secret::SecretBytes;
 
 pub use files::files;
+pub use template::TemplatePod;
 
 /// Names the objects a resolution is about, for error messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +120,16 @@ pub enum ResolveError {
         /// What is wrong.
         reason: String,
     },
+    /// A `target.template.data` expression is invalid, fails or exceeds a bound.
+    #[error("{ctx}: target.template.data[{key:?}]: {reason}")]
+    Template {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// The output key.
+        key: String,
+        /// What is wrong (never a value).
+        reason: String,
+    },
     /// A value the caller should have fetched is missing (a bug in the caller).
     #[error("{ctx}, {key}: value was not fetched")]
     NotFetched {
@@ -159,11 +171,13 @@ pub fn remote_keys(
     Ok(keys)
 }
 
-/// Builds the named entries (before templates and file layout) from fetched values.
+/// Builds the named entries (templates applied, before file layout) from fetched values. `pod` is
+/// what templates see as `pod`; `None` where there is no pod (the mirror controller).
 pub fn entries(
     ctx: &Context,
     spec: &ExternalSecretSpec,
     fetched: &Fetched,
+    pod: Option<&TemplatePod>,
 ) -> Result<BTreeMap<String, SecretBytes>, ResolveError> {
     let value = |r: &RemoteRef| {
         let key = remote_key(r);
@@ -199,18 +213,10 @@ pub fn entries(
         };
         out.insert(d.secret_key.clone(), v);
     }
-    if spec
-        .target
-        .as_ref()
-        .and_then(|t| t.template.as_ref())
-        .is_some_and(|t| !t.data.is_empty())
-    {
-        return Err(ResolveError::Unsupported {
-            ctx: ctx.boxed(),
-            what: "target.template",
-        });
+    match spec.target.as_ref().and_then(|t| t.template.as_ref()) {
+        Some(t) if !t.data.is_empty() => template::apply(ctx, t, out, pod),
+        _ => Ok(out),
     }
-    Ok(out)
 }
 
 /// Applies a source's `rewrite` steps, in order, to each entry name it produced.
@@ -350,7 +356,7 @@ mod tests {
             ("second", r#"{"host":"h2","nested":{"a":1}}"#),
             ("single", "root"),
         ]);
-        let out = text(&entries(&ctx(), &s, &f).unwrap());
+        let out = text(&entries(&ctx(), &s, &f, None).unwrap());
         assert_eq!(
             out,
             [
@@ -372,7 +378,7 @@ mod tests {
             ],
         );
         let f = fetched(&[("a", r#"{"db_user":"u"}"#), ("b", r#"{"db_pass":"p"}"#)]);
-        let names: Vec<_> = entries(&ctx(), &s, &f).unwrap().into_keys().collect();
+        let names: Vec<_> = entries(&ctx(), &s, &f, None).unwrap().into_keys().collect();
         assert_eq!(names, ["DB_user", "db_pass"]);
     }
 
@@ -380,7 +386,7 @@ mod tests {
     fn errors_name_namespace_external_secret_store_and_key_but_no_value() {
         let s = spec(vec![("p", "db", Some("password"))], vec![]);
         let f = fetched(&[("db", r#"{"user":"hunter2-value"}"#)]);
-        let err = entries(&ctx(), &s, &f).unwrap_err().to_string();
+        let err = entries(&ctx(), &s, &f, None).unwrap_err().to_string();
         assert_eq!(
             err,
             "namespace \"shop\", ExternalSecret \"db\", SecretStore \"fake\", remote key \"db\": \
@@ -388,7 +394,7 @@ mod tests {
         );
         let s = spec(vec![], vec![extract("plain", vec![])]);
         let f = fetched(&[("plain", "hunter2-value")]);
-        let err = entries(&ctx(), &s, &f).unwrap_err().to_string();
+        let err = entries(&ctx(), &s, &f, None).unwrap_err().to_string();
         assert!(
             err.contains("needs a JSON object") && !err.contains("hunter2"),
             "{err}"
@@ -396,7 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn find_and_templates_are_refused_clearly() {
+    fn find_is_refused_clearly() {
         let mut s = spec(vec![], vec![]);
         s.data_from.push(DataFrom {
             find: Some(FindRef::default()),
