@@ -2,6 +2,7 @@
 //! temporary unix socket and talks to it with the generated CSI client, as kubelet would.
 
 #![allow(dead_code)]
+pub mod apiserver;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -41,16 +42,30 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent over the given manifests (file name -> YAML text) with extra flags.
     pub async fn start(manifests: &[(&str, &str)], extra_args: &[&str]) -> Self {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("latchkey-e2e-")
-            .tempdir()
-            .unwrap();
+        let dir = scratch_dir();
         let manifest_dir = dir.path().join("manifests");
         std::fs::create_dir(&manifest_dir).unwrap();
         for (name, text) in manifests {
             std::fs::write(manifest_dir.join(name), text).unwrap();
         }
+        let mut args = vec![
+            "--manifests".to_string(),
+            manifest_dir.display().to_string(),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        Self::launch(dir, &args, None).await
+    }
+
+    /// Starts an agent that reads the Kubernetes API through `kubeconfig` (no `--manifests`).
+    pub async fn start_in_cluster(kubeconfig_yaml: &str, extra_args: &[&str]) -> Self {
+        let dir = scratch_dir();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml).unwrap();
+        let args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        Self::launch(dir, &args, Some(&kubeconfig)).await
+    }
+
+    async fn launch(dir: tempfile::TempDir, args: &[String], kubeconfig: Option<&Path>) -> Self {
         let socket = dir.path().join("plugin").join("csi.sock");
         let log = dir.path().join("agent.log");
         let metrics_addr = free_local_addr();
@@ -61,28 +76,31 @@ impl Agent {
             dir,
             metrics_addr,
         };
-        agent.spawn(&manifest_dir, extra_args);
+        agent.spawn(args, kubeconfig);
         agent.wait_ready().await;
         agent
     }
 
-    fn spawn(&mut self, manifest_dir: &Path, extra_args: &[&str]) {
+    fn spawn(&mut self, args: &[String], kubeconfig: Option<&Path>) {
         let log = std::fs::File::create(&self.log).unwrap();
-        let child = Command::new(BIN)
-            .arg("node")
+        let mut cmd = Command::new(BIN);
+        cmd.arg("node")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
-            .args(["--node-id", "test-node", "--manifests"])
-            .arg(manifest_dir)
+            .args(["--node-id", "test-node"])
             .arg("--metrics-addr")
             .arg(self.metrics_addr.to_string())
-            .args(extra_args)
+            .args(args)
             .env("RUST_LOG", "debug")
+            // Never the developer's own cluster: no kubeconfig unless the test gives one.
+            .env_remove("KUBECONFIG")
+            .env("HOME", self.dir.path())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start latchkey node");
-        self.child = Some(child);
+            .stderr(log);
+        if let Some(path) = kubeconfig {
+            cmd.env("KUBECONFIG", path);
+        }
+        self.child = Some(cmd.spawn().expect("start latchkey node"));
     }
 
     async fn wait_ready(&mut self) {
@@ -176,6 +194,15 @@ impl Drop for Agent {
             let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+}
+
+/// A scratch directory for one agent; fails the test when it cannot mount.
+fn scratch_dir() -> tempfile::TempDir {
+    require_root();
+    tempfile::Builder::new()
+        .prefix("latchkey-e2e-")
+        .tempdir()
+        .unwrap()
 }
 
 /// A loopback address with a port that was free a moment ago.

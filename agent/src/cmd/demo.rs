@@ -17,6 +17,7 @@ use crate::catalog::{Catalog, ManifestCatalog};
 use crate::csi::client::{self, PodVolume};
 use crate::csi::server;
 use crate::events::NoEvents;
+use crate::providers;
 use crate::publish::Publisher;
 use crate::telemetry::Metrics;
 use crate::volume::{Backend, VolumeConfig, Volumes, mountinfo};
@@ -79,7 +80,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let publisher = Arc::new(Publisher::new(
         catalog,
         volumes,
-        Arc::clone(&metrics),
+        providers::Env {
+            metrics: Arc::clone(&metrics),
+            kube: None,
+        },
         Arc::new(NoEvents),
     ));
 

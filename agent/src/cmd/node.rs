@@ -10,6 +10,7 @@ use tracing::info;
 use crate::catalog::{Catalog, KubernetesCatalog, ManifestCatalog};
 use crate::csi::{endpoint, server};
 use crate::events::{KubeEvents, NoEvents, PodEvents};
+use crate::providers;
 use crate::publish::Publisher;
 use crate::telemetry::Metrics;
 use crate::telemetry::http::{self, Readiness};
@@ -39,21 +40,29 @@ pub struct NodeArgs {
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let (catalog, events): (Arc<dyn Catalog>, Arc<dyn PodEvents>) = match &args.manifests {
-        Some(dir) => {
-            let catalog = ManifestCatalog::load_dir(dir)
-                .with_context(|| format!("loading manifests from {}", dir.display()))?;
-            (Arc::new(catalog), Arc::new(NoEvents))
-        }
-        None => {
-            // In-cluster config in a pod, KUBECONFIG elsewhere.
-            let client = kube::Client::try_default()
-                .await
-                .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
-            let events = KubeEvents::new(client.clone(), &args.node_id);
-            (Arc::new(KubernetesCatalog::start(client)), Arc::new(events))
-        }
-    };
+    let (catalog, events, kube_config): (Arc<dyn Catalog>, Arc<dyn PodEvents>, _) =
+        match &args.manifests {
+            Some(dir) => {
+                let catalog = ManifestCatalog::load_dir(dir)
+                    .with_context(|| format!("loading manifests from {}", dir.display()))?;
+                (Arc::new(catalog), Arc::new(NoEvents), None)
+            }
+            None => {
+                // In-cluster config in a pod, KUBECONFIG elsewhere. Providers that act as the
+                // pod reuse its URL and CA with the pod's token instead of the agent's.
+                let config = kube::Config::infer()
+                    .await
+                    .context("finding the Kubernetes API (in-cluster or KUBECONFIG)")?;
+                let client = kube::Client::try_from(config.clone())
+                    .context("connecting to the Kubernetes API")?;
+                let events = KubeEvents::new(client.clone(), &args.node_id);
+                (
+                    Arc::new(KubernetesCatalog::start(client)),
+                    Arc::new(events),
+                    Some(config),
+                )
+            }
+        };
     let metrics = Arc::new(Metrics::new());
     let volumes = Volumes::new(VolumeConfig {
         backend: Backend::Tmpfs,
@@ -62,7 +71,10 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let publisher = Arc::new(Publisher::new(
         Arc::clone(&catalog),
         volumes,
-        Arc::clone(&metrics),
+        providers::Env {
+            metrics: Arc::clone(&metrics),
+            kube: kube_config,
+        },
         events,
     ));
 

@@ -2,6 +2,7 @@
 //! their backend and nothing of CSI, volumes or ExternalSecrets.
 
 pub mod fake;
+pub mod kubernetes;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,6 +10,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use crate::api::validate::ProviderSpec;
+use crate::identity::PodInfo;
 use crate::secret::SecretBytes;
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::BackendLabels;
@@ -79,19 +81,36 @@ pub trait Provider: Send + Sync {
     async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError>;
 }
 
-/// Builds the provider a store's (validated) spec selects, with every request counted and timed.
+/// What providers need from the agent itself.
+#[derive(Clone)]
+pub struct Env {
+    /// Where backend requests are counted.
+    pub metrics: Arc<Metrics>,
+    /// The agent's API server connection (URL, CA), for providers that act as the pod there;
+    /// `None` in standalone mode.
+    pub kube: Option<kube::Config>,
+}
+
+/// Builds the provider a store's (validated) spec selects for one pod, with every request
+/// counted and timed.
 pub fn build(
     spec: ProviderSpec<'_>,
-    metrics: &Arc<Metrics>,
+    env: &Env,
+    pod: &PodInfo,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     let inner: Arc<dyn Provider> = match spec {
         ProviderSpec::Fake(f) => Arc::new(fake::Fake::new(f)?),
+        ProviderSpec::Kubernetes(k) => Arc::new(kubernetes::KubernetesSecrets::new(
+            k,
+            env.kube.as_ref(),
+            pod,
+        )?),
         other => return Err(ProviderError::Unsupported(other.name())),
     };
     Ok(Arc::new(Instrumented {
         inner,
         provider: spec.name(),
-        metrics: Arc::clone(metrics),
+        metrics: Arc::clone(&env.metrics),
     }))
 }
 

@@ -14,7 +14,6 @@ use crate::events::{MOUNT_FAILED, PodEvents};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
-use crate::telemetry::Metrics;
 use crate::volume::{VolumeError, VolumeFile, Volumes};
 
 /// A validated NodePublishVolume call.
@@ -85,24 +84,24 @@ pub enum PublishError {
 pub struct Publisher {
     catalog: Arc<dyn Catalog>,
     volumes: Arc<Volumes>,
-    metrics: Arc<Metrics>,
+    providers: providers::Env,
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
 }
 
 impl Publisher {
-    /// A publisher over a catalog and a volume manager, recording backend calls in `metrics`
-    /// and failures as Events on the pod.
+    /// A publisher over a catalog and a volume manager, building providers in `providers` and
+    /// recording failures as Events on the pod.
     pub fn new(
         catalog: Arc<dyn Catalog>,
         volumes: Volumes,
-        metrics: Arc<Metrics>,
+        providers: providers::Env,
         events: Arc<dyn PodEvents>,
     ) -> Self {
         Self {
             catalog,
             volumes: Arc::new(volumes),
-            metrics,
+            providers,
             events,
             locks: locks::TargetLocks::default(),
         }
@@ -196,7 +195,8 @@ impl Publisher {
         let spec = crate::api::validate::provider(&binding.provider).map_err(|e| {
             PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
         })?;
-        let provider = providers::build(spec, &self.metrics).map_err(|e| provider_err(None, e))?;
+        let provider =
+            providers::build(spec, &self.providers, &req.pod).map_err(|e| provider_err(None, e))?;
         let spec = &binding.external_secret.spec;
         let mut fetched = Fetched::new();
         for key in resolve::remote_keys(&ctx, spec)? {
@@ -206,7 +206,16 @@ impl Publisher {
                 .map_err(|e| provider_err(Some(key.clone()), e))?;
             fetched.insert(key, value);
         }
-        let entries = resolve::entries(&ctx, spec, &fetched)?;
+        let entries = resolve::entries(
+            &ctx,
+            spec,
+            &fetched,
+            Some(&resolve::TemplatePod {
+                namespace: req.pod.namespace.clone(),
+                name: req.pod.name.clone(),
+                service_account: req.pod.service_account.clone(),
+            }),
+        )?;
         let files = resolve::files(&ctx, spec.target.as_ref(), entries)?;
         Ok((ctx, files))
     }

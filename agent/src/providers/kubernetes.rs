@@ -1,0 +1,99 @@
+//! The `kubernetes` provider: Secrets of the pod's own namespace, read AS THE POD with its
+//! projected service-account token. The agent's own identity is never used, so the agent needs
+//! no permission on Secrets and a pod reads exactly what its RBAC allows.
+//!
+//! `remoteRef.key` names the Secret; the value is the Secret's data as a JSON object, so
+//! `property` picks one key (as in ESO) and `dataFrom.extract` maps every key.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+
+use super::{Provider, ProviderError, RemoteKey};
+use crate::api::store::KubernetesProvider;
+use crate::identity::PodInfo;
+use crate::secret::SecretBytes;
+
+/// Reads Secrets of one namespace with one pod's token.
+pub struct KubernetesSecrets {
+    secrets: Api<Secret>,
+}
+
+impl KubernetesSecrets {
+    /// A client for the agent's API server that authenticates as the pod.
+    pub fn new(
+        spec: &KubernetesProvider,
+        agent_config: Option<&kube::Config>,
+        pod: &PodInfo,
+    ) -> Result<Self, ProviderError> {
+        let base = agent_config.ok_or_else(|| {
+            ProviderError::Config(
+                "the kubernetes provider needs the Kubernetes API; standalone mode has none".into(),
+            )
+        })?;
+        let audience = spec.audience.as_deref().unwrap_or("");
+        let token = pod.tokens.for_audience(audience).ok_or_else(|| {
+            ProviderError::Config(format!(
+                "kubelet passed no service-account token for audience {audience:?}: add it to the \
+                 CSIDriver's tokenRequests"
+            ))
+        })?;
+        let mut config = base.clone();
+        // Only the pod's token: no client certificate, exec plugin or file of the agent's own.
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.token.expose().to_string().into()),
+            ..Default::default()
+        };
+        let client = Client::try_from(config).map_err(|_| {
+            ProviderError::Config("cannot build a client for the API server".into())
+        })?;
+        Ok(Self {
+            secrets: Api::namespaced(client, &pod.namespace),
+        })
+    }
+}
+
+#[async_trait]
+impl Provider for KubernetesSecrets {
+    async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
+        if key.version.is_some() {
+            return Err(ProviderError::Config(
+                "Kubernetes Secrets have no versions".into(),
+            ));
+        }
+        let secret = self.secrets.get(&key.key).await.map_err(api_error)?;
+        let mut map = serde_json::Map::new();
+        for (k, v) in secret.data.unwrap_or_default() {
+            let text = String::from_utf8(v.0).map_err(|_| {
+                ProviderError::Config(format!(
+                    "Secret key {k:?} holds binary data, which cannot be exposed as JSON text"
+                ))
+            })?;
+            map.insert(k, serde_json::Value::String(text));
+        }
+        let sorted: BTreeMap<_, _> = map.into_iter().collect();
+        serde_json::to_vec(&sorted)
+            .map(SecretBytes::new)
+            .map_err(|_| ProviderError::Config("cannot encode the Secret's data".into()))
+    }
+}
+
+/// The API server's answer as a provider error; only the server's own message is kept.
+fn api_error(e: kube::Error) -> ProviderError {
+    match e {
+        kube::Error::Api(s) => match s.code {
+            404 => ProviderError::NotFound,
+            401 => {
+                ProviderError::PermissionDenied("the API server rejected the pod's token".into())
+            }
+            403 => ProviderError::PermissionDenied(s.message.clone()),
+            429 => ProviderError::Throttled(s.message.clone()),
+            _ => {
+                ProviderError::Unavailable(format!("API server answered {}: {}", s.code, s.message))
+            }
+        },
+        _ => ProviderError::Unavailable("the API server could not be reached".into()),
+    }
+}

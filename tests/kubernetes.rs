@@ -1,0 +1,269 @@
+//! End to end in "cluster mode": the real `latchkey node` reads the fake API server through a
+//! kubeconfig (watch-backed catalog), the `kubernetes` provider reads Secrets with the POD's token
+//! (never the agent's), tenancy uses Namespace labels from the API, and failures become Events.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use csi_proto::v1::NodePublishVolumeRequest;
+use latchkey::csi::client::{PodVolume, unpublish_request, volume_id_for};
+use serde_json::json;
+use support::Agent;
+use support::apiserver::{FakeApiServer, Identity};
+use tonic::Code;
+
+const AGENT_TOKEN: &str = "agent-token-e2e";
+const WEB_TOKEN: &str = "eyJ.web-pod-token-e2e.sig";
+const INTRUDER_TOKEN: &str = "eyJ.intruder-pod-token-e2e.sig";
+const PASSWORD: &str = "hunter2-k8s-provider-e2e";
+
+/// A cluster with namespaces `shop` (team a) and `other` (team b), the agent's permissions from
+/// daemonset/rbac.yaml, and one pod service account (`shop/web`) allowed to read its Secret.
+async fn cluster() -> FakeApiServer {
+    let s = FakeApiServer::start().await;
+    s.add_identity(AGENT_TOKEN, Identity::Agent);
+    s.add_identity(WEB_TOKEN, Identity::service_account("shop", "web"));
+    s.add_identity(
+        INTRUDER_TOKEN,
+        Identity::service_account("shop", "intruder"),
+    );
+    for verb in ["get", "list", "watch"] {
+        for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
+            s.allow(Identity::Agent, verb, "latchkey.dev", resource, None);
+        }
+        s.allow(Identity::Agent, verb, "", "namespaces", None);
+    }
+    s.allow(Identity::Agent, "create", "", "events", None);
+    s.allow(
+        Identity::service_account("shop", "web"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+
+    for (ns, team) in [("shop", "a"), ("other", "b"), ("latchkey", "system")] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"team": team}}}));
+    }
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app-credentials", "namespace": "shop"},
+        "stringData": {"password": PASSWORD, "user": "shop"}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "same-namespace", "namespace": "shop"},
+        "spec": {"provider": {"kubernetes": {}}}}),
+    );
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+        "metadata": {"name": "team-a-only"},
+        "spec": {"provider": {"fake": {"data": [{"key": "k", "value": "v"}]}},
+                 "conditions": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}}),
+    );
+    for ns in ["shop", "other"] {
+        s.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": "web-config", "namespace": ns},
+            "spec": {"secretStoreRef": {"name": "same-namespace"},
+                     "data": [{"secretKey": "db-password",
+                               "remoteRef": {"key": "app-credentials", "property": "password"}}]}}),
+        );
+        s.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": "team-a", "namespace": ns},
+            "spec": {"secretStoreRef": {"name": "team-a-only", "kind": "ClusterSecretStore"},
+                     "data": [{"secretKey": "k", "remoteRef": {"key": "k"}}]}}),
+        );
+    }
+    s
+}
+
+async fn agent(server: &FakeApiServer) -> Agent {
+    let agent = Agent::start_in_cluster(&server.kubeconfig_yaml(AGENT_TOKEN), &[]).await;
+    // Ready only once every reflector has listed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while agent.http_get("/readyz").await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "catalog never synced:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent
+}
+
+fn request(
+    agent: &Agent,
+    ns: &str,
+    pod: &str,
+    sa: &str,
+    token: Option<&str>,
+    es: &str,
+) -> NodePublishVolumeRequest {
+    let target = agent.target(pod);
+    let mut p = PodVolume::new(ns, pod, es);
+    p.service_account = sa.into();
+    p.tokens_json = token.map(|t| format!(r#"{{"":{{"token":"{t}"}}}}"#));
+    p.publish_request(&volume_id_for(&target), &target)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_provider_reads_the_secret_as_the_pod() {
+    let server = cluster().await;
+    let agent = agent(&server).await;
+    let mut node = agent.node().await;
+    let req = request(
+        &agent,
+        "shop",
+        "web-0",
+        "web",
+        Some(WEB_TOKEN),
+        "web-config",
+    );
+    node.node_publish_volume(req.clone()).await.unwrap();
+    let target = agent.target("web-0");
+    assert_eq!(
+        std::fs::read_to_string(target.join("db-password")).unwrap(),
+        PASSWORD
+    );
+
+    // The Secret was read with the pod's identity; the agent never asked for it.
+    let reads: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/api/v1/") && r.path.contains("/secrets"))
+        .collect();
+    assert!(!reads.is_empty());
+    for r in &reads {
+        assert_eq!(
+            r.identity,
+            Some(Identity::service_account("shop", "web")),
+            "{}",
+            r.path
+        );
+    }
+    node.node_unpublish_volume(unpublish_request(&req.volume_id, &target))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_without_rbac_is_denied_and_the_pod_gets_an_event() {
+    let server = cluster().await;
+    let agent = agent(&server).await;
+    let mut node = agent.node().await;
+    let req = request(
+        &agent,
+        "shop",
+        "intruder-0",
+        "intruder",
+        Some(INTRUDER_TOKEN),
+        "web-config",
+    );
+    let err = node.node_publish_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    for want in [
+        "namespace \"shop\"",
+        "ExternalSecret \"web-config\"",
+        "remote key \"app-credentials\"",
+        "system:serviceaccount:shop:intruder",
+        "cannot get resource \"secrets\"",
+    ] {
+        assert!(
+            err.message().contains(want),
+            "{:?} lacks {want:?}",
+            err.message()
+        );
+    }
+    assert!(!agent.target("intruder-0").exists());
+
+    // The failure reaches `kubectl describe pod` as a Warning Event.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        let found = server
+            .events()
+            .into_iter()
+            .find(|e| e["reason"] == "MountFailed");
+        if let Some(e) = found {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no MountFailed event:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["involvedObject"]["kind"], "Pod");
+    assert_eq!(event["involvedObject"]["name"], "intruder-0");
+    assert_eq!(event["metadata"]["namespace"], "shop");
+    let text = event.to_string();
+    for secret in [PASSWORD, INTRUDER_TOKEN, WEB_TOKEN, AGENT_TOKEN] {
+        assert!(!text.contains(secret), "event leaks a secret");
+        assert!(!agent.log_text().contains(secret), "log leaks a secret");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_token_and_namespace_selector_refusals_are_precise() {
+    let server = cluster().await;
+    let agent = agent(&server).await;
+    let mut node = agent.node().await;
+
+    let err = node
+        .node_publish_volume(request(
+            &agent,
+            "shop",
+            "no-token",
+            "web",
+            None,
+            "web-config",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("tokenRequests"), "{}", err.message());
+
+    // Namespace labels come from the API: `shop` (team a) is admitted, `other` is not.
+    node.node_publish_volume(request(&agent, "shop", "a-0", "web", None, "team-a"))
+        .await
+        .unwrap();
+    let err = node
+        .node_publish_volume(request(&agent, "other", "b-0", "web", None, "team-a"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("namespaceSelector does not match"),
+        "{}",
+        err.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_created_and_changed_after_start_are_used() {
+    let server = cluster().await;
+    let agent = agent(&server).await;
+    let mut node = agent.node().await;
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "late", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "same-namespace"},
+                 "data": [{"secretKey": "user",
+                           "remoteRef": {"key": "app-credentials", "property": "user"}}]}}),
+    );
+    let req = request(&agent, "shop", "late-0", "web", Some(WEB_TOKEN), "late");
+    node.node_publish_volume(req.clone()).await.unwrap();
+    let file = agent.target("late-0").join("user");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop");
+
+    // A changed Secret reaches the mounted volume on the next republish.
+    server.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app-credentials", "namespace": "shop"},
+        "stringData": {"password": PASSWORD, "user": "shop-v2"}}));
+    node.node_publish_volume(req).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop-v2");
+}
