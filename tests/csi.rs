@@ -811,3 +811,40 @@ async fn fs_group_from_kubelet_owns_the_files() {
         .unwrap();
     assert_nothing_left(&target);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_by_name_with_rewrite_mounts_every_match() {
+    let m = manifests(16)
+        + r#"
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: found, namespace: shop}
+spec:
+  secretStoreRef: {name: fake}
+  dataFrom:
+  - find: {name: {regexp: "^(api|db)$"}}
+    rewrite: [{regexp: {source: "^", target: "remote-"}}]
+"#;
+    let agent = Agent::start(&[("shop.yaml", &m)], &[]).await;
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(&agent, "find-0", "found"))
+        .await
+        .unwrap();
+    let target = agent.target("find-0");
+    assert_eq!(read(&target.join("remote-api")), API_KEY);
+    assert!(read(&target.join("remote-db")).contains(DB_PASSWORD));
+    let names: Vec<_> = std::fs::read_dir(&target)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".."))
+        .collect();
+    assert_eq!(names.len(), 2, "only the matches: {names:?}");
+    let (_, metrics) = agent.http_get("/metrics").await;
+    assert!(
+        metrics.contains(
+            "latchkey_backend_requests_total{provider=\"fake\",operation=\"find\",result=\"success\"} 1"
+        ),
+        "{metrics}"
+    );
+}

@@ -267,3 +267,58 @@ async fn objects_created_and_changed_after_start_are_used() {
     node.node_publish_volume(req).await.unwrap();
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop-v2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_lists_as_the_pod_and_a_token_of_another_namespace_is_refused() {
+    let server = cluster().await;
+    server.allow(
+        Identity::service_account("shop", "web"),
+        "list",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "all-app", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "same-namespace"},
+                 "dataFrom": [{"find": {"name": {"regexp": "^app-"}}}]}}),
+    );
+    let stranger = "eyJ.billing-pod-token-e2e.sig";
+    server.add_identity(stranger, Identity::service_account("billing", "web"));
+    let agent = agent(&server).await;
+    let mut node = agent.node().await;
+
+    node.node_publish_volume(request(
+        &agent,
+        "shop",
+        "find-0",
+        "web",
+        Some(WEB_TOKEN),
+        "all-app",
+    ))
+    .await
+    .unwrap();
+    let json = std::fs::read_to_string(agent.target("find-0").join("app-credentials")).unwrap();
+    assert!(json.contains(PASSWORD), "the whole Secret as JSON");
+
+    // kubelet would never pair these, but the agent must not trust the pair either: the API
+    // server judges the token, and a token of another namespace reads nothing here.
+    let err = node
+        .node_publish_volume(request(
+            &agent,
+            "shop",
+            "mixed-0",
+            "web",
+            Some(stranger),
+            "web-config",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("system:serviceaccount:billing:web"),
+        "{}",
+        err.message()
+    );
+}

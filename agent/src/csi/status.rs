@@ -53,9 +53,10 @@ fn code(e: &PublishError) -> Code {
             BindingError::Catalog { .. } => Code::Unavailable,
         },
         PublishError::Provider { source, .. } => match source {
-            ProviderError::NotFound | ProviderError::Config(_) | ProviderError::Unsupported(_) => {
-                Code::FailedPrecondition
-            }
+            ProviderError::CannotFind
+            | ProviderError::NotFound
+            | ProviderError::Config(_)
+            | ProviderError::Unsupported(_) => Code::FailedPrecondition,
             ProviderError::PermissionDenied(_) => Code::PermissionDenied,
             ProviderError::Unavailable(_) => Code::Unavailable,
             ProviderError::Throttled(_) => Code::ResourceExhausted,
@@ -70,6 +71,7 @@ fn code(e: &PublishError) -> Code {
             | ResolveError::NotAnObject { .. }
             | ResolveError::Decode { .. }
             | ResolveError::BadRewrite { .. }
+            | ResolveError::BadFind { .. }
             | ResolveError::Unsupported { .. } => Code::FailedPrecondition,
         },
         PublishError::Volume { source, .. } => volume_code(source),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Provider, ProviderError, RemoteKey};
+use super::{FindQuery, Provider, ProviderError, RemoteKey, found};
 use crate::api::store::FakeProvider;
 use crate::secret::SecretBytes;
 
@@ -49,6 +49,19 @@ impl Provider for Fake {
             .get(&(key.key.clone(), key.version.clone()))
             .cloned()
             .ok_or(ProviderError::NotFound)
+    }
+
+    async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        let matches = self
+            .values
+            .iter()
+            .filter(|((name, version), _)| version.is_none() && query.matches(name))
+            .map(|((name, _), value)| (name.clone(), value.clone()))
+            .collect();
+        found(matches)
     }
 }
 

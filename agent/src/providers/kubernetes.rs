@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
-use super::{Provider, ProviderError, RemoteKey};
+use super::{FindQuery, Provider, ProviderError, RemoteKey, found};
 use crate::api::store::KubernetesProvider;
 use crate::identity::PodInfo;
 use crate::secret::SecretBytes;
@@ -64,20 +64,41 @@ impl Provider for KubernetesSecrets {
             ));
         }
         let secret = self.secrets.get(&key.key).await.map_err(api_error)?;
-        let mut map = serde_json::Map::new();
-        for (k, v) in secret.data.unwrap_or_default() {
-            let text = String::from_utf8(v.0).map_err(|_| {
-                ProviderError::Config(format!(
-                    "Secret key {k:?} holds binary data, which cannot be exposed as JSON text"
-                ))
-            })?;
-            map.insert(k, serde_json::Value::String(text));
-        }
-        let sorted: BTreeMap<_, _> = map.into_iter().collect();
-        serde_json::to_vec(&sorted)
-            .map(SecretBytes::new)
-            .map_err(|_| ProviderError::Config("cannot encode the Secret's data".into()))
+        as_json(secret)
     }
+
+    async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        // Listing needs `list` on Secrets for the pod's service account.
+        let list = self
+            .secrets
+            .list(&Default::default())
+            .await
+            .map_err(api_error)?;
+        let mut matches = Vec::new();
+        for secret in list.items {
+            let name = secret.metadata.name.clone().unwrap_or_default();
+            if query.matches(&name) {
+                matches.push((name, as_json(secret)?));
+            }
+        }
+        found(matches)
+    }
+}
+
+/// A Secret's data as a JSON object of strings, so `property` and `extract` work as in ESO.
+fn as_json(secret: Secret) -> Result<SecretBytes, ProviderError> {
+    let mut map = BTreeMap::new();
+    for (k, v) in secret.data.unwrap_or_default() {
+        let text = String::from_utf8(v.0).map_err(|_| {
+            ProviderError::Config(format!(
+                "Secret key {k:?} holds binary data, which cannot be exposed as JSON text"
+            ))
+        })?;
+        map.insert(k, text);
+    }
+    serde_json::to_vec(&map)
+        .map(SecretBytes::new)
+        .map_err(|_| ProviderError::Config("cannot encode the Secret's data".into()))
 }
 
 /// The API server's answer as a provider error; only the server's own message is kept.

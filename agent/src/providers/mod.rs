@@ -33,6 +33,41 @@ impl std::fmt::Display for RemoteKey {
     }
 }
 
+/// Most secrets one `dataFrom.find` may return: a broader match is almost certainly a mistake,
+/// and every result becomes a file.
+pub const MAX_FIND_RESULTS: usize = 500;
+
+/// The name filter of `dataFrom.find`: an optional path prefix and an optional regular expression.
+#[derive(Debug, Clone)]
+pub struct FindQuery {
+    /// Only names below this path (prefix match).
+    pub path: Option<String>,
+    /// Only names this expression matches (unanchored, as in ESO).
+    pub name: Option<regex::Regex>,
+}
+
+impl FindQuery {
+    /// True when `name` passes both filters.
+    pub fn matches(&self, name: &str) -> bool {
+        self.path.as_deref().is_none_or(|p| name.starts_with(p))
+            && self.name.as_ref().is_none_or(|re| re.is_match(name))
+    }
+}
+
+/// Keeps the matching names, sorted, refusing an unreasonably broad match.
+pub fn found(
+    mut results: Vec<(String, SecretBytes)>,
+) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+    if results.len() > MAX_FIND_RESULTS {
+        return Err(ProviderError::Config(format!(
+            "dataFrom.find matched {} secrets, more than {MAX_FIND_RESULTS}; narrow the name or path",
+            results.len()
+        )));
+    }
+    results.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(results)
+}
+
 /// Why a backend did not return a value. Messages never contain values or credentials.
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
@@ -54,6 +89,9 @@ pub enum ProviderError {
     /// The store's provider settings are unusable.
     #[error("invalid provider configuration: {0}")]
     Config(String),
+    /// The provider cannot list secrets, so `dataFrom.find` cannot be served.
+    #[error("this provider cannot list secrets, so dataFrom.find is not available with it")]
+    CannotFind,
     /// The store names a provider this build cannot use.
     #[error("provider {0} is not available in this version of Latchkey")]
     Unsupported(&'static str),
@@ -69,6 +107,7 @@ impl ProviderError {
             ProviderError::Throttled(_) => "throttled",
             ProviderError::Timeout(_) => "timeout",
             ProviderError::Config(_) => "config",
+            ProviderError::CannotFind => "cannot_find",
             ProviderError::Unsupported(_) => "unsupported",
         }
     }
@@ -79,6 +118,11 @@ impl ProviderError {
 pub trait Provider: Send + Sync {
     /// Fetches one remote value.
     async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError>;
+
+    /// Every remote secret the query matches, with its current value, sorted by name.
+    async fn find(&self, _query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        Err(ProviderError::CannotFind)
+    }
 }
 
 /// What providers need from the agent itself.
@@ -126,18 +170,29 @@ impl Provider for Instrumented {
     async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
         let start = Instant::now();
         let result = self.inner.get(key).await;
+        self.record("get", start, result.as_ref().err());
+        result
+    }
+
+    async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        let start = Instant::now();
+        let result = self.inner.find(query).await;
+        self.record("find", start, result.as_ref().err());
+        result
+    }
+}
+
+impl Instrumented {
+    fn record(&self, operation: &'static str, start: Instant, error: Option<&ProviderError>) {
         let labels = BackendLabels {
             provider: self.provider,
-            operation: "get",
-            result: result
-                .as_ref()
-                .map_or_else(ProviderError::kind, |_| "success"),
+            operation,
+            result: error.map_or("success", ProviderError::kind),
         };
         self.metrics.backend_requests.get_or_create(&labels).inc();
         self.metrics
             .backend_duration
             .get_or_create(&labels)
             .observe(start.elapsed().as_secs_f64());
-        result
     }
 }

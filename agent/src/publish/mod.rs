@@ -198,13 +198,21 @@ impl Publisher {
         let provider =
             providers::build(spec, &self.providers, &req.pod).map_err(|e| provider_err(None, e))?;
         let spec = &binding.external_secret.spec;
+        let plan = resolve::plan(&ctx, spec)?;
         let mut fetched = Fetched::new();
-        for key in resolve::remote_keys(&ctx, spec)? {
+        for key in plan.keys {
             let value = provider
                 .get(&key)
                 .await
                 .map_err(|e| provider_err(Some(key.clone()), e))?;
             fetched.insert(key, value);
+        }
+        for (index, query) in &plan.finds {
+            let found = provider
+                .find(query)
+                .await
+                .map_err(|e| provider_err(None, e))?;
+            fetched.insert_found(*index, found);
         }
         let entries = resolve::entries(
             &ctx,

@@ -1,5 +1,5 @@
 //! ExternalSecret + fetched values -> entries -> files. Pure: no I/O, no backend, no volume; the
-//! caller fetches the keys [`remote_keys`] asks for and hands the values back to [`entries`].
+//! caller fetches what [`plan`] asks for and hands the values back to [`entries`].
 //! Semantics follow the External Secrets Operator: `dataFrom` sources apply in order (later ones
 //! override), then `data` entries override them.
 
@@ -10,11 +10,11 @@ pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
 
-use regex::Regex;
+use regex::{Regex, RegexBuilder};
 
-use crate::api::external_secret::{DataFrom, ExternalSecretSpec};
+use crate::api::external_secret::{DataFrom, ExternalSecretSpec, FindRef};
 use crate::api::{RemoteRef, StoreKind};
-use crate::providers::RemoteKey;
+use crate::providers::{FindQuery, RemoteKey};
 use crate::secret::SecretBytes;
 
 pub use files::files;
@@ -50,8 +50,51 @@ impl std::fmt::Display for Context {
     }
 }
 
-/// Values fetched for the keys [`remote_keys`] returned.
-pub type Fetched = HashMap<RemoteKey, SecretBytes>;
+/// What the backend returned for a [`Plan`]: values by key, and the results of each
+/// `dataFrom[i].find` by its index.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    values: HashMap<RemoteKey, SecretBytes>,
+    found: HashMap<usize, Vec<(String, SecretBytes)>>,
+}
+
+impl Fetched {
+    /// Nothing fetched yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the value of one remote key.
+    pub fn insert(&mut self, key: RemoteKey, value: SecretBytes) {
+        self.values.insert(key, value);
+    }
+
+    /// Records what `dataFrom[index].find` matched.
+    pub fn insert_found(&mut self, index: usize, results: Vec<(String, SecretBytes)>) {
+        self.found.insert(index, results);
+    }
+}
+
+impl FromIterator<(RemoteKey, SecretBytes)> for Fetched {
+    fn from_iter<I: IntoIterator<Item = (RemoteKey, SecretBytes)>>(iter: I) -> Self {
+        Self {
+            values: iter.into_iter().collect(),
+            found: HashMap::new(),
+        }
+    }
+}
+
+/// What to ask the backend for: single keys, and name searches by `dataFrom` index.
+#[derive(Debug)]
+pub struct Plan {
+    /// Remote keys, without duplicates, in first-use order.
+    pub keys: Vec<RemoteKey>,
+    /// `(dataFrom index, query)` for each `find`.
+    pub finds: Vec<(usize, FindQuery)>,
+}
+
+/// Largest compiled `find.name.regexp`; a bigger pattern is refused rather than built.
+const MAX_FIND_REGEX_BYTES: usize = 1 << 20;
 
 /// Why the fetched values cannot be turned into entries or files. Never contains values.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +136,16 @@ pub enum ResolveError {
         key: RemoteKey,
         /// Strategy name.
         strategy: &'static str,
+    },
+    /// A `find.name.regexp` does not compile (or is too large).
+    #[error("{ctx}: spec.dataFrom[{index}].find.name: invalid regexp {regexp:?}")]
+    BadFind {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// dataFrom index.
+        index: usize,
+        /// The pattern.
+        regexp: String,
     },
     /// A `rewrite` regular expression does not compile.
     #[error("{ctx}: spec.dataFrom[{index}].rewrite: invalid regexp {source_regexp:?}")]
@@ -147,28 +200,42 @@ fn remote_key(r: &RemoteRef) -> RemoteKey {
     }
 }
 
-/// The remote values an ExternalSecret needs, without duplicates, in first-use order.
-pub fn remote_keys(
-    ctx: &Context,
-    spec: &ExternalSecretSpec,
-) -> Result<Vec<RemoteKey>, ResolveError> {
+/// What an ExternalSecret needs from the backend: its remote keys (deduplicated, in first-use
+/// order) and its name searches.
+pub fn plan(ctx: &Context, spec: &ExternalSecretSpec) -> Result<Plan, ResolveError> {
     let mut keys = Vec::new();
-    for d in &spec.data_from {
+    let mut finds = Vec::new();
+    for (index, d) in spec.data_from.iter().enumerate() {
         match (&d.extract, &d.find) {
             (Some(e), _) => keys.push(remote_key(e)),
-            (None, Some(_)) => {
-                return Err(ResolveError::Unsupported {
-                    ctx: ctx.boxed(),
-                    what: "dataFrom.find",
-                });
-            }
+            (None, Some(f)) => finds.push((index, find_query(ctx, index, f)?)),
             (None, None) => {}
         }
     }
     keys.extend(spec.data.iter().map(|d| remote_key(&d.remote_ref)));
     let mut seen = std::collections::HashSet::new();
     keys.retain(|k| seen.insert(k.clone()));
-    Ok(keys)
+    Ok(Plan { keys, finds })
+}
+
+fn find_query(ctx: &Context, index: usize, f: &FindRef) -> Result<FindQuery, ResolveError> {
+    let name = match f.name.as_ref().map(|n| n.regexp.as_str()) {
+        Some(re) => Some(
+            RegexBuilder::new(re)
+                .size_limit(MAX_FIND_REGEX_BYTES)
+                .build()
+                .map_err(|_| ResolveError::BadFind {
+                    ctx: ctx.boxed(),
+                    index,
+                    regexp: re.to_string(),
+                })?,
+        ),
+        None => None,
+    };
+    Ok(FindQuery {
+        path: f.path.clone().filter(|p| !p.is_empty()),
+        name,
+    })
 }
 
 /// Builds the named entries (templates applied, before file layout) from fetched values. `pod` is
@@ -181,7 +248,7 @@ pub fn entries(
 ) -> Result<BTreeMap<String, SecretBytes>, ResolveError> {
     let value = |r: &RemoteRef| {
         let key = remote_key(r);
-        match fetched.get(&key) {
+        match fetched.values.get(&key) {
             Some(v) => Ok((key, v)),
             None => Err(ResolveError::NotFetched {
                 ctx: ctx.boxed(),
@@ -200,6 +267,31 @@ pub fn entries(
             };
             let extracted = property::extract(ctx, &key, &raw)?;
             for (name, v) in rewrite(ctx, index, d, extracted)? {
+                out.insert(name, v);
+            }
+        } else if let Some(f) = &d.find {
+            let results = fetched
+                .found
+                .get(&index)
+                .ok_or_else(|| ResolveError::NotFetched {
+                    ctx: ctx.boxed(),
+                    key: RemoteKey {
+                        key: format!("dataFrom[{index}].find"),
+                        version: None,
+                    },
+                })?;
+            let mut matched = BTreeMap::new();
+            for (name, raw) in results {
+                let key = RemoteKey {
+                    key: name.clone(),
+                    version: None,
+                };
+                matched.insert(
+                    name.clone(),
+                    decode::apply(ctx, &key, f.decoding_strategy, raw)?,
+                );
+            }
+            for (name, v) in rewrite(ctx, index, d, matched)? {
                 out.insert(name, v);
             }
         }
@@ -337,8 +429,9 @@ mod tests {
             ],
             vec![extract("k3", vec![])],
         );
-        let keys: Vec<_> = remote_keys(&ctx(), &s)
+        let keys: Vec<_> = plan(&ctx(), &s)
             .unwrap()
+            .keys
             .into_iter()
             .map(|k| k.key)
             .collect();
@@ -401,18 +494,53 @@ mod tests {
         );
     }
 
-    #[test]
-    fn find_is_refused_clearly() {
-        let mut s = spec(vec![], vec![]);
-        s.data_from.push(DataFrom {
-            find: Some(FindRef::default()),
+    fn find(regexp: &str, rewrite: Vec<(&str, &str)>) -> DataFrom {
+        DataFrom {
+            find: Some(FindRef {
+                name: Some(FindName {
+                    regexp: regexp.into(),
+                }),
+                ..Default::default()
+            }),
+            rewrite: extract("unused", rewrite).rewrite,
             ..Default::default()
-        });
+        }
+    }
+
+    #[test]
+    fn find_results_become_entries_after_rewrite_and_data_still_wins() {
+        let s = spec(
+            vec![("db", "single", None)],
+            vec![find("^prod/shop/", vec![("^prod/shop/", "")])],
+        );
+        let plan = plan(&ctx(), &s).unwrap();
+        assert_eq!(plan.finds.len(), 1);
+        let query = &plan.finds[0].1;
+        assert!(query.matches("prod/shop/db") && !query.matches("dev/shop/db"));
+        let mut f = fetched(&[("single", "from-data")]);
+        f.insert_found(
+            0,
+            vec![
+                ("prod/shop/api".into(), SecretBytes::from("a")),
+                ("prod/shop/db".into(), SecretBytes::from("from-find")),
+            ],
+        );
+        assert_eq!(
+            text(&entries(&ctx(), &s, &f, None).unwrap()),
+            [
+                ("api".to_string(), "a".to_string()),
+                ("db".into(), "from-data".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_find_regexp_names_the_entry() {
+        let s = spec(vec![], vec![find("(unclosed", vec![])]);
+        let err = plan(&ctx(), &s).unwrap_err().to_string();
         assert!(
-            remote_keys(&ctx(), &s)
-                .unwrap_err()
-                .to_string()
-                .contains("dataFrom.find")
+            err.contains("spec.dataFrom[0].find.name: invalid regexp \"(unclosed\""),
+            "{err}"
         );
     }
 }
