@@ -122,7 +122,19 @@ async fn kubernetes_provider_reads_the_secret_as_the_pod() {
         Some(WEB_TOKEN),
         "web-config",
     );
+    server.clear_requests();
     node.node_publish_volume(req.clone()).await.unwrap();
+    // The ExternalSecret and its store came from the watch caches: no round trip as the agent.
+    let agent_calls: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.identity == Some(Identity::Agent) && !r.is_watch())
+        .map(|r| r.path)
+        .collect();
+    assert!(
+        agent_calls.is_empty(),
+        "publish cost API calls: {agent_calls:?}"
+    );
     let target = agent.target("web-0");
     assert_eq!(
         std::fs::read_to_string(target.join("db-password")).unwrap(),
