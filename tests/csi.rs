@@ -25,6 +25,9 @@ const POD_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.pod-token-e2e.c2lnbmF0dXJl";
 
 fn manifests(big_value_len: usize) -> String {
     let big = "Z".repeat(big_value_len);
+    // Entry names from backend data (extract, find) are not schema-checked: the volume's path
+    // rules are what stop them.
+    let long = "x".repeat(300);
     let es = |name: &str, store: &str, kind: &str, data: &str| {
         format!(
             "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {{name: {name}, namespace: shop}}\n\
@@ -48,6 +51,7 @@ spec:
       - {{key: api, value: {API_KEY}}}
       - {{key: config, value: '{{"LOG_LEVEL":"debug","nested":{{"a":1}}}}'}}
       - {{key: big, value: {big}}}
+      - {{key: long-names, value: '{{"{long}":"v"}}'}}
 ---
 apiVersion: latchkey.dev/v1alpha1
 kind: SecretStore
@@ -66,6 +70,7 @@ kind: ExternalSecret
 metadata: {{name: app, namespace: shop}}
 spec:
   secretStoreRef: {{name: fake}}
+  refreshInterval: 100ms
   data:
   - {{secretKey: db-password, remoteRef: {{key: db, property: password}}}}
   - {{secretKey: api-key, remoteRef: {{key: api}}}}
@@ -80,20 +85,20 @@ spec:
       - {{key: LOG_LEVEL, path: LOG_LEVEL}}
 "#
     );
+    out += r#"
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: too-long, namespace: shop}
+spec:
+  secretStoreRef: {name: fake}
+  dataFrom: [{extract: {key: long-names}}]
+"#;
     // (ExternalSecret, store, store kind, secretKey, remote key, property)
-    let too_long = "x".repeat(300);
     let broken = [
         ("dotdot", "fake", "SecretStore", "../evil", "api", ""),
         ("absolute", "fake", "SecretStore", "/etc/evil", "api", ""),
         ("empty-segment", "fake", "SecretStore", "a//b", "api", ""),
-        (
-            "too-long",
-            "fake",
-            "SecretStore",
-            too_long.as_str(),
-            "api",
-            "",
-        ),
         ("no-store", "nope", "SecretStore", "a", "api", ""),
         ("no-key", "fake", "SecretStore", "a", "missing-key", ""),
         ("no-property", "fake", "SecretStore", "a", "db", "nope"),
@@ -629,7 +634,9 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
         "{stderr}"
     );
     assert_nothing_left(&fresh);
-    // The same failure on a mounted target is a failed refresh: old content kept, success.
+    // Once the refresh is due (100ms), the same failure on a mounted target is a failed
+    // refresh: old content kept, success.
+    std::thread::sleep(std::time::Duration::from_millis(150));
     let out = run(&[
         "publish",
         "--endpoint",
@@ -675,6 +682,8 @@ async fn metrics_and_health_endpoints_report_publishes_failures_and_refreshes() 
     let mut node = agent.node().await;
     let req = publish_req(&agent, "m-0", "app");
     node.node_publish_volume(req.clone()).await.unwrap(); // mounted
+    node.node_publish_volume(req.clone()).await.unwrap(); // not due (refreshInterval 100ms)
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     node.node_publish_volume(req.clone()).await.unwrap(); // refreshed, unchanged
     node.node_publish_volume(publish_req(&agent, "m-1", "no-key"))
         .await
@@ -692,10 +701,15 @@ async fn metrics_and_health_endpoints_report_publishes_failures_and_refreshes() 
             1.0,
         ),
         (
+            "latchkey_node_publish_duration_seconds_count{result=\"success\",reason=\"not_due\"}",
+            1.0,
+        ),
+        (
             "latchkey_node_publish_duration_seconds_count{result=\"error\",reason=\"failed_precondition\"}",
             1.0,
         ),
-        ("latchkey_node_publish_total{result=\"success\"}", 2.0),
+        ("latchkey_node_publish_total{result=\"success\"}", 3.0),
+        ("latchkey_node_refresh_total{result=\"not_due\"}", 1.0),
         ("latchkey_node_publish_total{result=\"error\"}", 1.0),
         ("latchkey_node_refresh_total{result=\"unchanged\"}", 1.0),
         ("latchkey_volumes_active", 1.0),

@@ -263,7 +263,7 @@ async fn objects_created_and_changed_after_start_are_used() {
     server.apply(
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
         "metadata": {"name": "late", "namespace": "shop"},
-        "spec": {"secretStoreRef": {"name": "same-namespace"},
+        "spec": {"secretStoreRef": {"name": "same-namespace"}, "refreshInterval": "200ms",
                  "data": [{"secretKey": "user",
                            "remoteRef": {"key": "app-credentials", "property": "user"}}]}}),
     );
@@ -272,10 +272,25 @@ async fn objects_created_and_changed_after_start_are_used() {
     let file = agent.target("late-0").join("user");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop");
 
-    // A changed Secret reaches the mounted volume on the next republish.
+    // A changed Secret reaches the mounted volume on the first republish after the refresh
+    // interval; earlier republishes answer from the schedule and read nothing.
     server.apply(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "app-credentials", "namespace": "shop"},
         "stringData": {"password": PASSWORD, "user": "shop-v2"}}));
+    server.clear_requests();
+    node.node_publish_volume(req.clone()).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "shop",
+        "not due yet"
+    );
+    let reads = server
+        .requests()
+        .into_iter()
+        .filter(|r| !r.is_watch())
+        .count();
+    assert_eq!(reads, 0, "a republish before due reads nothing");
+    tokio::time::sleep(Duration::from_millis(250)).await;
     node.node_publish_volume(req).await.unwrap();
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop-v2");
 }

@@ -12,7 +12,7 @@ use csi_proto::v1::{
 };
 use csi_proto::v1::{NodeServiceCapability, node_service_capability};
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, field, info, info_span, warn};
+use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use super::{request, status};
 use crate::publish::{Outcome, Publisher};
@@ -56,7 +56,10 @@ impl NodeService {
             })?;
             match outcome {
                 Outcome::Mounted => info!("published"),
-                Outcome::Refreshed { changed } => info!(changed, "republished"),
+                Outcome::Refreshed { changed: true } => info!("refreshed with new content"),
+                // Periodic republishes of 1,000s of volumes must not flood the log.
+                Outcome::Refreshed { changed: false } => debug!("refreshed, unchanged"),
+                Outcome::NotDue => debug!("republished, refresh not due"),
                 Outcome::RefreshFailed => warn!("republished with previous content"),
             }
             Ok(outcome)
@@ -72,6 +75,7 @@ impl NodeService {
             Ok(Outcome::Refreshed { changed: true }) => ("success", "refreshed"),
             Ok(Outcome::Refreshed { changed: false }) => ("success", "unchanged"),
             Ok(Outcome::RefreshFailed) => ("success", "refresh_failed"),
+            Ok(Outcome::NotDue) => ("success", "not_due"),
             Err(s) => ("error", status::code_label(s.code())),
         };
         m.publish_duration
@@ -86,6 +90,7 @@ impl NodeService {
             "refreshed" => Some("changed"),
             "unchanged" => Some("unchanged"),
             "refresh_failed" => Some("failed"),
+            "not_due" => Some("not_due"),
             _ => None,
         };
         if let Some(result) = refresh {

@@ -3,18 +3,22 @@
 //! status code; everything in between lives here.
 
 mod locks;
+pub mod schedule;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::{info, warn};
 
+use crate::api::validate::Invalid;
 use crate::catalog::{BindingError, Catalog, bind};
 use crate::events::{MOUNT_FAILED, PodEvents};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
 use crate::volume::{VolumeError, VolumeFile, Volumes};
+use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 
 /// A validated NodePublishVolume call.
 #[derive(Debug, Clone)]
@@ -43,6 +47,8 @@ pub enum Outcome {
     },
     /// The volume was already there and refreshing it failed; the previous content is kept.
     RefreshFailed,
+    /// The volume was already there and its refresh is not due: nothing was done.
+    NotDue,
 }
 
 /// Why a publish or unpublish failed. Messages name namespace, ExternalSecret, store and remote
@@ -87,6 +93,7 @@ pub struct Publisher {
     providers: providers::Env,
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
+    schedule: Schedule,
 }
 
 impl Publisher {
@@ -104,6 +111,7 @@ impl Publisher {
             providers,
             events,
             locks: locks::TargetLocks::default(),
+            schedule: Schedule::default(),
         }
     }
 
@@ -116,14 +124,22 @@ impl Publisher {
     /// keeps the previous content and succeeds (kubelet unmounts a volume whose republish fails).
     pub async fn publish(&self, req: &PublishRequest) -> Result<Outcome, PublishError> {
         let _lock = self.locks.lock(&req.target).await;
+        let now = Instant::now();
+        // kubelet republishes every volume periodically: answer at once until a refresh is due.
+        if self.schedule.is_fresh(&req.target, now) {
+            return Ok(Outcome::NotDue);
+        }
         let group = req.group;
         let published = self
             .blocking(&req.target, None, |v, t| v.is_published(t))
             .await?;
         let resolved = self.resolve(req).await;
+        let refresh = resolved
+            .as_ref()
+            .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
         if !published {
             let mounted = match resolved {
-                Ok((ctx, files)) => {
+                Ok((ctx, files, _)) => {
                     self.blocking(&req.target, Some(&ctx), move |v, t| {
                         v.publish(t, &files, group)
                     })
@@ -135,11 +151,12 @@ impl Publisher {
                 self.events.warn(&req.pod, MOUNT_FAILED, &e.to_string());
             }
             mounted?;
+            self.schedule.refreshed(&req.target, refresh, now);
             info!(target_path = %req.target.display(), "volume mounted");
             return Ok(Outcome::Mounted);
         }
         let refreshed = match resolved {
-            Ok((ctx, files)) => {
+            Ok((ctx, files, _)) => {
                 self.blocking(&req.target, Some(&ctx), move |v, t| {
                     v.update(t, &files, group)
                 })
@@ -148,8 +165,12 @@ impl Publisher {
             Err(e) => Err(e),
         };
         match refreshed {
-            Ok(changed) => Ok(Outcome::Refreshed { changed }),
+            Ok(changed) => {
+                self.schedule.refreshed(&req.target, refresh, now);
+                Ok(Outcome::Refreshed { changed })
+            }
             Err(error) => {
+                self.schedule.failed(&req.target, refresh, now);
                 warn!(%error, "refresh failed; keeping the previous content");
                 Ok(Outcome::RefreshFailed)
             }
@@ -164,6 +185,7 @@ impl Publisher {
             .blocking(target, None, |v, t| v.is_published(t))
             .await?;
         self.blocking(target, None, |v, t| v.unpublish(t)).await?;
+        self.schedule.remove(target);
         if published {
             info!(target_path = %target.display(), "volume unmounted");
         }
@@ -174,8 +196,14 @@ impl Publisher {
     async fn resolve(
         &self,
         req: &PublishRequest,
-    ) -> Result<(Context, Vec<VolumeFile>), PublishError> {
+    ) -> Result<(Context, Vec<VolumeFile>, Refresh), PublishError> {
         let binding = bind(&*self.catalog, &req.pod.namespace, &req.external_secret).await?;
+        let refresh = Refresh::parse(binding.external_secret.spec.refresh_interval.as_deref())
+            .map_err(|reason| BindingError::InvalidExternalSecret {
+                namespace: binding.namespace.clone(),
+                name: req.external_secret.clone(),
+                reason: Invalid(reason),
+            })?;
         tracing::Span::current().record(
             "store",
             format!("{}/{}", binding.store_kind, binding.store_name),
@@ -225,7 +253,7 @@ impl Publisher {
             }),
         )?;
         let files = resolve::files(&ctx, spec.target.as_ref(), entries)?;
-        Ok((ctx, files))
+        Ok((ctx, files, refresh))
     }
 
     /// Runs a blocking volume operation off the async runtime.

@@ -1,0 +1,138 @@
+//! When a mounted volume is next due for a refresh. kubelet republishes every volume
+//! periodically (`requiresRepublish`); a republish before the ExternalSecret's `refreshInterval`
+//! has passed returns at once, with no backend call and no write.
+//!
+//! Held in memory: after an agent restart every volume is due once, then back on schedule.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// ESO's default when an ExternalSecret sets no `refreshInterval`.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(3600);
+/// How long a failed refresh waits before the next attempt (a later issue adds per-backend
+/// exponential backoff); never longer than the refresh interval itself.
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
+
+/// How often an ExternalSecret's values are refreshed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refresh {
+    /// Re-resolve when this much time has passed since the last refresh.
+    Every(Duration),
+    /// `refreshInterval: 0`: fetched once, at mount time.
+    Never,
+}
+
+impl Refresh {
+    /// Parses `refreshInterval` (`1h`, `15m`, `1h30m`, `0`); absent means one hour, as in ESO.
+    pub fn parse(interval: Option<&str>) -> Result<Self, String> {
+        let Some(text) = interval else {
+            return Ok(Refresh::Every(DEFAULT_REFRESH));
+        };
+        match humantime::parse_duration(text) {
+            Ok(d) if d.is_zero() => Ok(Refresh::Never),
+            Ok(d) => Ok(Refresh::Every(d)),
+            Err(_) => Err(format!(
+                "spec.refreshInterval {text:?} is not a duration like 1h, 15m or 0"
+            )),
+        }
+    }
+
+    /// The longest a fetched value may be reused for this ExternalSecret (`None`: forever).
+    pub fn max_age(self) -> Option<Duration> {
+        match self {
+            Refresh::Every(d) => Some(d),
+            Refresh::Never => None,
+        }
+    }
+}
+
+/// Next refresh time per mounted target (`None`: never).
+#[derive(Default)]
+pub struct Schedule {
+    due: Mutex<HashMap<PathBuf, Option<Instant>>>,
+}
+
+impl Schedule {
+    /// True when `target` was refreshed by this process and is not due yet.
+    pub fn is_fresh(&self, target: &Path, now: Instant) -> bool {
+        let due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+        match due.get(target) {
+            Some(None) => true,
+            Some(Some(at)) => now < *at,
+            None => false,
+        }
+    }
+
+    /// Records a successful (re)fresh of `target` at `now`.
+    pub fn refreshed(&self, target: &Path, refresh: Refresh, now: Instant) {
+        let next = match refresh {
+            Refresh::Every(d) => Some(now + d),
+            Refresh::Never => None,
+        };
+        self.set(target, next);
+    }
+
+    /// Records a failed refresh: try again after a short wait, not at the next republish.
+    pub fn failed(&self, target: &Path, refresh: Refresh, now: Instant) {
+        let wait = match refresh {
+            Refresh::Every(d) => d.min(RETRY_AFTER_FAILURE),
+            Refresh::Never => RETRY_AFTER_FAILURE,
+        };
+        self.set(target, Some(now + wait));
+    }
+
+    /// Forgets `target` (unpublished).
+    pub fn remove(&self, target: &Path) {
+        self.due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(target);
+    }
+
+    fn set(&self, target: &Path, next: Option<Instant>) {
+        self.due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(target.to_path_buf(), next);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_intervals_like_eso() {
+        assert_eq!(Refresh::parse(None), Ok(Refresh::Every(DEFAULT_REFRESH)));
+        assert_eq!(Refresh::parse(Some("0")), Ok(Refresh::Never));
+        assert_eq!(
+            Refresh::parse(Some("1h30m")),
+            Ok(Refresh::Every(Duration::from_secs(5400)))
+        );
+        assert!(
+            Refresh::parse(Some("soon"))
+                .unwrap_err()
+                .contains("refreshInterval")
+        );
+        assert_eq!(Refresh::Never.max_age(), None);
+    }
+
+    #[test]
+    fn due_after_the_interval_never_for_zero_and_soon_after_a_failure() {
+        let s = Schedule::default();
+        let t = Path::new("/t");
+        let now = Instant::now();
+        assert!(!s.is_fresh(t, now), "unknown targets are due");
+        s.refreshed(t, Refresh::Every(Duration::from_secs(60)), now);
+        assert!(s.is_fresh(t, now + Duration::from_secs(59)));
+        assert!(!s.is_fresh(t, now + Duration::from_secs(60)));
+        s.refreshed(t, Refresh::Never, now);
+        assert!(s.is_fresh(t, now + Duration::from_secs(1 << 30)));
+        s.failed(t, Refresh::Every(Duration::from_secs(3600)), now);
+        assert!(!s.is_fresh(t, now + RETRY_AFTER_FAILURE));
+        s.remove(t);
+        assert!(!s.is_fresh(t, now));
+    }
+}
