@@ -2,12 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// The `x-kubernetes-validations` rules below come from `super::rules`, which documents them; the
+// agent re-checks them in `super::validate`.
+
 /// Describes the files a pod's volume is built from and, optionally, a mirrored Secret.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "latchkey.dev",
     version = "v1alpha1",
@@ -18,6 +21,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Store","type":"string","jsonPath":".spec.secretStoreRef.name"}"#,
     printcolumn = r#"{"name":"Refresh","type":"string","jsonPath":".spec.refreshInterval"}"#
 )]
+#[x_kube(validation = &crate::api::rules::DATA_OR_DATA_FROM)]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalSecretSpec {
     /// The store the remote references are resolved against.
@@ -25,11 +29,16 @@ pub struct ExternalSecretSpec {
     /// How often mounted files and mirrors are refreshed (e.g. `1h`); `0` fetches once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refresh_interval: Option<String>,
-    /// Individual remote values, one entry (file) each.
+    /// Individual remote values, one entry (file) each; each `secretKey` at most once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_ITEMS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["secretKey"])
+    )]
     pub data: Vec<ExternalSecretData>,
     /// Remote values that expand into several entries; later entries override earlier ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::api::rules::MAX_ITEMS))]
     pub data_from: Vec<DataFrom>,
     /// What is produced: templates, file layout and the optional mirrored Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -40,10 +49,11 @@ pub struct ExternalSecretSpec {
 }
 
 /// Points at a SecretStore (same namespace) or a ClusterSecretStore.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretStoreRef {
     /// Name of the store.
+    #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub name: String,
     /// `SecretStore` (default) or `ClusterSecretStore`.
     #[serde(default)]
@@ -70,20 +80,23 @@ impl std::fmt::Display for StoreKind {
 }
 
 /// One remote value mapped to one entry.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalSecretData {
     /// Entry name: the file name in the volume, the key in a mirrored Secret.
+    #[schemars(length(max = crate::api::rules::MAX_SECRET_KEY_LEN))]
+    #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub secret_key: String,
     /// Where the value comes from.
     pub remote_ref: RemoteRef,
 }
 
 /// A reference to a value in the backend.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RemoteRef {
     /// The remote key (secret name or path).
+    #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub key: String,
     /// A top-level key of a JSON value, or a dotted path into nested JSON; empty = whole value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,8 +124,9 @@ pub enum DecodingStrategy {
     Auto,
 }
 
-/// A remote value that expands into several entries.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// A remote value that expands into several entries: exactly one of `extract`, `find`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::EXTRACT_XOR_FIND)]
 #[serde(rename_all = "camelCase")]
 pub struct DataFrom {
     /// A JSON object whose top-level keys become entries.
@@ -126,8 +140,9 @@ pub struct DataFrom {
     pub rewrite: Vec<Rewrite>,
 }
 
-/// Selects remote secrets by name.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// Selects remote secrets by name and/or path (at least one of them).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::FIND_NAME_OR_PATH)]
 #[serde(rename_all = "camelCase")]
 pub struct FindRef {
     /// Only look below this path (providers with hierarchical keys).
@@ -166,7 +181,11 @@ pub struct RewriteRegexp {
 }
 
 /// What an ExternalSecret produces.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(
+    validation = &crate::api::rules::DELETE_NEEDS_OWNER,
+    validation = &crate::api::rules::MERGE_NEEDS_MIRROR
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Target {
     /// CEL templates computed from the resolved entries.
@@ -213,34 +232,37 @@ pub enum TemplateMergePolicy {
 }
 
 /// File layout in the mounted volume.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Files {
-    /// Mode of every file without its own (default 0444).
+    /// Mode of every file without its own (default 0444), at most 0777.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "super::mode::deserialize"
     )]
+    #[x_kube(validation = &crate::api::rules::FILE_MODE)]
     pub default_mode: Option<i32>,
     /// Explicit key -> path mappings; when set, only these keys are written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::api::rules::MAX_ITEMS))]
     pub items: Vec<FileItem>,
 }
 
 /// One key written to a chosen relative path.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 pub struct FileItem {
     /// Entry name.
     pub key: String,
     /// Relative path in the volume.
     pub path: String,
-    /// File mode (e.g. 0400).
+    /// File mode (e.g. 0400), at most 0777.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "super::mode::deserialize"
     )]
+    #[x_kube(validation = &crate::api::rules::FILE_MODE)]
     pub mode: Option<i32>,
 }
 

@@ -7,6 +7,9 @@
 pub mod crd;
 pub mod external_secret;
 pub mod mode;
+pub mod rules;
+#[cfg(test)]
+mod rules_tests;
 pub mod store;
 pub mod validate;
 

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -82,7 +82,8 @@ pub struct LabelSelectorRequirement {
 }
 
 /// The backend of a store: exactly one of these blocks is set.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::ONE_PROVIDER)]
 #[serde(rename_all = "camelCase")]
 pub struct StoreProvider {
     /// AWS Secrets Manager.
@@ -112,11 +113,12 @@ pub struct SecretKeySelector {
 }
 
 /// AWS Secrets Manager.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AwsProvider {
     /// Only `SecretsManager` is supported.
     #[serde(default = "default_aws_service")]
+    #[x_kube(validation = &crate::api::rules::AWS_SERVICE)]
     pub service: String,
     /// AWS region, e.g. `eu-west-1`.
     pub region: String,
@@ -126,7 +128,7 @@ pub struct AwsProvider {
     /// Role ARN assumed after authenticating.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
-    /// How to authenticate; exactly one method.
+    /// How to authenticate; at most one method.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AwsAuth>,
 }
@@ -135,8 +137,9 @@ fn default_aws_service() -> String {
     "SecretsManager".to_string()
 }
 
-/// AWS authentication methods.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// AWS authentication methods; at most one is set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::AWS_AUTH_AT_MOST_ONE)]
 #[serde(rename_all = "camelCase")]
 pub struct AwsAuth {
     /// Static keys from a Kubernetes Secret.
@@ -177,7 +180,7 @@ pub struct AwsJwtAuth {
 pub struct Empty {}
 
 /// HashiCorp Vault / OpenBao.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VaultProvider {
     /// Server URL, e.g. `https://vault.example:8200`.
@@ -187,6 +190,7 @@ pub struct VaultProvider {
     pub path: Option<String>,
     /// KV engine version: `v1` or `v2` (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = &crate::api::rules::VAULT_VERSION)]
     pub version: Option<String>,
     /// Vault Enterprise / OpenBao namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,8 +202,9 @@ pub struct VaultProvider {
     pub auth: VaultAuth,
 }
 
-/// Vault authentication methods.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// Vault authentication methods; exactly one is set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::VAULT_AUTH_ONE)]
 #[serde(rename_all = "camelCase")]
 pub struct VaultAuth {
     /// A token stored in a Kubernetes Secret.

@@ -1,13 +1,39 @@
-//! Agent-side validation of objects read from the catalog. The CRD schema carries the same rules,
-//! but a CRD rule is not a security boundary: every object is re-checked before use.
+//! Agent-side validation of objects read from the catalog. The CRD schema carries the same rules
+//! (see [`super::rules`]), but a CRD rule is not a security boundary, and a directory of manifests
+//! never passes through an API server: every object is re-checked before use.
+//!
+//! Errors read like the API server's: the field path, then the rule's message (sometimes followed
+//! by a detail in parentheses).
 
-use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec};
-use super::store::StoreProvider;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt::Display;
+
+use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
+use super::rules::{self, CelRule};
+use super::store::{AwsProvider, StoreProvider, VaultProvider};
 
 /// Why an object was rejected; the text names the field and never contains values.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct Invalid(pub String);
+
+impl Invalid {
+    /// `path` broke `rule`.
+    fn rule(path: impl Display, rule: &CelRule) -> Self {
+        Invalid(format!("{path}: {}", rule.message))
+    }
+
+    /// `path` broke `rule`; `detail` says how.
+    fn rule_detail(path: impl Display, rule: &CelRule, detail: impl Display) -> Self {
+        Invalid(format!("{path}: {} ({detail})", rule.message))
+    }
+
+    /// `path` broke a structural constraint of the schema (`maxItems`, `maxLength`, ...).
+    fn schema(path: impl Display, message: String) -> Self {
+        Invalid(format!("{path}: {message}"))
+    }
+}
 
 /// The provider a store selects, borrowed from its spec.
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +60,8 @@ impl ProviderSpec<'_> {
     }
 }
 
-/// Checks that exactly one provider block is set and returns it.
+/// Checks a store's `spec.provider`: exactly one provider block, and the rules of that block
+/// (AWS service and auth method, Vault KV version and auth method). Returns the block.
 pub fn provider(p: &StoreProvider) -> Result<ProviderSpec<'_>, Invalid> {
     let mut set = Vec::new();
     if let Some(a) = &p.aws {
@@ -49,68 +76,200 @@ pub fn provider(p: &StoreProvider) -> Result<ProviderSpec<'_>, Invalid> {
     if let Some(f) = &p.fake {
         set.push(ProviderSpec::Fake(f));
     }
-    match set.as_slice() {
-        [one] => Ok(*one),
-        [] => Err(Invalid(
-            "spec.provider must set exactly one of aws, vault, kubernetes, fake (none is set)"
-                .into(),
-        )),
-        many => Err(Invalid(format!(
-            "spec.provider must set exactly one of aws, vault, kubernetes, fake (found {})",
-            many.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
-        ))),
+    let one = match set.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(Invalid::rule_detail(
+                "spec.provider",
+                &rules::ONE_PROVIDER,
+                "none is set",
+            ));
+        }
+        many => {
+            let names = many.iter().map(|p| p.name()).collect::<Vec<_>>();
+            return Err(Invalid::rule_detail(
+                "spec.provider",
+                &rules::ONE_PROVIDER,
+                format_args!("found {}", names.join(", ")),
+            ));
+        }
+    };
+    match one {
+        ProviderSpec::Aws(a) => aws(a)?,
+        ProviderSpec::Vault(v) => vault(v)?,
+        ProviderSpec::Kubernetes(_) | ProviderSpec::Fake(_) => {}
     }
+    Ok(one)
+}
+
+/// `spec.provider.aws`: the service, and at most one auth method (none is left to the provider).
+fn aws(a: &AwsProvider) -> Result<(), Invalid> {
+    if a.service != "SecretsManager" {
+        return Err(Invalid::rule(
+            "spec.provider.aws.service",
+            &rules::AWS_SERVICE,
+        ));
+    }
+    if let Some(auth) = &a.auth {
+        let methods = set_names(&[
+            ("secretRef", auth.secret_ref.is_some()),
+            ("jwt", auth.jwt.is_some()),
+            ("agentIdentity", auth.agent_identity.is_some()),
+        ]);
+        if methods.len() > 1 {
+            return Err(Invalid::rule_detail(
+                "spec.provider.aws.auth",
+                &rules::AWS_AUTH_AT_MOST_ONE,
+                format_args!("found {}", methods.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `spec.provider.vault`: the KV version and exactly one auth method.
+fn vault(v: &VaultProvider) -> Result<(), Invalid> {
+    if let Some(version) = &v.version
+        && version != "v1"
+        && version != "v2"
+    {
+        return Err(Invalid::rule(
+            "spec.provider.vault.version",
+            &rules::VAULT_VERSION,
+        ));
+    }
+    let auth = &v.auth;
+    let methods = set_names(&[
+        ("tokenSecretRef", auth.token_secret_ref.is_some()),
+        ("kubernetes", auth.kubernetes.is_some()),
+        ("jwt", auth.jwt.is_some()),
+        ("appRole", auth.app_role.is_some()),
+    ]);
+    if methods.len() != 1 {
+        let detail = if methods.is_empty() {
+            "none is set".to_string()
+        } else {
+            format!("found {}", methods.join(", "))
+        };
+        return Err(Invalid::rule_detail(
+            "spec.provider.vault.auth",
+            &rules::VAULT_AUTH_ONE,
+            detail,
+        ));
+    }
+    Ok(())
+}
+
+/// The names of the options that are set.
+fn set_names<'a>(options: &[(&'a str, bool)]) -> Vec<&'a str> {
+    options
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(name, _)| *name)
+        .collect()
 }
 
 /// Checks an ExternalSecret spec for the rules the CRD schema also enforces.
 pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
-    if spec.secret_store_ref.name.is_empty() {
-        return Err(Invalid("spec.secretStoreRef.name must not be empty".into()));
-    }
+    not_empty("spec.secretStoreRef.name", &spec.secret_store_ref.name)?;
     if spec.data.is_empty() && spec.data_from.is_empty() {
-        return Err(Invalid(
-            "spec.data or spec.dataFrom must have at least one entry".into(),
-        ));
+        return Err(Invalid::rule("spec", &rules::DATA_OR_DATA_FROM));
     }
+    max_items("spec.data", spec.data.len())?;
+    max_items("spec.dataFrom", spec.data_from.len())?;
+    let mut seen = HashMap::new();
     for (i, d) in spec.data.iter().enumerate() {
-        if d.secret_key.is_empty() {
-            return Err(Invalid(format!(
-                "spec.data[{i}].secretKey must not be empty"
-            )));
+        let path = format!("spec.data[{i}].secretKey");
+        not_empty(&path, &d.secret_key)?;
+        if d.secret_key.chars().count() > rules::MAX_SECRET_KEY_LEN {
+            return Err(Invalid::schema(
+                path,
+                rules::too_long(rules::MAX_SECRET_KEY_LEN),
+            ));
         }
-        if d.remote_ref.key.is_empty() {
-            return Err(Invalid(format!(
-                "spec.data[{i}].remoteRef.key must not be empty"
-            )));
+        match seen.entry(d.secret_key.as_str()) {
+            Entry::Occupied(first) => {
+                return Err(Invalid::schema(
+                    format_args!("spec.data[{i}]"),
+                    rules::duplicate_key("secretKey", *first.get()),
+                ));
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(i);
+            }
         }
+        not_empty(
+            format_args!("spec.data[{i}].remoteRef.key"),
+            &d.remote_ref.key,
+        )?;
     }
     for (i, d) in spec.data_from.iter().enumerate() {
-        match (&d.extract, &d.find) {
-            (Some(e), None) if e.key.is_empty() => {
-                return Err(Invalid(format!(
-                    "spec.dataFrom[{i}].extract.key must not be empty"
-                )));
-            }
-            (Some(_), None) => {}
-            (None, Some(f)) if f.name.is_none() && f.path.is_none() => {
-                return Err(Invalid(format!(
-                    "spec.dataFrom[{i}].find needs name or path"
-                )));
-            }
-            (None, Some(_)) => {}
-            _ => {
-                return Err(Invalid(format!(
-                    "spec.dataFrom[{i}] must set exactly one of extract, find"
-                )));
-            }
+        if d.extract.is_some() == d.find.is_some() {
+            return Err(Invalid::rule(
+                format_args!("spec.dataFrom[{i}]"),
+                &rules::EXTRACT_XOR_FIND,
+            ));
+        }
+        if let Some(e) = &d.extract {
+            not_empty(format_args!("spec.dataFrom[{i}].extract.key"), &e.key)?;
+        }
+        if let Some(f) = &d.find
+            && f.name.is_none()
+            && f.path.is_none()
+        {
+            return Err(Invalid::rule(
+                format_args!("spec.dataFrom[{i}].find"),
+                &rules::FIND_NAME_OR_PATH,
+            ));
         }
     }
-    if let Some(t) = &spec.target
-        && t.deletion_policy == Some(DeletionPolicy::Delete)
-        && t.creation_policy != Some(CreationPolicy::Owner)
-    {
-        return Err(Invalid(
-            "spec.target.deletionPolicy Delete requires creationPolicy Owner".into(),
+    if let Some(t) = &spec.target {
+        if t.deletion_policy == Some(DeletionPolicy::Delete)
+            && t.creation_policy != Some(CreationPolicy::Owner)
+        {
+            return Err(Invalid::rule("spec.target", &rules::DELETE_NEEDS_OWNER));
+        }
+        if t.deletion_policy == Some(DeletionPolicy::Merge)
+            && matches!(t.creation_policy, None | Some(CreationPolicy::None))
+        {
+            return Err(Invalid::rule("spec.target", &rules::MERGE_NEEDS_MIRROR));
+        }
+        if let Some(f) = &t.files {
+            files(f)?;
+        }
+    }
+    Ok(())
+}
+
+/// `spec.target.files`: modes within 0..=0777, and a bounded item list.
+fn files(f: &Files) -> Result<(), Invalid> {
+    file_mode("spec.target.files.defaultMode", f.default_mode)?;
+    max_items("spec.target.files.items", f.items.len())?;
+    for (i, item) in f.items.iter().enumerate() {
+        file_mode(format_args!("spec.target.files.items[{i}].mode"), item.mode)?;
+    }
+    Ok(())
+}
+
+fn file_mode(path: impl Display, mode: Option<i32>) -> Result<(), Invalid> {
+    match mode {
+        Some(m) if !(0..=0o777).contains(&m) => Err(Invalid::rule(path, &rules::FILE_MODE)),
+        _ => Ok(()),
+    }
+}
+
+fn not_empty(path: impl Display, s: &str) -> Result<(), Invalid> {
+    if s.is_empty() {
+        return Err(Invalid::rule(path, &rules::NOT_EMPTY));
+    }
+    Ok(())
+}
+
+fn max_items(path: &str, len: usize) -> Result<(), Invalid> {
+    if len > rules::MAX_ITEMS {
+        return Err(Invalid::schema(
+            path,
+            rules::too_many_items(rules::MAX_ITEMS),
         ));
     }
     Ok(())
@@ -210,5 +369,63 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(provider(&one).unwrap().name(), "fake");
+    }
+
+    #[test]
+    fn auth_errors_name_the_methods_found() {
+        let vault = |auth: VaultAuth| StoreProvider {
+            vault: Some(VaultProvider {
+                server: "https://vault:8200".into(),
+                auth,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let role = || {
+            Some(VaultRoleAuth {
+                role: "app".into(),
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            provider(&vault(VaultAuth::default())).unwrap_err().0,
+            "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, jwt, \
+             appRole (none is set)"
+        );
+        let two = VaultAuth {
+            kubernetes: role(),
+            jwt: role(),
+            ..Default::default()
+        };
+        assert!(
+            provider(&vault(two))
+                .unwrap_err()
+                .0
+                .ends_with("(found kubernetes, jwt)")
+        );
+        let one = VaultAuth {
+            jwt: role(),
+            ..Default::default()
+        };
+        assert_eq!(provider(&vault(one)).unwrap().name(), "vault");
+
+        let aws = StoreProvider {
+            aws: Some(AwsProvider {
+                service: "SecretsManager".into(),
+                region: "eu-west-1".into(),
+                auth: Some(AwsAuth {
+                    jwt: Some(AwsJwtAuth::default()),
+                    agent_identity: Some(Empty {}),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            provider(&aws).unwrap_err().0,
+            "spec.provider.aws.auth: must set at most one of secretRef, jwt, agentIdentity \
+             (found jwt, agentIdentity)"
+        );
     }
 }

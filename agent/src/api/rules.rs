@@ -1,0 +1,142 @@
+//! The validation rules of the Latchkey API, shared by the CRD schema and the agent.
+//!
+//! Each [`CelRule`] is attached to its sub-schema as an `x-kubernetes-validations` entry (through
+//! `#[x_kube(validation = ...)]` on the types), so the API server enforces it without an admission
+//! webhook. The agent enforces the same rule in [`super::validate`] and reports the same `message`,
+//! prefixed with the field path as the API server does (`spec.data[0].secretKey: must not be
+//! empty`). The `rules_tests` module evaluates every rule of the generated CRDs with a CEL
+//! interpreter against sample objects and checks that the agent reaches the same verdict.
+//!
+//! The rules mirror the External Secrets Operator's webhook checks where Latchkey has the same
+//! fields. Every rule stays cheap for the API server's CEL cost budget: rules only test presence
+//! and sizes, and every list whose items carry a rule is bounded (`maxItems`).
+
+use kube::core::Rule;
+
+/// One `x-kubernetes-validations` entry: a CEL expression over `self` and its failure message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CelRule {
+    /// The CEL expression; `self` is the value of the schema node the rule is attached to.
+    pub rule: &'static str,
+    /// What the API server and the agent report when the rule fails (after the field path).
+    pub message: &'static str,
+}
+
+impl From<&CelRule> for Rule {
+    fn from(r: &CelRule) -> Rule {
+        Rule::new(r.rule).message(r.message)
+    }
+}
+
+// ---- ExternalSecret -------------------------------------------------------------------------
+
+/// On `spec` (ESO: "either data or dataFrom should be specified").
+pub const DATA_OR_DATA_FROM: CelRule = CelRule {
+    rule: "(has(self.data) && size(self.data) > 0) || \
+           (has(self.dataFrom) && size(self.dataFrom) > 0)",
+    message: "data or dataFrom must have at least one entry",
+};
+
+/// On strings that must be set: `spec.secretStoreRef.name`, `spec.data[].secretKey`, and the
+/// `key` of every remote reference (`spec.data[].remoteRef.key`, `spec.dataFrom[].extract.key`).
+pub const NOT_EMPTY: CelRule = CelRule {
+    rule: "size(self) > 0",
+    message: "must not be empty",
+};
+
+/// On `spec.dataFrom[]` (ESO: "extract, find, or generatorRef cannot be set at the same time"
+/// and "either extract, find, or sourceRef must be set").
+pub const EXTRACT_XOR_FIND: CelRule = CelRule {
+    rule: "has(self.extract) != has(self.find)",
+    message: "must set exactly one of extract, find",
+};
+
+/// On `spec.dataFrom[].find`: a find without criteria would list the whole backend.
+pub const FIND_NAME_OR_PATH: CelRule = CelRule {
+    rule: "has(self.name) || has(self.path)",
+    message: "must set name or path",
+};
+
+/// On `spec.target` (ESO rejects Delete with creationPolicy Merge or None; Latchkey also rejects
+/// Orphan: an orphaned Secret has no owner, so Latchkey does not delete it).
+pub const DELETE_NEEDS_OWNER: CelRule = CelRule {
+    rule: "!has(self.deletionPolicy) || self.deletionPolicy != 'Delete' || \
+           (has(self.creationPolicy) && self.creationPolicy == 'Owner')",
+    message: "deletionPolicy Delete requires creationPolicy Owner",
+};
+
+/// On `spec.target` (ESO: "deletionPolicy=Merge must not be used with creationPolicy=None");
+/// creationPolicy defaults to None in Latchkey, so an absent creationPolicy counts as None.
+pub const MERGE_NEEDS_MIRROR: CelRule = CelRule {
+    rule: "!has(self.deletionPolicy) || self.deletionPolicy != 'Merge' || \
+           (has(self.creationPolicy) && self.creationPolicy != 'None')",
+    message: "deletionPolicy Merge requires a mirrored Secret (creationPolicy Owner, Orphan or Merge)",
+};
+
+/// On `spec.target.files.defaultMode` and `spec.target.files.items[].mode`.
+pub const FILE_MODE: CelRule = CelRule {
+    rule: "self >= 0 && self <= 511",
+    message: "must be a file mode between 0 and 0777 (511)",
+};
+
+/// `maxItems` of `spec.data`, `spec.dataFrom` and `spec.target.files.items`: their items carry
+/// rules, and the API server's cost estimate multiplies a rule's cost by the list's bound.
+pub const MAX_ITEMS: usize = 1000;
+
+/// `maxLength` of `spec.data[].secretKey` (the key length limit of a Kubernetes Secret).
+pub const MAX_SECRET_KEY_LEN: usize = 253;
+
+// ---- SecretStore / ClusterSecretStore -------------------------------------------------------
+
+/// On `spec.provider` (ESO: "store must only have exactly one backend specified").
+pub const ONE_PROVIDER: CelRule = CelRule {
+    rule: "(has(self.aws) ? 1 : 0) + (has(self.vault) ? 1 : 0) + \
+           (has(self.kubernetes) ? 1 : 0) + (has(self.fake) ? 1 : 0) == 1",
+    message: "must set exactly one of aws, vault, kubernetes, fake",
+};
+
+/// On `spec.provider.aws.service` (ESO also has ParameterStore; Latchkey does not).
+pub const AWS_SERVICE: CelRule = CelRule {
+    rule: "self == 'SecretsManager'",
+    message: "must be SecretsManager (the only supported service)",
+};
+
+/// On `spec.provider.aws.auth`. No method at all passes the schema (as in ESO, where it means
+/// the SDK's default chain); refusing that is the AWS provider's job, since Latchkey uses the
+/// agent's own identity only when `agentIdentity` is chosen explicitly.
+pub const AWS_AUTH_AT_MOST_ONE: CelRule = CelRule {
+    rule: "(has(self.secretRef) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + \
+           (has(self.agentIdentity) ? 1 : 0) <= 1",
+    message: "must set at most one of secretRef, jwt, agentIdentity",
+};
+
+/// On `spec.provider.vault.version`.
+pub const VAULT_VERSION: CelRule = CelRule {
+    rule: "self == 'v1' || self == 'v2'",
+    message: "must be v1 or v2",
+};
+
+/// On `spec.provider.vault.auth`.
+pub const VAULT_AUTH_ONE: CelRule = CelRule {
+    rule: "(has(self.tokenSecretRef) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + \
+           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) == 1",
+    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole",
+};
+
+// ---- Structural constraints (OpenAPI keywords, reported by the API server in its own words) --
+
+/// The agent's message for a list longer than its `maxItems`.
+pub fn too_many_items(max: usize) -> String {
+    format!("must have at most {max} items")
+}
+
+/// The agent's message for a string longer than its `maxLength` (counted in characters).
+pub fn too_long(max: usize) -> String {
+    format!("must be at most {max} characters long")
+}
+
+/// The agent's message for a `x-kubernetes-list-type: map` entry whose key repeats an earlier
+/// entry's (`spec.data` is keyed by `secretKey`; ESO rejects duplicate secretKeys too).
+pub fn duplicate_key(key: &str, first: usize) -> String {
+    format!("duplicates the {key} of entry {first}")
+}
