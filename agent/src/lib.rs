@@ -6,6 +6,7 @@
 //! ([`volume`]); [`publish`] strings the steps together.
 
 pub mod api;
+pub mod cache;
 pub mod catalog;
 pub mod cmd;
 pub mod csi;

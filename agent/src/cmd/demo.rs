@@ -13,6 +13,7 @@ use csi_proto::v1::node_client::NodeClient;
 use csi_proto::v1::{GetPluginInfoRequest, ProbeRequest};
 
 use super::kubelet::status_error;
+use crate::cache::CacheLimits;
 use crate::catalog::{Catalog, ManifestCatalog};
 use crate::csi::client::{self, PodVolume};
 use crate::csi::server;
@@ -84,6 +85,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             metrics: Arc::clone(&metrics),
             kube: None,
         },
+        CacheLimits::default(),
         Arc::new(NoEvents),
     ));
 

@@ -7,6 +7,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 use tracing::info;
 
+use crate::cache::CacheLimits;
 use crate::catalog::{Catalog, KubernetesCatalog, ManifestCatalog};
 use crate::csi::{endpoint, server};
 use crate::events::{KubeEvents, NoEvents, PodEvents};
@@ -36,6 +37,16 @@ pub struct NodeArgs {
     /// interface); `none` disables it.
     #[arg(long, default_value = ":9808")]
     pub metrics_addr: String,
+    /// Most values the shared cache holds (least recently used are evicted).
+    #[arg(long, default_value_t = CacheLimits::default().max_entries)]
+    pub cache_max_entries: usize,
+    /// Most bytes of values the shared cache holds.
+    #[arg(long, default_value = "64Mi", value_parser = super::parse_size)]
+    pub cache_max_bytes: u64,
+    /// Cached values expire up to this fraction early, so refreshes of values fetched
+    /// together do not align (0 to 0.5).
+    #[arg(long, default_value_t = CacheLimits::default().jitter)]
+    pub refresh_jitter: f64,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -74,6 +85,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         providers::Env {
             metrics: Arc::clone(&metrics),
             kube: kube_config,
+        },
+        CacheLimits {
+            max_entries: args.cache_max_entries,
+            max_bytes: args.cache_max_bytes,
+            jitter: args.refresh_jitter,
         },
         events,
     ));

@@ -69,7 +69,7 @@ pub fn found(
 }
 
 /// Why a backend did not return a value. Messages never contain values or credentials.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProviderError {
     /// The key (or version) does not exist.
     #[error("not found in the backend")]

@@ -9,13 +9,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use crate::api::validate::Invalid;
+use crate::cache::{CacheKey, CacheLimits, ValueCache};
 use crate::catalog::{BindingError, Catalog, bind};
 use crate::events::{MOUNT_FAILED, PodEvents};
 use crate::identity::PodInfo;
-use crate::providers::{self, ProviderError, RemoteKey};
+use crate::providers::{self, Provider, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
 use crate::volume::{VolumeError, VolumeFile, Volumes};
 use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
@@ -94,6 +96,7 @@ pub struct Publisher {
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
     schedule: Schedule,
+    cache: ValueCache,
 }
 
 impl Publisher {
@@ -103,9 +106,11 @@ impl Publisher {
         catalog: Arc<dyn Catalog>,
         volumes: Volumes,
         providers: providers::Env,
+        cache_limits: CacheLimits,
         events: Arc<dyn PodEvents>,
     ) -> Self {
         Self {
+            cache: ValueCache::new(cache_limits, Arc::clone(&providers.metrics)),
             catalog,
             volumes: Arc::new(volumes),
             providers,
@@ -223,20 +228,41 @@ impl Publisher {
         let spec = crate::api::validate::provider(&binding.provider).map_err(|e| {
             PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
         })?;
-        let provider =
-            providers::build(spec, &self.providers, &req.pod).map_err(|e| provider_err(None, e))?;
+        // Built on the first cache miss only: a warm publish never constructs a client.
+        let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
+        let provider = || async {
+            provider
+                .get_or_try_init(|| async { providers::build(spec, &self.providers, &req.pod) })
+                .await
+                .cloned()
+        };
+        let store = store_identity(&binding);
+        // Pods of one service account share a fetch; two identities never share a value.
+        let identity = format!("{}/{}", req.pod.namespace, req.pod.service_account);
         let spec = &binding.external_secret.spec;
         let plan = resolve::plan(&ctx, spec)?;
-        let mut fetched = Fetched::new();
-        for key in plan.keys {
-            let value = provider
-                .get(&key)
-                .await
-                .map_err(|e| provider_err(Some(key.clone()), e))?;
-            fetched.insert(key, value);
-        }
+        let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
+            let cache_key = CacheKey {
+                store: store.clone(),
+                identity: identity.clone(),
+                key: key.clone(),
+            };
+            async {
+                let fetch = || async { provider().await?.get(&key).await };
+                let value = self
+                    .cache
+                    .get_or_fetch(cache_key, refresh.max_age(), fetch)
+                    .await
+                    .map_err(|e| provider_err(Some(key.clone()), e))?;
+                Ok::<_, PublishError>((key, value))
+            }
+        }))
+        .await?;
+        let mut fetched: Fetched = values.into_iter().collect();
         for (index, query) in &plan.finds {
-            let found = provider
+            let found = provider()
+                .await
+                .map_err(|e| provider_err(None, e))?
                 .find(query)
                 .await
                 .map_err(|e| provider_err(None, e))?;
@@ -274,4 +300,21 @@ impl Publisher {
                 source,
             })
     }
+}
+
+/// Names a store for cache keys: kind, namespace and name, plus a hash of its provider block,
+/// so an edited store never serves values fetched under its old settings.
+fn store_identity(binding: &crate::catalog::Binding) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&binding.provider)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    format!(
+        "{}/{}/{}#{:016x}",
+        binding.store_kind,
+        binding.namespace,
+        binding.store_name,
+        hasher.finish()
+    )
 }

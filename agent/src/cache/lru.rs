@@ -1,0 +1,130 @@
+//! The bounded store behind [`ValueCache`](super::ValueCache): entries by key, plus a recency
+//! index (a monotonically increasing tick per use, oldest first) to evict the least recently used
+//! entry when the entry count or the byte total goes over its limit. O(log n) per use; no unsafe,
+//! no extra crate.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::CacheKey;
+use crate::secret::SecretBytes;
+
+/// One cached value and what decides its freshness and its place in the eviction order.
+struct Entry {
+    /// The fetched value; dropping it zeroizes it.
+    value: SecretBytes,
+    /// When the value was stored.
+    stored_at: Instant,
+    /// Fraction of the caller's `max_age` this entry lives: `1 - jitter_i`.
+    lifetime: f64,
+    /// Last use, the key of this entry in `Lru::order`.
+    tick: u64,
+    /// Bytes charged to this entry (value + key).
+    size: u64,
+}
+
+/// Entries bounded by count and bytes, evicting the least recently used first.
+#[derive(Default)]
+pub(super) struct Lru {
+    entries: HashMap<Arc<CacheKey>, Entry>,
+    /// Tick of last use -> key; the first entry is the least recently used.
+    order: BTreeMap<u64, Arc<CacheKey>>,
+    tick: u64,
+    bytes: u64,
+}
+
+impl Lru {
+    /// A copy of the value when it is fresh enough for `max_age` (`None`: any age), marking the
+    /// entry as just used; `None` when absent or stale.
+    pub(super) fn get_fresh(
+        &mut self,
+        key: &CacheKey,
+        max_age: Option<Duration>,
+        now: Instant,
+    ) -> Option<SecretBytes> {
+        let tick = self.next_tick();
+        let entry = self.entries.get_mut(key)?;
+        if let Some(max_age) = max_age {
+            // Compared in f64 so that no `max_age` (even `Duration::MAX`) can overflow or panic.
+            let age = now.saturating_duration_since(entry.stored_at).as_secs_f64();
+            if age >= max_age.as_secs_f64() * entry.lifetime {
+                return None;
+            }
+        }
+        if let Some(shared) = self.order.remove(&entry.tick) {
+            self.order.insert(tick, shared);
+        }
+        entry.tick = tick;
+        Some(entry.value.clone())
+    }
+
+    /// Stores `value` under `key` (replacing and dropping any previous value), then evicts least
+    /// recently used entries until both limits hold. A value that alone exceeds `max_bytes`, or
+    /// any value when `max_entries` is 0, is not stored.
+    pub(super) fn insert(
+        &mut self,
+        key: Arc<CacheKey>,
+        value: SecretBytes,
+        stored_at: Instant,
+        lifetime: f64,
+        max_entries: usize,
+        max_bytes: u64,
+    ) {
+        self.remove(&key);
+        let size = value.len() as u64 + key.size();
+        if max_entries == 0 || size > max_bytes {
+            return;
+        }
+        let tick = self.next_tick();
+        self.order.insert(tick, Arc::clone(&key));
+        self.bytes += size;
+        self.entries.insert(
+            key,
+            Entry {
+                value,
+                stored_at,
+                lifetime,
+                tick,
+                size,
+            },
+        );
+        while self.entries.len() > max_entries || self.bytes > max_bytes {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(evicted) = self.entries.remove(&*oldest) {
+                self.bytes -= evicted.size;
+            }
+        }
+    }
+
+    /// Drops the entry for `key`, if any; true when there was one.
+    pub(super) fn remove(&mut self, key: &CacheKey) -> bool {
+        match self.entries.remove(key) {
+            Some(entry) => {
+                self.order.remove(&entry.tick);
+                self.bytes -= entry.size;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Number of entries.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes charged to all entries.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+}
