@@ -862,3 +862,61 @@ spec:
         "{metrics}"
     );
 }
+
+/// Ten ExternalSecrets, one remote key each, from a store with a 5 ms backend.
+fn storm_manifests() -> String {
+    let mut out = String::from(
+        "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {name: slow, namespace: shop}\n\
+         spec:\n  provider:\n    fake:\n      latency: 5ms\n      data:\n",
+    );
+    for i in 0..10 {
+        out += &format!("      - {{key: k{i}, value: v{i}}}\n");
+    }
+    for i in 0..10 {
+        out += &format!(
+            "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {{name: es{i}, namespace: shop}}\n\
+             spec:\n  secretStoreRef: {{name: slow}}\n  data: [{{secretKey: value, remoteRef: {{key: k{i}}}}}]\n"
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_storm_reads_each_remote_value_once_per_service_account() {
+    let agent = Agent::start(&[("storm.yaml", &storm_manifests())], &[]).await;
+    let calls = |body: &str| {
+        metric(
+            body,
+            "latchkey_backend_requests_total{provider=\"fake\",operation=\"get\",result=\"success\"}",
+        )
+    };
+    for (round, service_accounts, expected_total) in [(0, 1, 10.0), (1, 2, 30.0)] {
+        let mut tasks = Vec::new();
+        for pod in 0..100 {
+            let target = agent.target(&format!("storm-{round}-{pod}"));
+            let mut p = PodVolume::new(
+                "shop",
+                &format!("p{round}-{pod}"),
+                &format!("es{}", pod % 10),
+            );
+            // Round 0: one service account. Round 1: two new ones, which share nothing.
+            p.service_account = format!("sa{round}-{}", (pod / 10) % service_accounts);
+            let req = p.publish_request(&volume_id_for(&target), &target);
+            let mut node = agent.node().await;
+            tasks.push(tokio::spawn(
+                async move { node.node_publish_volume(req).await },
+            ));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let (_, body) = agent.http_get("/metrics").await;
+        assert_eq!(calls(&body), expected_total, "round {round}");
+    }
+    let (_, body) = agent.http_get("/metrics").await;
+    assert!(
+        metric(&body, "latchkey_cache_singleflight_joins_total")
+            + metric(&body, "latchkey_cache_hits_total")
+            >= 170.0
+    );
+}
