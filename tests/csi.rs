@@ -595,18 +595,21 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
             .output()
             .unwrap()
     };
+    let publish = |target: &str, external_secret: &str| {
+        run(&[
+            "publish",
+            "--endpoint",
+            &endpoint,
+            "--target",
+            target,
+            "--namespace",
+            "shop",
+            "--external-secret",
+            external_secret,
+        ])
+    };
     let t = target.to_str().unwrap();
-    let out = run(&[
-        "publish",
-        "--endpoint",
-        &endpoint,
-        "--target",
-        t,
-        "--namespace",
-        "shop",
-        "--external-secret",
-        "app",
-    ]);
+    let out = publish(t, "app");
     assert!(
         out.status.success(),
         "{}",
@@ -616,17 +619,7 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
     // A failure on a fresh target is reported with its gRPC code and leaves nothing behind.
     let fresh = agent.target("cli-fresh");
     let f = fresh.to_str().unwrap();
-    let out = run(&[
-        "publish",
-        "--endpoint",
-        &endpoint,
-        "--target",
-        f,
-        "--namespace",
-        "shop",
-        "--external-secret",
-        "no-key",
-    ]);
+    let out = publish(f, "no-key");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -637,17 +630,7 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
     // Once the refresh is due (100ms), the same failure on a mounted target is a failed
     // refresh: old content kept, success.
     std::thread::sleep(std::time::Duration::from_millis(150));
-    let out = run(&[
-        "publish",
-        "--endpoint",
-        &endpoint,
-        "--target",
-        t,
-        "--namespace",
-        "shop",
-        "--external-secret",
-        "no-key",
-    ]);
+    let out = publish(t, "no-key");
     assert!(
         out.status.success(),
         "{}",

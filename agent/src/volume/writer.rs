@@ -25,7 +25,9 @@ use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
+
+use k8s_openapi::jiff::Timestamp;
 
 use zeroize::Zeroizing;
 
@@ -464,32 +466,10 @@ fn is_payload_dir_name(name: &OsStr) -> bool {
 
 /// `..YYYY_MM_DD_HH_MM_SS.<nanoseconds>` in UTC, the naming kubelet's AtomicWriter uses.
 fn timestamp_name(now: SystemTime) -> String {
-    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (year, month, day) = civil_from_days(secs / 86_400);
-    let of_day = secs % 86_400;
-    format!(
-        "..{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}.{:09}",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60,
-        since.subsec_nanos()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
-/// (Howard Hinnant's `civil_from_days`, restricted to dates after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
+    // A clock before 1970 or past jiff's range would be broken; the epoch still names a fresh
+    // directory (collisions are retried with a suffix).
+    let at = Timestamp::try_from(now).unwrap_or(Timestamp::UNIX_EPOCH);
+    format!("..{}", at.strftime("%Y_%m_%d_%H_%M_%S.%9f"))
 }
 
 #[cfg(test)]
