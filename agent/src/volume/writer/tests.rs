@@ -260,8 +260,9 @@ fn debug_never_shows_contents() {
 
 #[test]
 fn timestamp_names_are_utc_and_sortable() {
-    let at =
-        |secs: u64, nanos: u32| timestamp_name(std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos));
+    let at = |secs: u64, nanos: u32| {
+        timestamp_name(std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos))
+    };
     assert_eq!(at(0, 0), "..1970_01_01_00_00_00.000000000");
     assert_eq!(at(951_782_400, 7), "..2000_02_29_00_00_00.000000007");
     assert_eq!(
