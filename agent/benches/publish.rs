@@ -164,7 +164,8 @@ async fn measure_warm(
     report: &mut Report,
 ) -> Result<()> {
     check_warm_layout(agent, node).await?;
-    let (publish, unpublish) = publish_series(agent, node, "warm", "warm", counts.warm).await?;
+    let (publish, unpublish) =
+        publish_series(agent, node, "warm", "warm", counts.warm, false).await?;
     let n = counts.warm;
     report.samples("warm_publish", &format!("warm publish ({n})"), &publish);
     report.check(
@@ -191,7 +192,7 @@ async fn measure_cold(
     report: &mut Report,
 ) -> Result<()> {
     let before = agent.backend_time()?;
-    let (publish, _) = publish_series(agent, node, "cold", "cold", counts.cold).await?;
+    let (publish, _) = publish_series(agent, node, "cold", "cold", counts.cold, true).await?;
     let (seconds, requests) = agent.backend_time()?;
     let backend_mean = (seconds - before.0) / (requests - before.1).max(1.0);
     let label = format!(
@@ -401,10 +402,13 @@ async fn publish_series(
     prefix: &str,
     external_secret: &str,
     n: usize,
+    cold: bool,
 ) -> Result<(Samples, Samples)> {
     let (mut publish, mut unpublish) = (Samples::default(), Samples::default());
     for i in 0..WARMUP + n {
-        let volume = Volume::new(agent, &format!("{prefix}-{i}"), external_secret);
+        let pod = format!("{prefix}-{i}");
+        let sa = if cold { pod.as_str() } else { "default" };
+        let volume = Volume::as_service_account(agent, &pod, external_secret, sa);
         let published = call(node.clone(), &volume, Rpc::Publish).await?;
         let unpublished = call(node.clone(), &volume, Rpc::Unpublish).await?;
         if i >= WARMUP {
@@ -495,11 +499,18 @@ struct Volume {
 
 impl Volume {
     fn new(agent: &Agent, pod: &str, external_secret: &str) -> Self {
+        Self::as_service_account(agent, pod, external_secret, "default")
+    }
+
+    /// The agent caches values per service account: a new one per pod forces a cold fetch.
+    fn as_service_account(agent: &Agent, pod: &str, external_secret: &str, sa: &str) -> Self {
         let target = agent.dir.path().join("pods").join(pod).join("mount");
         let id = volume_id_for(&target);
+        let mut pod_volume = PodVolume::new(NAMESPACE, pod, external_secret);
+        pod_volume.service_account = sa.into();
         Self {
             pod: pod.into(),
-            publish: PodVolume::new(NAMESPACE, pod, external_secret).publish_request(&id, &target),
+            publish: pod_volume.publish_request(&id, &target),
             unpublish: unpublish_request(&id, &target),
             target,
         }

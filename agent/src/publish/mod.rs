@@ -88,6 +88,18 @@ pub enum PublishError {
     Internal(String),
 }
 
+/// What the blocking half of a publish did.
+enum Written {
+    Mounted(Result<(), VolumeError>),
+    Updated(Result<bool, VolumeError>),
+}
+
+/// A first mount or a refresh, and how it went.
+enum Attempt {
+    Mount(Result<(), PublishError>),
+    Refresh(Result<bool, PublishError>),
+}
+
 /// Serves publish and unpublish for one node.
 pub struct Publisher {
     catalog: Arc<dyn Catalog>,
@@ -135,46 +147,59 @@ impl Publisher {
             return Ok(Outcome::NotDue);
         }
         let group = req.group;
-        let published = self
-            .blocking(&req.target, None, |v, t| v.is_published(t))
-            .await?;
         let resolved = self.resolve(req).await;
         let refresh = resolved
             .as_ref()
             .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
-        if !published {
-            let mounted = match resolved {
-                Ok((ctx, files, _)) => {
-                    self.blocking(&req.target, Some(&ctx), move |v, t| {
-                        v.publish(t, &files, group)
-                    })
-                    .await
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = &mounted {
-                self.events.warn(&req.pod, MOUNT_FAILED, &e.to_string());
-            }
-            mounted?;
-            self.schedule.refreshed(&req.target, refresh, now);
-            info!(target_path = %req.target.display(), "volume mounted");
-            return Ok(Outcome::Mounted);
-        }
-        let refreshed = match resolved {
+        let attempt = match resolved {
+            // One trip to the blocking pool on the hot path: mount a fresh volume, or swap the
+            // content of a mounted one.
             Ok((ctx, files, _)) => {
-                self.blocking(&req.target, Some(&ctx), move |v, t| {
-                    v.update(t, &files, group)
-                })
-                .await
+                let written = self
+                    .blocking(&req.target, Some(&ctx), move |v, t| {
+                        Ok(if v.is_published(t)? {
+                            Written::Updated(v.update(t, &files, group))
+                        } else {
+                            Written::Mounted(v.publish(t, &files, group))
+                        })
+                    })
+                    .await?;
+                let volume_error = |source| PublishError::Volume {
+                    ctx: Some(ctx.boxed()),
+                    target: req.target.clone(),
+                    source,
+                };
+                match written {
+                    Written::Mounted(r) => Attempt::Mount(r.map_err(volume_error)),
+                    Written::Updated(r) => Attempt::Refresh(r.map_err(volume_error)),
+                }
             }
-            Err(e) => Err(e),
+            // Whether the volume is already there decides what a failure means.
+            Err(e) => {
+                if self
+                    .blocking(&req.target, None, |v, t| v.is_published(t))
+                    .await?
+                {
+                    Attempt::Refresh(Err(e))
+                } else {
+                    Attempt::Mount(Err(e))
+                }
+            }
         };
-        match refreshed {
-            Ok(changed) => {
+        match attempt {
+            Attempt::Mount(mounted) => {
+                if let Err(e) = &mounted {
+                    self.events.warn(&req.pod, MOUNT_FAILED, &e.to_string());
+                }
+                mounted?;
+                self.schedule.refreshed(&req.target, refresh, now);
+                Ok(Outcome::Mounted)
+            }
+            Attempt::Refresh(Ok(changed)) => {
                 self.schedule.refreshed(&req.target, refresh, now);
                 Ok(Outcome::Refreshed { changed })
             }
-            Err(error) => {
+            Attempt::Refresh(Err(error)) => {
                 self.schedule.failed(&req.target, refresh, now);
                 warn!(%error, "refresh failed; keeping the previous content");
                 Ok(Outcome::RefreshFailed)
