@@ -37,6 +37,9 @@ pub struct Agent {
     pub log: PathBuf,
     /// The metrics endpoint.
     pub metrics_addr: std::net::SocketAddr,
+    /// What the agent was started with, for restarts.
+    args: Vec<String>,
+    kubeconfig: Option<PathBuf>,
 }
 
 impl Agent {
@@ -75,14 +78,36 @@ impl Agent {
             log,
             dir,
             metrics_addr,
+            args: args.to_vec(),
+            kubeconfig: kubeconfig.map(Path::to_path_buf),
         };
-        agent.spawn(args, kubeconfig);
+        agent.spawn();
         agent.wait_ready().await;
         agent
     }
 
-    fn spawn(&mut self, args: &[String], kubeconfig: Option<&Path>) {
-        let log = std::fs::File::create(&self.log).unwrap();
+    /// Kills the agent with SIGKILL, as the OOM killer or a node crash would: no cleanup at all.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("agent running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Starts the agent again with the same socket, directory and arguments.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill the agent first");
+        self.spawn();
+        self.wait_ready().await;
+    }
+
+    fn spawn(&mut self) {
+        let (args, kubeconfig) = (self.args.clone(), self.kubeconfig.clone());
+        // Appends: a restarted agent's log follows the first one's.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("node")
             .arg("--endpoint")
@@ -90,7 +115,7 @@ impl Agent {
             .args(["--node-id", "test-node"])
             .arg("--metrics-addr")
             .arg(self.metrics_addr.to_string())
-            .args(args)
+            .args(&args)
             .env("RUST_LOG", "debug")
             // Never the developer's own cluster: no kubeconfig unless the test gives one.
             .env_remove("KUBECONFIG")
