@@ -293,6 +293,38 @@ async fn objects_created_and_changed_after_start_are_used() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     node.node_publish_volume(req).await.unwrap();
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop-v2");
+
+    // The Secret disappears: the next due refresh fails, the volume keeps its files, kubelet
+    // gets success (it would unmount otherwise), and the pod gets a RefreshFailed event.
+    server.delete("v1", "Secret", Some("shop"), "app-credentials");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let req = request(&agent, "shop", "late-0", "web", Some(WEB_TOKEN), "late");
+    node.node_publish_volume(req).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "shop-v2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        if let Some(e) = server
+            .events()
+            .into_iter()
+            .find(|e| e["reason"] == "RefreshFailed")
+        {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no RefreshFailed event:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(event["involvedObject"]["name"], "late-0");
+    let message = event["message"].as_str().unwrap();
+    assert!(
+        message.contains("remote key \"app-credentials\""),
+        "{message}"
+    );
+    assert!(message.contains("keeps its previous content"), "{message}");
+    assert!(!message.contains(PASSWORD));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

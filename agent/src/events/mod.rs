@@ -16,6 +16,8 @@ use crate::identity::PodInfo;
 
 /// Reason of the Event recorded when a first publish fails.
 pub const MOUNT_FAILED: &str = "MountFailed";
+/// Reason of the Event recorded when refreshing a mounted volume fails (the old files stay).
+pub const REFRESH_FAILED: &str = "RefreshFailed";
 /// Longest Event message the API server accepts comfortably.
 const MAX_MESSAGE: usize = 1024;
 /// How long recording one Event may take before it is dropped.
@@ -102,7 +104,14 @@ pub fn pod_event(pod: &PodInfo, reason: &str, message: &str, node: &str) -> Even
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
-        action: Some("NodePublishVolume".into()),
+        action: Some(
+            if reason == REFRESH_FAILED {
+                "Refresh"
+            } else {
+                "NodePublishVolume"
+            }
+            .into(),
+        ),
         reporting_component: Some(crate::csi::DRIVER_NAME.into()),
         reporting_instance: Some(node.into()),
         source: Some(EventSource {

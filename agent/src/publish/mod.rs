@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::api::validate::Invalid;
 use crate::cache::{CacheKey, CacheLimits, ValueCache};
 use crate::catalog::{BindingError, Catalog, bind};
-use crate::events::{MOUNT_FAILED, PodEvents};
+use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
 use crate::identity::PodInfo;
 use crate::providers::{self, Provider, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
@@ -202,6 +202,8 @@ impl Publisher {
             Attempt::Refresh(Err(error)) => {
                 self.schedule.failed(&req.target, refresh, now);
                 warn!(%error, "refresh failed; keeping the previous content");
+                let message = format!("{error} (the volume keeps its previous content)");
+                self.events.warn(&req.pod, REFRESH_FAILED, &message);
                 Ok(Outcome::RefreshFailed)
             }
         }
