@@ -43,10 +43,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # --- 3. Tests -------------------------------------------------------------------------------
 echo "==> cargo test"
-cargo test --workspace --locked
+TEST_LOG="$(mktemp)"
+trap 'rm -f "$TEST_LOG"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
 
 # --- 4. Benchmark harness, quick mode -----------------------------------------------------------
 # Runs the real binary through every benchmark scenario with small counts so the harness cannot
 # rot; measurements come from `cargo bench -p latchkey --bench publish` (docs/benchmarks.md).
 echo "==> benchmark harness (LATCHKEY_BENCH_QUICK=1)"
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench publish
+
+# --- Summary ----------------------------------------------------------------------------------
+# cargo prints one "test result" line per test binary, the last one for doc-tests (often 0):
+# add them up so the run ends with the real totals.
+passed=$(grep -oE '^test result: [a-zA-Z]+\. [0-9]+ passed' "$TEST_LOG" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -oE '^test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' "$TEST_LOG" | awk '{s += $6} END {print s + 0}')
+echo "tests: $passed passed, $failed failed"
