@@ -337,10 +337,14 @@ fn store_identity(binding: &crate::catalog::Binding) -> String {
     serde_json::to_string(&binding.provider)
         .unwrap_or_default()
         .hash(&mut hasher);
+    // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
+    let namespace = match binding.store_kind {
+        crate::api::StoreKind::SecretStore => binding.namespace.as_str(),
+        crate::api::StoreKind::ClusterSecretStore => "",
+    };
     format!(
-        "{}/{}/{}#{:016x}",
+        "{}/{namespace}/{}#{:016x}",
         binding.store_kind,
-        binding.namespace,
         binding.store_name,
         hasher.finish()
     )
