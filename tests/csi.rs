@@ -299,6 +299,12 @@ async fn bad_requests_are_invalid_argument_and_write_nothing() {
     let mut node = agent.node().await;
     let good = publish_req(&agent, "bad", "app");
     let target = agent.target("bad");
+    // The good request with one change.
+    let with = |change: &dyn Fn(&mut NodePublishVolumeRequest)| {
+        let mut r = good.clone();
+        change(&mut r);
+        r
+    };
     let cases: Vec<(&str, NodePublishVolumeRequest, &str)> = vec![
         (
             "no volume id",
@@ -334,12 +340,10 @@ async fn bad_requests_are_invalid_argument_and_write_nothing() {
         ),
         (
             "block",
-            {
-                let mut r = good.clone();
+            with(&|r| {
                 r.volume_capability.as_mut().unwrap().access_type =
                     Some(AccessType::Block(BlockVolume {}));
-                r
-            },
+            }),
             "block volumes are not supported",
         ),
         (
@@ -352,55 +356,45 @@ async fn bad_requests_are_invalid_argument_and_write_nothing() {
         ),
         (
             "no externalSecret",
-            {
-                let mut r = good.clone();
+            with(&|r| {
                 r.volume_context.remove("externalSecret");
-                r
-            },
+            }),
             "externalSecret is required",
         ),
         (
             "typo attribute",
-            {
-                let mut r = good.clone();
+            with(&|r| {
                 r.volume_context
                     .insert("externalSecrets".into(), "x".into());
-                r
-            },
+            }),
             "unknown volume attribute \"externalSecrets\"",
         ),
         (
             "no pod info",
-            {
-                let mut r = good.clone();
+            with(&|r| {
                 r.volume_context.remove("csi.storage.k8s.io/pod.namespace");
-                r
-            },
+            }),
             "podInfoOnMount",
         ),
         (
             "non-numeric fsGroup",
-            {
-                let mut r = good.clone();
+            with(&|r| {
                 if let Some(AccessType::Mount(m)) =
                     &mut r.volume_capability.as_mut().unwrap().access_type
                 {
                     m.volume_mount_group = "wheel".into();
                 }
-                r
-            },
+            }),
             "volume_mount_group \"wheel\" is not a numeric group id",
         ),
         (
             "malformed tokens",
-            {
-                let mut r = good.clone();
+            with(&|r| {
                 r.volume_context.insert(
                     "csi.storage.k8s.io/serviceAccount.tokens".into(),
                     format!("[\"{POD_TOKEN}\"]"),
                 );
-                r
-            },
+            }),
             "serviceAccount.tokens is not a JSON object",
         ),
     ];
