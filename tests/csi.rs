@@ -104,7 +104,7 @@ spec:
         ("no-property", "fake", "SecretStore", "a", "db", "nope"),
         ("big", "fake", "SecretStore", "big", "big", ""),
         ("denied", "elsewhere", "ClusterSecretStore", "a", "db", ""),
-        ("unsupported", "aws", "SecretStore", "a", "db", ""),
+        ("aws-no-auth", "aws", "SecretStore", "a", "db", ""),
     ];
     for (name, store, kind, secret_key, key, property) in broken {
         out += &es(name, store, kind, &one(secret_key, key, property));
@@ -479,9 +479,9 @@ async fn publish_errors_have_precise_codes_and_leave_nothing_behind() {
             ],
         ),
         (
-            "unsupported",
+            "aws-no-auth",
             Code::FailedPrecondition,
-            vec!["provider aws is not available"],
+            vec!["sets no auth", "agentIdentity"],
         ),
     ];
     for (es, code, wants) in cases {

@@ -17,4 +17,5 @@ pub mod publish;
 pub mod resolve;
 pub mod secret;
 pub mod telemetry;
+pub mod tls;
 pub mod volume;

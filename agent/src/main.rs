@@ -38,6 +38,7 @@ enum Command {
 const MAX_BLOCKING_THREADS: usize = 16;
 
 fn main() -> anyhow::Result<()> {
+    latchkey::tls::install_crypto_provider();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)

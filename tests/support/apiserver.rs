@@ -170,6 +170,8 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Starts a server on a free loopback port, with no identities and no rules.
     pub async fn start() -> Self {
+        // The test process builds kube clients too: pick rustls' provider as the agent does.
+        latchkey::tls::install_crypto_provider();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the fake API server");

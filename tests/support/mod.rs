@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 pub mod apiserver;
+pub mod moto;
+pub mod openbao;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -79,11 +79,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The demo serves no metrics endpoint; the registry only feeds the node service.
     let metrics = Arc::new(Metrics::new());
     let publisher = Arc::new(Publisher::new(
-        catalog,
+        Arc::clone(&catalog),
         volumes,
         providers::Env {
             metrics: Arc::clone(&metrics),
             kube: None,
+            catalog: Arc::clone(&catalog),
+            agent_namespace: DEMO_NAMESPACE.into(),
+            aws_sessions: Default::default(),
+            vault_tokens: Default::default(),
         },
         CacheLimits::default(),
         Arc::new(NoEvents),

@@ -37,6 +37,9 @@ pub struct NodeArgs {
     /// interface); `none` disables it.
     #[arg(long, default_value = ":9808")]
     pub metrics_addr: String,
+    /// The agent's own namespace: where ClusterSecretStores' credential Secrets live.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "latchkey")]
+    pub namespace: String,
     /// Most values the shared cache holds (least recently used are evicted).
     #[arg(long, default_value_t = CacheLimits::default().max_entries)]
     pub cache_max_entries: usize,
@@ -85,6 +88,10 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         providers::Env {
             metrics: Arc::clone(&metrics),
             kube: kube_config,
+            catalog: Arc::clone(&catalog),
+            agent_namespace: args.namespace.clone(),
+            aws_sessions: Default::default(),
+            vault_tokens: Default::default(),
         },
         CacheLimits {
             max_entries: args.cache_max_entries,

@@ -1,15 +1,20 @@
 //! Backends that hold secret values. One trait; one file (or folder) per provider. Providers know
 //! their backend and nothing of CSI, volumes or ExternalSecrets.
 
+pub mod aws;
+pub mod credentials;
 pub mod fake;
 pub mod kubernetes;
+pub mod vault;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
 
+use crate::api::StoreKind;
 use crate::api::validate::ProviderSpec;
+use crate::catalog::Catalog;
 use crate::identity::PodInfo;
 use crate::secret::SecretBytes;
 use crate::telemetry::Metrics;
@@ -133,28 +138,46 @@ pub struct Env {
     /// The agent's API server connection (URL, CA), for providers that act as the pod there;
     /// `None` in standalone mode.
     pub kube: Option<kube::Config>,
+    /// Where credential Secrets are looked up (`secretRef` of stores).
+    pub catalog: Arc<dyn Catalog>,
+    /// The agent's own namespace: the only place a ClusterSecretStore's credentials may live.
+    pub agent_namespace: String,
+    /// AWS STS sessions and SDK clients, shared across publishes.
+    pub aws_sessions: Arc<aws::SessionCache>,
+    /// Vault login tokens, shared by every publish (one login per identity per token lifetime).
+    pub vault_tokens: Arc<vault::TokenCache>,
+}
+
+/// Everything a provider may need to be built for one publish.
+pub struct BuildContext<'a> {
+    /// The agent's side.
+    pub env: &'a Env,
+    /// The pod the values are for (namespace, service account, tokens).
+    pub pod: &'a PodInfo,
+    /// Whether the store is namespaced or cluster-wide (decides where credentials may live).
+    pub store_kind: StoreKind,
 }
 
 /// Builds the provider a store's (validated) spec selects for one pod, with every request
 /// counted and timed.
-pub fn build(
+pub async fn build(
     spec: ProviderSpec<'_>,
-    env: &Env,
-    pod: &PodInfo,
+    ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     let inner: Arc<dyn Provider> = match spec {
+        ProviderSpec::Aws(a) => Arc::new(aws::Aws::new(a, ctx).await?),
         ProviderSpec::Fake(f) => Arc::new(fake::Fake::new(f)?),
         ProviderSpec::Kubernetes(k) => Arc::new(kubernetes::KubernetesSecrets::new(
             k,
-            env.kube.as_ref(),
-            pod,
+            ctx.env.kube.as_ref(),
+            ctx.pod,
         )?),
-        other => return Err(ProviderError::Unsupported(other.name())),
+        ProviderSpec::Vault(v) => Arc::new(vault::Vault::new(v, ctx).await?),
     };
     Ok(Arc::new(Instrumented {
         inner,
         provider: spec.name(),
-        metrics: Arc::clone(&env.metrics),
+        metrics: Arc::clone(&ctx.env.metrics),
     }))
 }
 

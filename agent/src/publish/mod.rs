@@ -259,7 +259,14 @@ impl Publisher {
         let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
         let provider = || async {
             provider
-                .get_or_try_init(|| async { providers::build(spec, &self.providers, &req.pod) })
+                .get_or_try_init(|| {
+                    let ctx = providers::BuildContext {
+                        env: &self.providers,
+                        pod: &req.pod,
+                        store_kind: binding.store_kind,
+                    };
+                    async move { providers::build(spec, &ctx).await }
+                })
                 .await
                 .cloned()
         };

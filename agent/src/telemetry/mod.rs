@@ -18,10 +18,32 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs on stderr; `RUST_LOG` overrides `default_filter`.
+/// Libraries that talk to backends and may log request details (the AWS SDK logs the access key
+/// id at debug, HTTP clients log URLs and headers at trace). They never log below `info`,
+/// whatever `RUST_LOG` says: a debug session must not turn the log into a credential store.
+const QUIET_DEPENDENCIES: &[&str] = &[
+    "aws_config",
+    "aws_runtime",
+    "aws_sdk_secretsmanager",
+    "aws_sdk_sts",
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+    "h2",
+    "hyper",
+    "hyper_util",
+    "kube_client",
+    "reqwest",
+    "rustify",
+    "tonic",
+    "tower",
+    "vaultrs",
+];
+
+/// Logs on stderr; `RUST_LOG` overrides `default_filter` (except for [`QUIET_DEPENDENCIES`]).
 pub fn init_logging(format: LogFormat, default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter = quiet_dependencies(
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -32,5 +54,66 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
             .with_current_span(true)
             .with_span_list(false)
             .init(),
+    }
+}
+
+/// Caps every [`QUIET_DEPENDENCIES`] target at `info`. A directive for a target replaces one the
+/// user gave for the same target, and the agent's own `latchkey` target keeps the user's level.
+fn quiet_dependencies(mut filter: EnvFilter) -> EnvFilter {
+    for target in QUIET_DEPENDENCIES {
+        // The directive text is a constant target and level; it always parses.
+        if let Ok(directive) = format!("{target}=info").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    filter
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::EnvFilter;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(data);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn dependencies_never_log_below_info_even_when_asked() {
+        let filter = super::quiet_dependencies(EnvFilter::new(
+            "debug,aws_smithy_runtime=trace,vaultrs=trace",
+        ));
+        let buffer = Buffer::default();
+        let out = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(move || out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!(target: "aws_smithy_runtime::client::orchestrator", "AKID-debug");
+            tracing::trace!(target: "vaultrs::api", "token-trace");
+            tracing::info!(target: "aws_smithy_runtime::client", "sdk-info");
+            tracing::debug!(target: "latchkey::publish", "own-debug");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            !text.contains("AKID-debug") && !text.contains("token-trace"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sdk-info") && text.contains("own-debug"),
+            "{text}"
+        );
     }
 }

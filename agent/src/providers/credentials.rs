@@ -1,0 +1,102 @@
+//! Credentials referenced by a store (`secretRef`, `tokenSecretRef`, ...): which Secret may be
+//! read, and how. A SecretStore's credentials live in the pod's namespace and, in a cluster, are
+//! read AS THE POD (with its token), so a store can never reach further than its pods; a
+//! ClusterSecretStore's credentials live in the agent's own namespace only. Standalone mode
+//! reads `v1` Secret manifests with the same namespace rules.
+
+use k8s_openapi::api::core::v1::Secret;
+
+use super::kubernetes::KubernetesSecrets;
+use super::{BuildContext, Provider, ProviderError, RemoteKey};
+use crate::api::StoreKind;
+use crate::api::store::{KubernetesProvider, SecretKeySelector};
+use crate::secret::{SecretBytes, SecretString};
+
+/// Reads the credential `selector` names, enforcing where it may live. Messages name the
+/// Secret and key, never the value.
+pub async fn read(
+    ctx: &BuildContext<'_>,
+    selector: &SecretKeySelector,
+) -> Result<SecretString, ProviderError> {
+    let (namespace, name, key) = (
+        allowed_namespace(ctx, selector)?,
+        &selector.name,
+        &selector.key,
+    );
+    let missing =
+        || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
+    let bytes = match (ctx.store_kind, &ctx.env.kube) {
+        // In a cluster, a namespaced store's credentials are read with the pod's own token.
+        (StoreKind::SecretStore, Some(kube)) => {
+            let as_pod =
+                KubernetesSecrets::new(&KubernetesProvider::default(), Some(kube), ctx.pod)?;
+            let doc = as_pod
+                .get(&RemoteKey {
+                    key: name.clone(),
+                    version: None,
+                })
+                .await
+                .map_err(|e| match e {
+                    ProviderError::NotFound => missing(),
+                    other => other,
+                })?;
+            json_field(&doc, key)
+        }
+        _ => {
+            let secret = ctx
+                .env
+                .catalog
+                .secret(namespace, name)
+                .await
+                .map_err(|e| ProviderError::Unavailable(e.to_string()))?
+                .ok_or_else(missing)?;
+            data_field(&secret, key)
+        }
+    };
+    let bytes = bytes.ok_or_else(|| {
+        ProviderError::Config(format!(
+            "credential Secret {namespace}/{name} has no key {key:?}"
+        ))
+    })?;
+    String::from_utf8(bytes.expose().to_vec())
+        .map(SecretString::new)
+        .map_err(|_| {
+            ProviderError::Config(format!("credential {namespace}/{name}[{key}] is not text"))
+        })
+}
+
+/// The namespace a store of this kind may read credentials from.
+fn allowed_namespace<'a>(
+    ctx: &'a BuildContext<'_>,
+    selector: &'a SecretKeySelector,
+) -> Result<&'a str, ProviderError> {
+    let (allowed, why) = match ctx.store_kind {
+        StoreKind::SecretStore => (ctx.pod.namespace.as_str(), "a SecretStore's own namespace"),
+        StoreKind::ClusterSecretStore => (
+            ctx.env.agent_namespace.as_str(),
+            "the agent's namespace (ClusterSecretStore)",
+        ),
+    };
+    match selector.namespace.as_deref() {
+        None => Ok(allowed),
+        Some(ns) if ns == allowed => Ok(allowed),
+        Some(ns) => Err(ProviderError::PermissionDenied(format!(
+            "credential Secret {ns}/{} is outside {why}, {allowed:?}",
+            selector.name
+        ))),
+    }
+}
+
+fn data_field(secret: &Secret, key: &str) -> Option<SecretBytes> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .map(|v| SecretBytes::new(v.0.clone()))
+}
+
+fn json_field(doc: &SecretBytes, key: &str) -> Option<SecretBytes> {
+    let map: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(doc.expose()).ok()?;
+    map.get(key).map(|v| SecretBytes::from(v.as_str()))
+}

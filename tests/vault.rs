@@ -1,0 +1,391 @@
+//! The Vault provider end to end: a real OpenBao dev server, the real `latchkey node` binary in
+//! standalone mode, real mounts. Token, AppRole and jwt auth (pods' own signed JWTs); KV v1 and
+//! v2, versions, properties, find; 403/404/outage as gRPC codes; one login per service account;
+//! no token, secret id, JWT or value in the agent's log or gRPC messages.
+//!
+//! The kubernetes auth method (same login as jwt, on a `kubernetes` mount) needs a TokenReview
+//! API and is not exercised here.
+
+mod support;
+
+use std::path::PathBuf;
+
+use latchkey::csi::client::{PodVolume, volume_id_for};
+use serde_json::{Value, json};
+use support::Agent;
+use support::openbao::{JwtIssuer, OpenBao};
+use tonic::Code;
+
+const DB_V1: &str = "db-password-version-one-e2e";
+const DB_V2: &str = "db-password-version-two-e2e";
+const API_KEY: &str = "vault-api-key-e2e-7731";
+const KV1_VALUE: &str = "kv1-legacy-value-e2e-5512";
+const FORBIDDEN_VALUE: &str = "forbidden-value-e2e-9931";
+const AUDIENCE: &str = "vault";
+
+const POLICY: &str = r#"
+path "secret/data/app/*" { capabilities = ["read"] }
+path "secret/metadata/*" { capabilities = ["list"] }
+path "kv1/*" { capabilities = ["read", "list"] }
+"#;
+
+/// A dev server with a KV v2 mount `secret` (dev default), a KV v1 mount `kv1`, the `read`
+/// policy and the test data.
+async fn bao() -> OpenBao {
+    let bao = OpenBao::start().await;
+    bao.enable_kv("kv1", 1).await;
+    bao.policy("read", POLICY).await;
+    let v1 = bao
+        .put_v2(
+            "secret",
+            "app/db",
+            json!({"username": "shop", "password": DB_V1}),
+        )
+        .await;
+    assert_eq!(v1, 1);
+    let v2 = bao
+        .put_v2(
+            "secret",
+            "app/db",
+            json!({"username": "shop", "password": DB_V2, "nested": {"host": "db.internal"}}),
+        )
+        .await;
+    assert_eq!(v2, 2);
+    bao.put_v2("secret", "app/api", json!({"key": API_KEY}))
+        .await;
+    bao.put_v2("secret", "forbidden/x", json!({"v": FORBIDDEN_VALUE}))
+        .await;
+    bao.put_v1("kv1", "legacy", json!({"password": KV1_VALUE}))
+        .await;
+    bao
+}
+
+/// Two stores (KV v2 `secret`, KV v1 `kv1`) with the given auth, the ExternalSecrets, and any
+/// extra manifests (credential Secrets).
+fn manifests(bao: &OpenBao, auth: &str, extra: &str) -> String {
+    let store = |name: &str, path: &str, version: &str| {
+        format!(
+            "---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\n\
+             metadata: {{name: {name}, namespace: shop}}\nspec:\n  provider:\n    vault:\n      \
+             server: {}\n      path: {path}\n      version: {version}\n      auth: {auth}\n",
+            bao.url
+        )
+    };
+    let es = |name: &str, store: &str, body: &str| {
+        format!(
+            "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+             metadata: {{name: {name}, namespace: shop}}\nspec:\n  secretStoreRef: {{name: {store}}}\n{body}"
+        )
+    };
+    let mut out = store("vault", "secret", "v2") + &store("vault-v1", "kv1", "v1");
+    out += &es(
+        "app",
+        "vault",
+        r#"  data:
+  - {secretKey: password, remoteRef: {key: app/db, property: password}}
+  - {secretKey: host, remoteRef: {key: app/db, property: nested.host}}
+  - {secretKey: old-password, remoteRef: {key: app/db, property: password, version: "1"}}
+  - {secretKey: db.json, remoteRef: {key: app/db}}
+"#,
+    );
+    out += &es(
+        "legacy",
+        "vault-v1",
+        "  data:\n  - {secretKey: password, remoteRef: {key: legacy, property: password}}\n",
+    );
+    out += &es(
+        "found",
+        "vault",
+        "  dataFrom:\n  - find: {name: {regexp: \"^app/a\"}}\n",
+    );
+    out += &es(
+        "forbidden",
+        "vault",
+        "  data:\n  - {secretKey: v, remoteRef: {key: forbidden/x, property: v}}\n",
+    );
+    out += &es(
+        "missing",
+        "vault",
+        "  data:\n  - {secretKey: v, remoteRef: {key: app/missing}}\n",
+    );
+    out + extra
+}
+
+fn credential_secret(name: &str, key: &str, value: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: shop}}\n\
+         stringData: {{{key}: {value}}}\n"
+    )
+}
+
+/// Publishes `external_secret` for pod `pod` of service account `sa`, with `jwt` as its token for
+/// the `vault` audience. Returns the target.
+async fn publish(
+    agent: &Agent,
+    pod: &str,
+    sa: &str,
+    external_secret: &str,
+    jwt: Option<&str>,
+) -> Result<PathBuf, tonic::Status> {
+    let target = agent.target(pod);
+    let mut volume = PodVolume::new("shop", pod, external_secret);
+    volume.service_account = sa.into();
+    volume.tokens_json = jwt.map(|t| json!({ AUDIENCE: {"token": t} }).to_string());
+    let req = volume.publish_request(&volume_id_for(&target), &target);
+    agent.node().await.node_publish_volume(req).await?;
+    Ok(target)
+}
+
+fn read(target: &std::path::Path, file: &str) -> String {
+    std::fs::read_to_string(target.join(file))
+        .unwrap_or_else(|e| panic!("{}/{file}: {e}", target.display()))
+}
+
+async fn logins(agent: &Agent) -> u64 {
+    let (code, body) = agent.http_get("/metrics").await;
+    assert_eq!(code, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("latchkey_backend_logins_total{provider=\"vault\"} "))
+        .unwrap_or_else(|| panic!("no vault logins metric in:\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Fails when any of `secrets` appears in the agent's log or in `messages`.
+fn assert_no_leak(agent: &Agent, messages: &[String], secrets: &[&str]) {
+    let log = agent.log_text();
+    for s in secrets {
+        assert!(
+            !log.contains(s),
+            "the agent log contains a secret ({})",
+            &s[..6]
+        );
+        for m in messages {
+            assert!(!m.contains(s), "a gRPC message contains a secret: {m}");
+        }
+    }
+}
+
+/// The checks every auth method must pass: KV v2 properties, dotted paths, versions, the whole
+/// map, KV v1, find.
+async fn assert_reads(agent: &Agent, sa: &str, jwt: Option<&str>) {
+    let t = publish(agent, &format!("{sa}-app"), sa, "app", jwt)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "password"), DB_V2);
+    assert_eq!(read(&t, "host"), "db.internal");
+    assert_eq!(read(&t, "old-password"), DB_V1, "KV v2 version 1");
+    let whole: Value = serde_json::from_str(&read(&t, "db.json")).unwrap();
+    assert_eq!(
+        whole,
+        json!({"username": "shop", "password": DB_V2, "nested": {"host": "db.internal"}})
+    );
+
+    let t = publish(agent, &format!("{sa}-legacy"), sa, "legacy", jwt)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "password"), KV1_VALUE, "KV v1");
+
+    let t = publish(agent, &format!("{sa}-found"), sa, "found", jwt)
+        .await
+        .unwrap();
+    let api: Value = serde_json::from_str(&read(&t, "app/api")).unwrap();
+    assert_eq!(api, json!({"key": API_KEY}));
+    assert!(
+        !t.join("app/db").exists(),
+        "find returns only names the regexp matches"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_auth_reads_kv_v2_and_v1_with_versions_properties_and_find() {
+    let bao = bao().await;
+    let token = bao.token(&["read"], "1h").await;
+    let m = manifests(
+        &bao,
+        "{tokenSecretRef: {name: vault-token, key: token}}",
+        &credential_secret("vault-token", "token", &token),
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+    assert_reads(&agent, "default", None).await;
+    assert_eq!(logins(&agent).await, 0, "a static token needs no login");
+    assert_no_leak(
+        &agent,
+        &[],
+        &[&token, &bao.root_token, DB_V1, DB_V2, API_KEY, KV1_VALUE],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approle_auth_logs_in_once_per_store_credential() {
+    let bao = bao().await;
+    let (role_id, secret_id) = bao.approle("app", &["read"]).await;
+    let m = manifests(
+        &bao,
+        &format!(
+            "{{appRole: {{roleId: {role_id}, secretRef: {{name: approle, key: secret-id}}}}}}"
+        ),
+        &credential_secret("approle", "secret-id", &secret_id),
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+    assert_reads(&agent, "default", None).await;
+    // Another service account, same AppRole credential: the same Vault token.
+    assert_reads(&agent, "other", None).await;
+    assert_eq!(
+        logins(&agent).await,
+        1,
+        "one AppRole login for every publish"
+    );
+    assert_no_leak(
+        &agent,
+        &[],
+        &[
+            &secret_id,
+            &bao.root_token,
+            DB_V1,
+            DB_V2,
+            API_KEY,
+            KV1_VALUE,
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_auth_with_the_pods_token_logs_in_once_per_service_account_for_50_pods() {
+    let bao = bao().await;
+    let issuer = JwtIssuer::new();
+    bao.jwt(&issuer, "app", AUDIENCE, &["read"]).await;
+    let m = manifests(
+        &bao,
+        &format!("{{jwt: {{role: app, audience: {AUDIENCE}}}}}"),
+        "",
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+
+    // No token for the audience: a clear precondition failure, no login.
+    let err = publish(&agent, "no-token", "web", "app", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(err.message().contains("audience"), "{}", err.message());
+
+    // 50 pods of one service account, each with its own token, concurrently, over four
+    // ExternalSecrets (so the provider is built many times): one login.
+    let jwts: Vec<String> = (0..50)
+        .map(|_| issuer.token("shop", "web", AUDIENCE))
+        .collect();
+    let pods = jwts.iter().enumerate().map(|(i, jwt)| {
+        let agent = &agent;
+        async move {
+            let es = ["app", "legacy", "found", "app"][i % 4];
+            let t = publish(agent, &format!("web-{i}"), "web", es, Some(jwt))
+                .await
+                .unwrap_or_else(|e| panic!("pod {i}: {e:?}"));
+            match es {
+                "app" => assert_eq!(read(&t, "password"), DB_V2),
+                "legacy" => assert_eq!(read(&t, "password"), KV1_VALUE),
+                _ => assert!(read(&t, "app/api").contains(API_KEY)),
+            }
+        }
+    });
+    futures::future::join_all(pods).await;
+    assert_eq!(
+        logins(&agent).await,
+        1,
+        "one login for 50 pods of one service account"
+    );
+
+    // Another service account is another identity: its own login.
+    let worker = issuer.token("shop", "worker", AUDIENCE);
+    assert_reads(&agent, "worker", Some(&worker)).await;
+    assert_eq!(logins(&agent).await, 2);
+
+    // A token for another audience is refused by Vault, as PERMISSION_DENIED.
+    let wrong = issuer.token("shop", "intruder", "not-vault");
+    let err = publish(&agent, "intruder", "intruder", "app", Some(&wrong))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{}", err.message());
+
+    let mut secrets: Vec<&str> = jwts.iter().map(String::as_str).collect();
+    secrets.extend([
+        worker.as_str(),
+        wrong.as_str(),
+        bao.root_token.as_str(),
+        DB_V1,
+        DB_V2,
+        API_KEY,
+        KV1_VALUE,
+    ]);
+    assert_no_leak(&agent, &[err.message().to_string()], &secrets);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_missing_and_unreachable_map_to_grpc_codes_naming_the_key() {
+    let mut bao = bao().await;
+    let token = bao.token(&["read"], "1h").await;
+    let m = manifests(
+        &bao,
+        "{tokenSecretRef: {name: vault-token, key: token}}",
+        &credential_secret("vault-token", "token", &token),
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+
+    let denied = publish(&agent, "denied", "default", "forbidden", None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::PermissionDenied,
+        "{}",
+        denied.message()
+    );
+    assert!(
+        denied.message().contains("forbidden/x"),
+        "names the remote key: {}",
+        denied.message()
+    );
+
+    let missing = publish(&agent, "missing", "default", "missing", None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        missing.code(),
+        Code::FailedPrecondition,
+        "{}",
+        missing.message()
+    );
+    assert!(
+        missing.message().contains("app/missing") && missing.message().contains("not found"),
+        "names the remote key: {}",
+        missing.message()
+    );
+
+    // A sealed server: UNAVAILABLE, saying so.
+    bao.api("PUT", "sys/seal", None).await;
+    let sealed = publish(&agent, "sealed", "default", "legacy", None)
+        .await
+        .unwrap_err();
+    assert_eq!(sealed.code(), Code::Unavailable, "{}", sealed.message());
+    assert!(sealed.message().contains("sealed"), "{}", sealed.message());
+    assert!(sealed.message().contains("legacy"), "{}", sealed.message());
+
+    bao.stop();
+    let down = publish(&agent, "down", "default", "app", None)
+        .await
+        .unwrap_err();
+    assert_eq!(down.code(), Code::Unavailable, "{}", down.message());
+    assert!(down.message().contains("app/db"), "{}", down.message());
+
+    assert_no_leak(
+        &agent,
+        &[
+            denied.message().to_string(),
+            missing.message().to_string(),
+            sealed.message().to_string(),
+            down.message().to_string(),
+        ],
+        &[&token, &bao.root_token, FORBIDDEN_VALUE, DB_V1, DB_V2],
+    );
+}
