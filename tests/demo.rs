@@ -87,3 +87,57 @@ fn demo_as_non_root_falls_back_to_a_plain_directory_and_says_so() {
     assert!(stdout.contains("NodeUnpublishVolume: ok"), "{stdout}");
     assert!(!dir.path().join("latchkey-demo").exists());
 }
+
+/// Every Latchkey object in examples/ parses and passes the agent's validation, so what the
+/// README points at works as written.
+#[test]
+fn every_example_object_is_valid() {
+    use latchkey::api::validate;
+    use latchkey::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+    use serde::Deserialize;
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<_> = walk(&dir);
+    files.sort();
+    let mut checked = 0;
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let value = serde_norway::Value::deserialize(doc).unwrap();
+            let where_ = format!("{}: {:?}", path.display(), value.get("metadata"));
+            if value.get("apiVersion").and_then(|v| v.as_str()) != Some("latchkey.dev/v1alpha1") {
+                continue;
+            }
+            match value.get("kind").and_then(|v| v.as_str()) {
+                Some("ExternalSecret") => {
+                    let es: ExternalSecret = serde_norway::from_value(value).expect(&where_);
+                    validate::external_secret(&es.spec).expect(&where_);
+                }
+                Some("SecretStore") => {
+                    let s: SecretStore = serde_norway::from_value(value).expect(&where_);
+                    validate::provider(&s.spec.provider).expect(&where_);
+                }
+                Some("ClusterSecretStore") => {
+                    let s: ClusterSecretStore = serde_norway::from_value(value).expect(&where_);
+                    validate::provider(&s.spec.provider).expect(&where_);
+                }
+                other => panic!("{where_}: unknown kind {other:?}"),
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "only {checked} example objects found");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml") {
+            out.push(path);
+        }
+    }
+    out
+}
