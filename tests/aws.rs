@@ -9,6 +9,7 @@ use aws_sdk_secretsmanager::primitives::Blob;
 use latchkey::csi::client::{PodVolume, volume_id_for};
 use support::Agent;
 use support::moto::Moto;
+use support::tee_proxy::TeeProxy;
 use tonic::Code;
 
 /// The static keys the agent reads from the `aws-creds` Secret.
@@ -86,6 +87,22 @@ fn logins(metrics: &str) -> u64 {
         .unwrap()
 }
 
+/// `BatchGetSecretValue` calls that succeeded (as the provider counts them; 0 before the first).
+fn batch_gets(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "latchkey_backend_requests_total{provider=\"aws\",operation=\"batch_get\",result=\"success\"} ",
+            )
+        })
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+async fn batch_gets_now(agent: &Agent) -> u64 {
+    batch_gets(&agent.http_get("/metrics").await.1)
+}
+
 fn assert_no_leak(text: &str, what: &str) {
     for s in [
         KEY_ID,
@@ -141,6 +158,11 @@ async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds()
     for name in ["team-a-one", "team-a-two", "team-b-one"] {
         create(name, &format!("value-of-{name}")).await.unwrap();
     }
+    for i in 0..4 {
+        create(&format!("mix-{i}"), &format!("mix-value-{i}"))
+            .await
+            .unwrap();
+    }
 
     let mut m = creds_secret("shop") + &secret_ref_store("aws", &moto.endpoint);
     m += &external_secret(
@@ -173,12 +195,26 @@ async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds()
         "SecretStore",
         &[entry("x", "prod/nope", "")],
     );
+    // Four keys that exist and one that does not, read in one batch.
+    let mut mixed: Vec<String> = (0..4)
+        .map(|i| entry(&format!("m{i}"), &format!("mix-{i}"), ""))
+        .collect();
+    mixed.insert(2, entry("gone", "mix-missing", ""));
+    m += &external_secret("mixed", "aws", "SecretStore", &mixed);
+    let mixed_ok: Vec<String> = (0..4)
+        .map(|i| entry(&format!("m{i}"), &format!("mix-{i}"), ""))
+        .collect();
+    m += &external_secret("mixed-ok", "aws", "SecretStore", &mixed_ok);
     let agent = Agent::start(&[("shop.yaml", &m)], &[]).await;
     let mut node = agent.node().await;
+    assert_eq!(batch_gets_now(&agent).await, 0);
 
     node.node_publish_volume(pod(&agent, "app-0", "app", "web", false))
         .await
         .unwrap();
+    // prod/api, prod/db, prod/blob and prod/rotated (current) in one batch; the other versions
+    // of prod/rotated one by one.
+    assert_eq!(batch_gets_now(&agent).await, 1);
     let t = agent.target("app-0");
     assert_eq!(read(&t.join("api-key")), API_KEY);
     assert_eq!(read(&t.join("db-password")), DB_PASSWORD);
@@ -191,6 +227,11 @@ async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds()
     node.node_publish_volume(pod(&agent, "batch-0", "batch", "web", false))
         .await
         .unwrap();
+    assert_eq!(
+        batch_gets_now(&agent).await,
+        3,
+        "25 keys take two BatchGetSecretValue calls (20 + 5)"
+    );
     let t = agent.target("batch-0");
     for i in 0..25 {
         assert_eq!(
@@ -219,6 +260,33 @@ async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds()
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("prod/nope"), "{:?}", err.message());
     assert_no_leak(err.message(), "the not-found message");
+    let before = batch_gets_now(&agent).await;
+
+    // One missing key in a batch fails that key only, and the publish names it alone.
+    let err = node
+        .node_publish_volume(pod(&agent, "mixed-0", "mixed", "web", false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("mix-missing"), "{:?}", err.message());
+    for i in 0..4 {
+        assert!(
+            !err.message().contains(&format!("\"mix-{i}\"")),
+            "{:?}",
+            err.message()
+        );
+    }
+    assert_eq!(batch_gets_now(&agent).await, before + 1, "one batch");
+    node.node_publish_volume(pod(&agent, "mixed-ok-0", "mixed-ok", "web", false))
+        .await
+        .unwrap();
+    let t = agent.target("mixed-ok-0");
+    for i in 0..4 {
+        assert_eq!(read(&t.join(format!("m{i}"))), format!("mix-value-{i}"));
+    }
+    // The failed publish dropped the others' fetches with it (nothing of it is cached), so the
+    // four are read again, in one batch.
+    assert_eq!(batch_gets_now(&agent).await, before + 2);
 
     let (_, metrics) = agent.http_get("/metrics").await;
     assert_eq!(logins(&metrics), 0, "static keys need no STS login");
@@ -237,11 +305,15 @@ async fn web_identity_uses_the_pod_token_and_logs_in_once_per_service_account() 
             .await
             .unwrap();
     }
+    // moto does not say which token it was given: the agent talks to it through a proxy that
+    // records the requests, so the test can see the web identity token on the wire.
+    let moto_addr = moto.endpoint.trim_start_matches("http://").parse().unwrap();
+    let wire = TeeProxy::start(moto_addr).await;
     let mut m = format!(
         "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {{name: web-id, namespace: shop}}\n\
-         spec:\n  provider:\n    aws:\n      region: us-east-1\n      endpoint: {}\n      role: {ROLE}\n      \
+         spec:\n  provider:\n    aws:\n      region: us-east-1\n      endpoint: http://{}\n      role: {ROLE}\n      \
          auth: {{jwt: {{}}}}\n",
-        moto.endpoint
+        wire.addr
     );
     for i in 0..10 {
         m += &external_secret(
@@ -270,6 +342,12 @@ async fn web_identity_uses_the_pod_token_and_logs_in_once_per_service_account() 
     }
     let (_, metrics) = agent.http_get("/metrics").await;
     assert_eq!(logins(&metrics), 1, "{metrics}");
+    let sent = wire.sent_text();
+    assert!(
+        sent.contains("Action=AssumeRoleWithWebIdentity") && sent.contains(POD_TOKEN),
+        "STS did not receive the pod's token"
+    );
+    assert_eq!(sent.matches("Action=AssumeRoleWithWebIdentity").count(), 1);
 
     // Another service account is another identity: its own login, even for a cached key.
     let mut node = agent.node().await;

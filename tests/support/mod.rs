@@ -5,6 +5,7 @@
 pub mod apiserver;
 pub mod moto;
 pub mod openbao;
+pub mod tee_proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

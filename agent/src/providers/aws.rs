@@ -14,14 +14,20 @@
 //! [`SessionCache`] the agent shares across publishes. Values, keys and tokens never reach an
 //! error message or a log line.
 //!
-//! Left for later: `BatchGetSecretValue` for the keys of one volume (the `Provider` trait fetches
-//! per key through the shared value cache); `find` already reads its matches in batches of 20.
+//! Current values (no version, or `AWSCURRENT`) requested together are read with
+//! `BatchGetSecretValue`, 20 names per call: the publish path asks for the keys of a volume
+//! concurrently, one `get` each, so the first such `get` lets its task run on (a couple of
+//! yields, no timer) while the others queue behind it, then one background flush reads the whole
+//! queue. Each caller receives its own value or its own error; a lone key, and any key with
+//! another stage or a `uuid/` version, is read with `GetSecretValue`. Every
+//! `BatchGetSecretValue` call is counted as `operation="batch_get"` (the per-key `get` series
+//! stays as it was). `find` reads its matches in batches of 20 as well.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use aws_credential_types::Credentials;
@@ -31,13 +37,16 @@ use aws_sdk_secretsmanager::config::retry::RetryConfig;
 use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::config::{BehaviorVersion, Region};
 use aws_sdk_secretsmanager::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_secretsmanager::operation::batch_get_secret_value::BatchGetSecretValueOutput;
 use aws_sdk_secretsmanager::primitives::Blob;
 use aws_sdk_secretsmanager::types::{Filter, FilterNameStringType};
+use tokio::sync::oneshot;
 
 use super::{BuildContext, FindQuery, MAX_FIND_RESULTS, Provider, ProviderError, RemoteKey, found};
 use crate::api::store::{AwsProvider, AwsSecretRef};
 use crate::secret::SecretBytes;
-use crate::telemetry::metrics::ProviderLabel;
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::{BackendLabels, ProviderLabel};
 
 /// Default audience of the pod token used for web identity.
 pub const DEFAULT_AUDIENCE: &str = "sts.amazonaws.com";
@@ -51,6 +60,15 @@ const MAX_CLIENTS: usize = 256;
 const MAX_SESSIONS: usize = 4096;
 /// `BatchGetSecretValue` takes at most this many ids.
 const BATCH: usize = 20;
+/// How many times the first queued `get` lets its task run on before the queue is flushed: the
+/// other keys of a volume are requested in the same polls of the publish task.
+const WINDOW_YIELDS: usize = 2;
+/// The stage `BatchGetSecretValue` returns.
+const CURRENT: &str = "AWSCURRENT";
+
+type Reply = oneshot::Sender<Result<SecretBytes, ProviderError>>;
+/// Current-version reads waiting for the next flush: (secret id, where its outcome goes).
+type Queue = Arc<Mutex<Vec<(String, Reply)>>>;
 
 type SessionSlot = Arc<tokio::sync::Mutex<Option<Credentials>>>;
 /// (region, endpoint, credentials fingerprint).
@@ -181,6 +199,10 @@ fn timeouts() -> TimeoutConfig {
 /// Reads Secrets Manager as one identity.
 pub struct Aws {
     client: Client,
+    /// Where the provider counts its `BatchGetSecretValue` calls.
+    metrics: Arc<Metrics>,
+    /// Current-version reads waiting to be batched.
+    queue: Queue,
 }
 
 impl Aws {
@@ -288,20 +310,18 @@ impl Aws {
                 ));
             }
         };
-        Ok(Self { client })
+        Ok(Self {
+            client,
+            metrics: Arc::clone(&ctx.env.metrics),
+            queue: Queue::default(),
+        })
     }
 
     /// Current values of `names`, `BATCH` per call; names deleted meanwhile are skipped.
     async fn batch(&self, names: &[String]) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
         let mut out = Vec::with_capacity(names.len());
         for chunk in names.chunks(BATCH) {
-            let resp = self
-                .client
-                .batch_get_secret_value()
-                .set_secret_id_list(Some(chunk.to_vec()))
-                .send()
-                .await
-                .map_err(|e| map_err("BatchGetSecretValue", e))?;
+            let resp = batch_call(&self.client, &self.metrics, chunk).await?;
             for e in resp.errors() {
                 let code = e.error_code().unwrap_or("");
                 if code != "ResourceNotFoundException" {
@@ -320,16 +340,37 @@ impl Aws {
 #[async_trait]
 impl Provider for Aws {
     async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
-        let req = self.client.get_secret_value().secret_id(&key.key);
-        let req = match key.version.as_deref() {
-            Some(v) => match v.strip_prefix("uuid/") {
-                Some(id) => req.version_id(id),
-                None => req.version_stage(v),
-            },
-            None => req,
+        if key.version.as_deref().is_some_and(|v| v != CURRENT) {
+            return get_one(&self.client, &key.key, key.version.as_deref()).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        let first = {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.push((key.key.clone(), tx));
+            queue.len() == 1
         };
-        let out = req.send().await.map_err(|e| map_err("GetSecretValue", e))?;
-        value(out.secret_string(), out.secret_binary())
+        if first {
+            // The flush waits until this caller has let its task run on, or was dropped.
+            let (go, wait) = oneshot::channel::<()>();
+            let queue = Arc::clone(&self.queue);
+            let client = self.client.clone();
+            let metrics = Arc::clone(&self.metrics);
+            tokio::spawn(async move {
+                let _ = wait.await;
+                let queued =
+                    std::mem::take(&mut *queue.lock().unwrap_or_else(PoisonError::into_inner));
+                flush(&client, &metrics, queued).await;
+            });
+            for _ in 0..WINDOW_YIELDS {
+                tokio::task::yield_now().await;
+            }
+            drop(go);
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(ProviderError::Unavailable(
+                "GetSecretValue: the batched read was abandoned".into(),
+            ))
+        })
     }
 
     async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
@@ -379,6 +420,139 @@ impl Provider for Aws {
         names.dedup();
         found(self.batch(&names).await?)
     }
+}
+
+/// One secret with `GetSecretValue`: its current value, or the given stage or `uuid/` version.
+async fn get_one(
+    client: &Client,
+    id: &str,
+    version: Option<&str>,
+) -> Result<SecretBytes, ProviderError> {
+    let req = client.get_secret_value().secret_id(id);
+    let req = match version {
+        Some(v) => match v.strip_prefix("uuid/") {
+            Some(id) => req.version_id(id),
+            None => req.version_stage(v),
+        },
+        None => req,
+    };
+    let out = req.send().await.map_err(|e| map_err("GetSecretValue", e))?;
+    value(out.secret_string(), out.secret_binary())
+}
+
+/// One `BatchGetSecretValue` call (at most `BATCH` ids), counted and timed as `batch_get`.
+async fn batch_call(
+    client: &Client,
+    metrics: &Metrics,
+    ids: &[String],
+) -> Result<BatchGetSecretValueOutput, ProviderError> {
+    let start = Instant::now();
+    let result = client
+        .batch_get_secret_value()
+        .set_secret_id_list(Some(ids.to_vec()))
+        .send()
+        .await
+        .map_err(|e| map_err("BatchGetSecretValue", e));
+    let labels = BackendLabels {
+        provider: "aws",
+        operation: "batch_get",
+        result: result.as_ref().err().map_or("success", ProviderError::kind),
+    };
+    metrics.backend_requests.get_or_create(&labels).inc();
+    metrics
+        .backend_duration
+        .get_or_create(&labels)
+        .observe(start.elapsed().as_secs_f64());
+    result
+}
+
+/// Reads the current values of everything queued and answers every caller: one name with
+/// `GetSecretValue`, more with concurrent `BatchGetSecretValue` calls of `BATCH` names.
+async fn flush(client: &Client, metrics: &Metrics, queued: Vec<(String, Reply)>) {
+    let mut names: Vec<String> = Vec::new();
+    let mut replies: HashMap<String, Vec<Reply>> = HashMap::new();
+    for (name, tx) in queued {
+        let waiting = replies.entry(name).or_insert_with_key(|n| {
+            names.push(n.clone());
+            Vec::new()
+        });
+        waiting.push(tx);
+    }
+    let results = if let [name] = names.as_slice() {
+        vec![(name.clone(), get_one(client, name, None).await)]
+    } else {
+        futures::future::join_all(
+            names
+                .chunks(BATCH)
+                .map(|chunk| batch_current(client, metrics, chunk)),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    };
+    for (name, result) in results {
+        for tx in replies.remove(&name).unwrap_or_default() {
+            let _ = tx.send(result.clone());
+        }
+    }
+}
+
+/// The current value, or the error, of each of `ids` (at most `BATCH`): one
+/// `BatchGetSecretValue` call, with `GetSecretValue` for the ids its answer does not name (a
+/// partial ARN, say) and for all of them when the identity may not batch.
+async fn batch_current(
+    client: &Client,
+    metrics: &Metrics,
+    ids: &[String],
+) -> Vec<(String, Result<SecretBytes, ProviderError>)> {
+    let one_by_one = |ids: Vec<String>| {
+        futures::future::join_all(ids.into_iter().map(|id| async move {
+            let result = get_one(client, &id, None).await;
+            (id, result)
+        }))
+    };
+    let resp = match batch_call(client, metrics, ids).await {
+        Ok(resp) => resp,
+        // Allowed GetSecretValue but not BatchGetSecretValue, or an endpoint without it.
+        Err(ProviderError::PermissionDenied(_) | ProviderError::Config(_)) => {
+            return one_by_one(ids.to_vec()).await;
+        }
+        Err(e) => return ids.iter().map(|id| (id.clone(), Err(e.clone()))).collect(),
+    };
+    let mut answered: HashMap<&str, Result<SecretBytes, ProviderError>> = HashMap::new();
+    for v in resp.secret_values() {
+        let id = ids
+            .iter()
+            .find(|id| v.name() == Some(id.as_str()) || v.arn() == Some(id.as_str()));
+        if let Some(id) = id {
+            answered.insert(id, value(v.secret_string(), v.secret_binary()));
+        }
+    }
+    for e in resp.errors() {
+        let id = ids.iter().find(|id| e.secret_id() == Some(id.as_str()));
+        if let Some(id) = id {
+            answered.entry(id).or_insert_with(|| {
+                Err(code_error(
+                    "BatchGetSecretValue",
+                    e.error_code().unwrap_or(""),
+                    e.message(),
+                    400,
+                ))
+            });
+        }
+    }
+    let unanswered: Vec<String> = ids
+        .iter()
+        .filter(|id| !answered.contains_key(id.as_str()))
+        .cloned()
+        .collect();
+    let mut out: Vec<_> = answered
+        .into_iter()
+        .map(|(id, r)| (id.to_string(), r))
+        .collect();
+    out.extend(one_by_one(unanswered).await);
+    out
 }
 
 /// Records one STS call.
