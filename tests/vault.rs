@@ -1,10 +1,8 @@
 //! The Vault provider end to end: a real OpenBao dev server, the real `latchkey node` binary in
-//! standalone mode, real mounts. Token, AppRole and jwt auth (pods' own signed JWTs); KV v1 and
-//! v2, versions, properties, find; 403/404/outage as gRPC codes; one login per service account;
-//! no token, secret id, JWT or value in the agent's log or gRPC messages.
-//!
-//! The kubernetes auth method (same login as jwt, on a `kubernetes` mount) needs a TokenReview
-//! API and is not exercised here.
+//! standalone mode, real mounts. Token, AppRole, jwt and kubernetes auth (pods' own tokens; for
+//! kubernetes, OpenBao checks them with the TokenReview API of the in-process fake API server);
+//! KV v1 and v2, versions, properties, find; 403/404/outage as gRPC codes; one login per service
+//! account; no token, secret id, JWT or value in the agent's log or gRPC messages.
 
 mod support;
 
@@ -13,7 +11,8 @@ use std::path::PathBuf;
 use latchkey::csi::client::{PodVolume, volume_id_for};
 use serde_json::{Value, json};
 use support::Agent;
-use support::openbao::{JwtIssuer, OpenBao};
+use support::apiserver::{FakeApiServer, Identity};
+use support::openbao::{JwtIssuer, OpenBao, ServiceAccountTokenIssuer, random_hex};
 use tonic::Code;
 
 const DB_V1: &str = "db-password-version-one-e2e";
@@ -319,6 +318,205 @@ async fn jwt_auth_with_the_pods_token_logs_in_once_per_service_account_for_50_po
         KV1_VALUE,
     ]);
     assert_no_leak(&agent, &[err.message().to_string()], &secrets);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_auth_logs_in_with_the_pods_token_once_per_service_account() {
+    let api = FakeApiServer::start().await;
+    let bao = bao().await;
+    // OpenBao reviews pod tokens as its own service account, allowed to create TokenReviews.
+    let reviewer = format!("reviewer-{}", random_hex(16));
+    let openbao_sa = Identity::service_account("openbao", "openbao");
+    api.add_identity(&reviewer, openbao_sa.clone());
+    api.allow(
+        openbao_sa.clone(),
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        None,
+    );
+    bao.kubernetes(
+        &api.url(),
+        &reviewer,
+        "shop",
+        ("shop", "web"),
+        AUDIENCE,
+        &["read"],
+    )
+    .await;
+    let m = manifests(
+        &bao,
+        &format!("{{kubernetes: {{mountPath: kubernetes, role: shop, audience: {AUDIENCE}}}}}"),
+        "",
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+
+    // Projected tokens as the kubelet would mount them: for the `vault` audience only.
+    let issuer = ServiceAccountTokenIssuer::new();
+    let token_of = |sa: &str, pod: &str| {
+        let uid = api.service_account_uid("shop", sa);
+        let token = issuer.token(("shop", sa), &uid, pod, AUDIENCE);
+        api.add_identity_for_audiences(&token, Identity::service_account("shop", sa), &[AUDIENCE]);
+        token
+    };
+
+    // The first pod of `web` checks every read; then more pods of `web`, concurrently.
+    let first = token_of("web", "web-app");
+    assert_reads(&agent, "web", Some(&first)).await;
+    let tokens: Vec<String> = (0..8)
+        .map(|i| token_of("web", &format!("web-{i}")))
+        .collect();
+    let pods = tokens.iter().enumerate().map(|(i, token)| {
+        let agent = &agent;
+        async move {
+            let es = ["app", "legacy"][i % 2];
+            let t = publish(agent, &format!("web-{i}"), "web", es, Some(token))
+                .await
+                .unwrap_or_else(|e| panic!("pod {i}: {e:?}"));
+            match es {
+                "app" => assert_eq!(read(&t, "password"), DB_V2),
+                _ => assert_eq!(read(&t, "password"), KV1_VALUE),
+            }
+        }
+    });
+    futures::future::join_all(pods).await;
+    assert_eq!(
+        logins(&agent).await,
+        1,
+        "one kubernetes login for every pod of one service account"
+    );
+    let reviews = || -> Vec<_> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.path == "/apis/authentication.k8s.io/v1/tokenreviews")
+            .collect()
+    };
+    let reviews_so_far = reviews();
+    assert_eq!(
+        reviews_so_far.len(),
+        1,
+        "OpenBao reviewed the one login's token"
+    );
+    assert_eq!(reviews_so_far[0].method, "POST");
+    assert_eq!(reviews_so_far[0].identity, Some(openbao_sa));
+
+    // A pod of another service account: the role is bound to `web` only.
+    let worker = token_of("worker", "worker-0");
+    let denied = publish(&agent, "worker-0", "worker", "app", Some(&worker))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::PermissionDenied,
+        "{}",
+        denied.message()
+    );
+
+    // A token Kubernetes does not know (deleted pod or service account): PERMISSION_DENIED too.
+    let unknown = issuer.token(
+        ("shop", "web"),
+        &api.service_account_uid("shop", "web"),
+        "gone",
+        AUDIENCE,
+    );
+    let gone = publish(&agent, "gone", "web-gone", "app", Some(&unknown))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::PermissionDenied, "{}", gone.message());
+    assert_eq!(
+        reviews().len(),
+        2,
+        "OpenBao refused `worker` before any review, and `gone` after the fake's review"
+    );
+
+    // The fake's TokenReview as OpenBao saw it, and its refusals.
+    let review = |token: &str, audiences: &[&str]| {
+        let body = json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        });
+        axum::http::Request::post("/apis/authentication.k8s.io/v1/tokenreviews")
+            .header("content-type", "application/json")
+            .body(body.to_string().into_bytes())
+            .unwrap()
+    };
+    let as_reviewer = api.client(&reviewer).await;
+    let ok: Value = as_reviewer
+        .request(review(&first, &[AUDIENCE]))
+        .await
+        .unwrap();
+    assert_eq!(ok["status"]["authenticated"], true, "{ok}");
+    assert_eq!(
+        ok["status"]["user"]["username"],
+        "system:serviceaccount:shop:web"
+    );
+    assert_eq!(
+        ok["status"]["user"]["uid"],
+        api.service_account_uid("shop", "web")
+    );
+    assert_eq!(
+        ok["status"]["user"]["groups"],
+        json!([
+            "system:serviceaccounts",
+            "system:serviceaccounts:shop",
+            "system:authenticated"
+        ])
+    );
+    assert_eq!(ok["status"]["audiences"], json!([AUDIENCE]));
+    let other: Value = as_reviewer
+        .request(review(&first, &["not-vault"]))
+        .await
+        .unwrap();
+    assert_eq!(other["status"]["authenticated"], false, "{other}");
+    assert!(
+        other["status"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("audiences"),
+        "{other}"
+    );
+    // A pod's token is for Vault only: the API itself refuses it (401), and a caller without
+    // the `create tokenreviews` permission gets 403.
+    let as_pod = api.client(&first).await;
+    let err = as_pod
+        .request::<Value>(review(&first, &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 401),
+        "{err:?}"
+    );
+    let stranger = format!("stranger-{}", random_hex(16));
+    api.add_identity(&stranger, Identity::service_account("shop", "web"));
+    let as_stranger = api.client(&stranger).await;
+    let err = as_stranger
+        .request::<Value>(review(&first, &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "{err:?}"
+    );
+
+    let mut secrets: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    secrets.extend([
+        first.as_str(),
+        worker.as_str(),
+        stranger.as_str(),
+        unknown.as_str(),
+        reviewer.as_str(),
+        bao.root_token.as_str(),
+        DB_V1,
+        DB_V2,
+        API_KEY,
+        KV1_VALUE,
+    ]);
+    assert_no_leak(
+        &agent,
+        &[denied.message().to_string(), gone.message().to_string()],
+        &secrets,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

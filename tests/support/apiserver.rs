@@ -21,14 +21,20 @@
 //! - server-owned fields: uid, creationTimestamp, resourceVersion, generation (CRDs); Secret
 //!   `stringData` folded into base64 `data`; Namespaces get phase `Active` and the
 //!   `kubernetes.io/metadata.name` label; creating in a missing namespace is a 404;
-//! - authentication by bearer token (unknown or missing token: 401) and a small RBAC-like rule
-//!   table (anything not allowed: 403 with the real message shape); errors are `Status` JSON.
+//! - authentication by bearer token (unknown or missing token: 401; a token bound to audiences
+//!   that exclude [`API_AUDIENCE`]: 401) and a small RBAC-like rule table (anything not
+//!   allowed: 403 with the real message shape); errors are `Status` JSON;
+//! - TokenReview (`POST /apis/authentication.k8s.io/v1/tokenreviews`, verb `create` on
+//!   `tokenreviews` in `authentication.k8s.io`): the registered tokens' identities with
+//!   username, uid (one per service account, see [`FakeApiServer::service_account_uid`]),
+//!   groups and audiences, as Vault's and OpenBao's kubernetes auth method call it.
 //!
 //! What it does not do: TLS, discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
 //! validation of CRD objects, strategic-merge, JSON and server-side-apply patches (415),
 //! `dryRun`, deletecollection, finalizers and graceful deletion, namespace termination (deleting
 //! a Namespace does not delete its contents), Table/PartialObjectMetadata responses, periodic
-//! bookmarks, TokenRequest, impersonation, and signature checks on JWT-looking tokens. The
+//! bookmarks, TokenRequest, impersonation, other authentication/authorization reviews, and
+//! signature checks on JWT-looking tokens (a TokenReview trusts the registered tokens). The
 //! history kept for watches grows until `compact()` is called.
 
 use std::collections::hash_map::RandomState;
@@ -54,6 +60,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub const AGENT_NAMESPACE: &str = "latchkey";
 /// Name of the node agent's service account (as in `daemonset/rbac.yaml`).
 pub const AGENT_SERVICE_ACCOUNT: &str = "latchkey-node";
+
+/// The API server's own audience: what a token must be for to call the API, and what a
+/// TokenReview with no `spec.audiences` checks against.
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// Largest request body accepted (the real server's limit is 3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -232,11 +242,31 @@ impl FakeApiServer {
         kube::Client::try_from(config).expect("kube client")
     }
 
-    /// Makes `token` authenticate as `identity`.
+    /// Makes `token` authenticate as `identity`, for any audience (API calls and every
+    /// TokenReview).
     pub fn add_identity(&self, token: &str, identity: Identity) {
-        lock(&self.shared.auth)
-            .tokens
-            .insert(token.to_string(), identity);
+        let mut auth = lock(&self.shared.auth);
+        auth.tokens.insert(token.to_string(), identity);
+        auth.audiences.remove(token);
+    }
+
+    /// Makes `token` authenticate as `identity` for these audiences only, as a projected token
+    /// does: it calls the API only when they include [`API_AUDIENCE`], and a TokenReview
+    /// authenticates it only for audiences it shares with the review's `spec.audiences`.
+    pub fn add_identity_for_audiences(&self, token: &str, identity: Identity, audiences: &[&str]) {
+        let mut auth = lock(&self.shared.auth);
+        auth.tokens.insert(token.to_string(), identity);
+        let audiences = audiences.iter().map(|a| a.to_string()).collect();
+        auth.audiences.insert(token.to_string(), audiences);
+    }
+
+    /// The uid of service account `namespace/name` (random, fixed for this server), as a
+    /// TokenReview reports it and as its tokens' `kubernetes.io.serviceaccount.uid` claim must
+    /// carry it.
+    pub fn service_account_uid(&self, namespace: &str, name: &str) -> String {
+        self.shared
+            .uid_of(&Identity::service_account(namespace, name))
+            .unwrap_or_default()
     }
 
     /// Allows `verb` on `resource` (`secrets`, `externalsecrets/status`, `*`) of API `group`
@@ -1098,6 +1128,10 @@ struct Rule {
 #[derive(Default)]
 struct Auth {
     tokens: HashMap<String, Identity>,
+    /// The audiences of tokens bound to some; a token absent here is good for any.
+    audiences: HashMap<String, Vec<String>>,
+    /// Service account uids by username, assigned on first use.
+    uids: HashMap<String, String>,
     rules: Vec<Rule>,
 }
 
@@ -1601,7 +1635,26 @@ impl Shared {
         if !scheme.eq_ignore_ascii_case("bearer") {
             return None;
         }
-        lock(&self.auth).tokens.get(token.trim()).cloned()
+        let auth = lock(&self.auth);
+        let token = token.trim();
+        if let Some(audiences) = auth.audiences.get(token)
+            && !audiences.iter().any(|a| a == API_AUDIENCE)
+        {
+            return None;
+        }
+        auth.tokens.get(token).cloned()
+    }
+
+    /// The uid of a service account identity, assigned on first use; `None` for users.
+    fn uid_of(&self, identity: &Identity) -> Option<String> {
+        identity.namespace()?;
+        let username = identity.username();
+        if let Some(uid) = lock(&self.auth).uids.get(&username) {
+            return Some(uid.clone());
+        }
+        let fresh = lock(&self.store).new_uid();
+        let mut auth = lock(&self.auth);
+        Some(auth.uids.entry(username).or_insert(fresh).clone())
     }
 
     fn authorize(&self, who: &Identity, request: &Attributes<'_>) -> Result<(), ApiError> {
@@ -1641,6 +1694,9 @@ async fn serve(
     body: Body,
 ) -> Result<Response, ApiError> {
     let identity = identity.ok_or_else(ApiError::unauthorized)?;
+    if parts.uri.path().trim_end_matches('/') == TOKEN_REVIEWS_PATH {
+        return token_review(shared, &identity, parts, body).await;
+    }
     let target = parse_path(parts.uri.path())?;
     let query = Query::parse(parts.uri.query().unwrap_or(""))?;
     let verb = verb_of(&parts.method, &target, &query)?;
@@ -2257,4 +2313,134 @@ fn bookmark_line(kind: &Kind, rv: u64, initial_events_end: bool) -> Bytes {
     }
     let object = json!({"kind": kind.kind, "apiVersion": kind.api_version(), "metadata": metadata});
     event_line("BOOKMARK", &object)
+}
+
+// ---------------------------------------------------------------------------------------------
+// TokenReview
+// ---------------------------------------------------------------------------------------------
+
+const TOKEN_REVIEWS_PATH: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+
+/// `authentication.k8s.io/v1` TokenReviews: create-only, never stored.
+static TOKEN_REVIEW_KIND: Kind = Kind {
+    group: "authentication.k8s.io",
+    version: "v1",
+    plural: "tokenreviews",
+    kind: "TokenReview",
+    namespaced: false,
+    crd: false,
+    status_subresource: false,
+    fields: &[],
+};
+
+/// Reviews `spec.token` for a caller allowed to `create` `tokenreviews`; 201 with the review.
+async fn token_review(
+    shared: &Shared,
+    identity: &Identity,
+    parts: &Parts,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if parts.method != Method::POST {
+        return Err(ApiError::method_not_allowed());
+    }
+    let attributes = Attributes {
+        verb: "create",
+        kind: &TOKEN_REVIEW_KIND,
+        subresource: None,
+        namespace: None,
+        name: None,
+    };
+    shared.authorize(identity, &attributes)?;
+    let body = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+    let review = parse_json(&body)?;
+    let kind = &TOKEN_REVIEW_KIND;
+    let wrong_type = |field: &str, want: &str| {
+        let found = review.get(field).and_then(Value::as_str).unwrap_or(want);
+        found != want
+    };
+    if wrong_type("apiVersion", &kind.api_version()) || wrong_type("kind", kind.kind) {
+        return Err(ApiError::bad_request(format!(
+            "the body of the request was in an unknown format: expected {} {}",
+            kind.api_version(),
+            kind.kind
+        )));
+    }
+    let token = review
+        .pointer("/spec/token")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if token.is_empty() {
+        return Err(ApiError::invalid(kind, "", "spec.token", "Required value"));
+    }
+    let requested: Vec<String> = match review.pointer("/spec/audiences") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|a| a.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::bad_request("spec.audiences: expected strings"))?,
+        Some(_) => return Err(ApiError::bad_request("spec.audiences: expected a list")),
+    };
+    let status = review_status(shared, token, &requested);
+    let mut spec = json!({"token": token});
+    if !requested.is_empty() {
+        spec["audiences"] = json!(requested);
+    }
+    let answer = json!({
+        "kind": kind.kind,
+        "apiVersion": kind.api_version(),
+        "metadata": {"creationTimestamp": null},
+        "spec": spec,
+        "status": status,
+    });
+    Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+/// The `status` of a review of `token` for `requested` audiences (the API's own when empty).
+fn review_status(shared: &Shared, token: &str, requested: &[String]) -> Value {
+    let wanted: Vec<String> = if requested.is_empty() {
+        vec![API_AUDIENCE.to_string()]
+    } else {
+        requested.to_vec()
+    };
+    let (identity, bound) = {
+        let auth = lock(&shared.auth);
+        (
+            auth.tokens.get(token).cloned(),
+            auth.audiences.get(token).cloned(),
+        )
+    };
+    let failed = |error: String| json!({"authenticated": false, "user": {}, "error": error});
+    let Some(identity) = identity else {
+        return failed("[invalid bearer token, token is not valid]".to_string());
+    };
+    let audiences = match bound {
+        None => wanted,
+        Some(bound) => {
+            let shared_audiences: Vec<String> = wanted
+                .iter()
+                .filter(|a| bound.contains(a))
+                .cloned()
+                .collect();
+            if shared_audiences.is_empty() {
+                return failed(format!(
+                    "[invalid bearer token, token audiences {bound:?} is invalid for the target \
+                     audiences {wanted:?}]"
+                ));
+            }
+            shared_audiences
+        }
+    };
+    let mut user = json!({"username": identity.username()});
+    let mut groups = Vec::new();
+    if let Some(namespace) = identity.namespace() {
+        groups.push("system:serviceaccounts".to_string());
+        groups.push(format!("system:serviceaccounts:{namespace}"));
+        user["uid"] = json!(shared.uid_of(&identity));
+    }
+    groups.push("system:authenticated".to_string());
+    user["groups"] = json!(groups);
+    json!({"authenticated": true, "user": user, "audiences": audiences})
 }

@@ -1,6 +1,7 @@
 //! A real OpenBao dev server (`bao server -dev`) for the Vault provider's end-to-end tests:
 //! started on a free loopback port with a random root token, configured through its HTTP API,
-//! killed on Drop. Also signs pod JWTs with a local Ed25519 key for the jwt auth method.
+//! killed on Drop. Also signs pod JWTs with a local Ed25519 key for the jwt auth method, and
+//! Kubernetes-shaped projected service account tokens (ES256) for the kubernetes auth method.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -9,9 +10,26 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use ring::rand::SecureRandom;
-use ring::signature::{Ed25519KeyPair, KeyPair};
+use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, Ed25519KeyPair, KeyPair};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A self-signed CA certificate (its key thrown away) for OpenBao's kubernetes auth config:
+/// outside a pod OpenBao insists on `kubernetes_ca_cert` (with `disable_local_ca_jwt`, or it
+/// reads the missing in-pod CA file), though it never uses it for a plain-http
+/// `kubernetes_host`.
+const UNUSED_CA_CERT: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIIBmzCCAUGgAwIBAgIUPiAWyF6fUYxvznH4RFlOSFAc/4kwCgYIKoZIzj0EAwIw\n\
+IjEgMB4GA1UEAwwXbGF0Y2hrZXktdGVzdC11bnVzZWQtY2EwIBcNMjYxMTIxMTQy\n\
+NjIwWhgPMjEyNjEwMjgxNDI2MjBaMCIxIDAeBgNVBAMMF2xhdGNoa2V5LXRlc3Qt\n\
+dW51c2VkLWNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEWkzoqPVzvrfnRLXH\n\
+VMOGZK5xRXxO6fyYAbpo1nceF+Ojzq47Ua8MNRWxi9CcRDTppnDfXOmu1MFlXt93\n\
+eWZaDKNTMFEwHQYDVR0OBBYEFO7/s1cB+WtkuxartCpMXWooN2k3MB8GA1UdIwQY\n\
+MBaAFO7/s1cB+WtkuxartCpMXWooN2k3MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZI\n\
+zj0EAwIDSAAwRQIgLzb0wNf4sidjFtY6vHC2DNUVAJEsxW6YONw+WlMl+GACIQC9\n\
+Zu0JYKicf+G9OyJziWm05PVDLPY019lDcxYrMXNcVw==\n\
+-----END CERTIFICATE-----\n";
 
 /// Random hex, for tokens and ids.
 pub fn random_hex(bytes: usize) -> String {
@@ -249,6 +267,50 @@ impl OpenBao {
         )
         .await;
     }
+
+    /// Enables kubernetes auth at `kubernetes`, checking tokens with the TokenReview API of
+    /// `kubernetes_host` (plain http) as `reviewer_jwt`, with role `role` for service
+    /// account `namespace/service_account` and tokens for `audience`.
+    pub async fn kubernetes(
+        &self,
+        kubernetes_host: &str,
+        reviewer_jwt: &str,
+        role: &str,
+        (namespace, service_account): (&str, &str),
+        audience: &str,
+        policies: &[&str],
+    ) {
+        self.api(
+            "POST",
+            "sys/auth/kubernetes",
+            Some(json!({"type": "kubernetes"})),
+        )
+        .await;
+        self.api(
+            "POST",
+            "auth/kubernetes/config",
+            Some(json!({
+                "kubernetes_host": kubernetes_host,
+                "token_reviewer_jwt": reviewer_jwt,
+                "kubernetes_ca_cert": UNUSED_CA_CERT,
+                "disable_local_ca_jwt": true,
+                "disable_iss_validation": true,
+            })),
+        )
+        .await;
+        self.api(
+            "POST",
+            &format!("auth/kubernetes/role/{role}"),
+            Some(json!({
+                "bound_service_account_names": [service_account],
+                "bound_service_account_namespaces": [namespace],
+                "audience": audience,
+                "token_policies": policies,
+                "token_ttl": "1h",
+            })),
+        )
+        .await;
+    }
 }
 
 impl Drop for OpenBao {
@@ -313,6 +375,69 @@ impl JwtIssuer {
             URL_SAFE_NO_PAD.encode(claims.to_string())
         );
         let sig = self.key.sign(signing_input.as_bytes());
+        format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+    }
+}
+
+/// Signs tokens shaped like the kubelet's projected service account tokens (ES256, with the
+/// `kubernetes.io` claim), which OpenBao's kubernetes auth method parses before it asks the
+/// TokenReview API about them.
+pub struct ServiceAccountTokenIssuer {
+    key: EcdsaKeyPair,
+}
+
+impl Default for ServiceAccountTokenIssuer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServiceAccountTokenIssuer {
+    /// A fresh P-256 key pair.
+    pub fn new() -> Self {
+        let rng = ring::rand::SystemRandom::new();
+        let alg = &ECDSA_P256_SHA256_FIXED_SIGNING;
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+        Self {
+            key: EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap(),
+        }
+    }
+
+    /// A token of pod `pod` running as `namespace/service_account` (whose uid is `sa_uid`),
+    /// valid for an hour, for `audience`.
+    pub fn token(
+        &self,
+        (namespace, service_account): (&str, &str),
+        sa_uid: &str,
+        pod: &str,
+        audience: &str,
+    ) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let header = json!({"alg": "ES256", "typ": "JWT", "kid": "test"});
+        let claims = json!({
+            "iss": "https://kubernetes.default.svc.cluster.local",
+            "sub": format!("system:serviceaccount:{namespace}:{service_account}"),
+            "aud": [audience],
+            "iat": now,
+            "nbf": now - 5,
+            "exp": now + 3600,
+            "jti": random_hex(8),
+            "kubernetes.io": {
+                "namespace": namespace,
+                "pod": {"name": pod, "uid": random_hex(16)},
+                "serviceaccount": {"name": service_account, "uid": sa_uid},
+            },
+        });
+        let signing_input = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header.to_string()),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        );
+        let rng = ring::rand::SystemRandom::new();
+        let sig = self.key.sign(&rng, signing_input.as_bytes()).unwrap();
         format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
     }
 }
