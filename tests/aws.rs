@@ -465,3 +465,107 @@ async fn keys_the_backend_rejects_are_permission_denied() {
     assert_no_leak(err.message(), "the denial");
     assert_log_has_no_leak(&agent);
 }
+
+/// The value of one metric series (0 before the agent creates it).
+async fn metric(agent: &Agent, series: &str) -> f64 {
+    let (_, body) = agent.http_get("/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_waits_for_the_refresh_interval_and_swaps_related_files_together() {
+    const GETS: &str =
+        "latchkey_backend_requests_total{provider=\"aws\",operation=\"get\",result=\"success\"}";
+    let moto = Moto::start().await;
+    let sm = moto.client();
+    let value = |g: usize| format!(r#"{{"user":"user-{g}","pass":"pass-{g}"}}"#);
+    sm.create_secret()
+        .name("app/rotating")
+        .secret_string(value(0))
+        .send()
+        .await
+        .unwrap();
+    let rotate = |g: usize| {
+        sm.put_secret_value()
+            .secret_id("app/rotating")
+            .secret_string(value(g))
+            .send()
+    };
+    let m = creds_secret("shop")
+        + &secret_ref_store("aws", &moto.endpoint)
+        + "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+           metadata: {name: rotating, namespace: shop}\nspec:\n  secretStoreRef: {name: aws}\n  \
+           refreshInterval: 1s\n  data:\n  \
+           - {secretKey: user, remoteRef: {key: app/rotating, property: user}}\n  \
+           - {secretKey: pass, remoteRef: {key: app/rotating, property: pass}}\n";
+    let agent = Agent::start(&[("aws.yaml", &m)], &[]).await;
+    let target = agent.target("rot");
+    let republish = || async {
+        agent
+            .node()
+            .await
+            .node_publish_volume(pod(&agent, "rot", "rotating", "default", false))
+            .await
+            .unwrap()
+    };
+    republish().await;
+    assert_eq!(read(&target.join("user")), "user-0");
+    let gets = metric(&agent, GETS).await;
+    assert!(gets >= 1.0, "the mount read the backend");
+
+    // Changed in the backend, republished before due: same content, no backend call.
+    rotate(1).await.unwrap();
+    republish().await;
+    assert_eq!(read(&target.join("user")), "user-0");
+    assert_eq!(read(&target.join("pass")), "pass-0");
+    assert_eq!(
+        metric(&agent, GETS).await,
+        gets,
+        "no backend call before due"
+    );
+
+    // Due: new content, the two files always of one generation for a concurrent reader.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, target) = (std::sync::Arc::clone(&stop), target.clone());
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let mut pairs = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Read both through one resolution of `..data`; it may vanish after a swap.
+                let Ok(dir) = std::fs::File::open(target.join("..data")) else {
+                    continue;
+                };
+                let at = |name: &str| {
+                    std::fs::read_to_string(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()))
+                        .ok()
+                };
+                if let (Some(user), Some(pass)) = (at("user"), at("pass")) {
+                    assert_eq!(
+                        user.strip_prefix("user-"),
+                        pass.strip_prefix("pass-"),
+                        "one snapshot mixes two rotations"
+                    );
+                    pairs += 1;
+                }
+            }
+            pairs
+        })
+    };
+    for generation in 1..=3 {
+        if generation > 1 {
+            rotate(generation).await.unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1050)).await;
+        republish().await;
+        assert_eq!(read(&target.join("user")), format!("user-{generation}"));
+        assert_eq!(read(&target.join("pass")), format!("pass-{generation}"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let pairs = reader.join().expect("the reader saw a mixed snapshot");
+    assert!(pairs > 0, "the reader read the volume");
+    assert_eq!(metric(&agent, GETS).await, gets + 3.0);
+    assert_log_has_no_leak(&agent);
+}

@@ -568,8 +568,24 @@ async fn denied_missing_and_unreachable_map_to_grpc_codes_naming_the_key() {
     assert_eq!(sealed.code(), Code::Unavailable, "{}", sealed.message());
     assert!(sealed.message().contains("sealed"), "{}", sealed.message());
     assert!(sealed.message().contains("legacy"), "{}", sealed.message());
+    // The store is now backing off for this service account: the next publish fails fast,
+    // without calling the backend, and says so.
+    let backing_off = publish(&agent, "sealed-again", "default", "legacy", None)
+        .await
+        .unwrap_err();
+    assert_eq!(backing_off.code(), Code::Unavailable);
+    assert!(
+        backing_off.message().contains("backing off")
+            && backing_off.message().contains("namespace \"shop\"")
+            && backing_off.message().contains("ExternalSecret \"legacy\"")
+            && backing_off.message().contains("vault-v1"),
+        "{}",
+        backing_off.message()
+    );
 
     bao.stop();
+    // Past the first backoff delay (at most one second) the backend is tried again.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let down = publish(&agent, "down", "default", "app", None)
         .await
         .unwrap_err();
@@ -582,8 +598,202 @@ async fn denied_missing_and_unreachable_map_to_grpc_codes_naming_the_key() {
             denied.message().to_string(),
             missing.message().to_string(),
             sealed.message().to_string(),
+            backing_off.message().to_string(),
             down.message().to_string(),
         ],
         &[&token, &bao.root_token, FORBIDDEN_VALUE, DB_V1, DB_V2],
     );
+}
+
+/// The value of one metric series (0 when the agent has not created it yet).
+async fn metric(agent: &Agent, series: &str) -> f64 {
+    let (code, body) = agent.http_get("/metrics").await;
+    assert_eq!(code, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+const GETS_OK: &str =
+    "latchkey_backend_requests_total{provider=\"vault\",operation=\"get\",result=\"success\"}";
+const GETS_UNAVAILABLE: &str =
+    "latchkey_backend_requests_total{provider=\"vault\",operation=\"get\",result=\"unavailable\"}";
+const REFRESH_FAILED: &str = "latchkey_node_refresh_total{result=\"failed\"}";
+
+/// A token-auth agent with an ExternalSecret `rotating` refreshed every second: two files from
+/// one remote JSON secret `app/rotating`, which must always change together.
+async fn rotating_agent(bao: &OpenBao) -> Agent {
+    let token = bao.token(&["read"], "1h").await;
+    let rotating = "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+        metadata: {name: rotating, namespace: shop}\nspec:\n  secretStoreRef: {name: vault}\n  \
+        refreshInterval: 1s\n  data:\n  \
+        - {secretKey: user, remoteRef: {key: app/rotating, property: user}}\n  \
+        - {secretKey: pass, remoteRef: {key: app/rotating, property: pass}}\n";
+    let m = manifests(
+        bao,
+        "{tokenSecretRef: {name: vault-token, key: token}}",
+        &(credential_secret("vault-token", "token", &token) + rotating),
+    );
+    Agent::start(&[("vault.yaml", &m)], &[]).await
+}
+
+async fn rotate(bao: &OpenBao, generation: usize) {
+    bao.put_v2(
+        "secret",
+        "app/rotating",
+        json!({"user": format!("user-{generation}"), "pass": format!("pass-{generation}")}),
+    )
+    .await;
+}
+
+/// Reads `user` and `pass` through one resolution of `..data` until told to stop, panicking on a
+/// mix of generations. Returns how many consistent pairs it read.
+fn read_pairs_until_stopped(target: PathBuf, stop: &std::sync::atomic::AtomicBool) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut pairs = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // The directory resolved here may be removed right after a swap: ENOENT is fine.
+        let Ok(dir) = std::fs::File::open(target.join("..data")) else {
+            continue;
+        };
+        let at = |name: &str| {
+            std::fs::read_to_string(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd())).ok()
+        };
+        if let (Some(user), Some(pass)) = (at("user"), at("pass")) {
+            assert_eq!(
+                user.strip_prefix("user-"),
+                pass.strip_prefix("pass-"),
+                "one snapshot mixes two rotations"
+            );
+            pairs += 1;
+        }
+    }
+    pairs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_waits_for_the_refresh_interval_and_swaps_related_files_together() {
+    let bao = bao().await;
+    rotate(&bao, 0).await;
+    let agent = rotating_agent(&bao).await;
+    let t = publish(&agent, "rot", "default", "rotating", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "user"), "user-0");
+    let gets = metric(&agent, GETS_OK).await;
+    assert!(gets >= 1.0, "the mount read the backend");
+
+    // Changed in the backend, republished before it is due: nothing changes, no backend call.
+    rotate(&bao, 1).await;
+    publish(&agent, "rot", "default", "rotating", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "user"), "user-0");
+    assert_eq!(read(&t, "pass"), "pass-0");
+    assert_eq!(
+        metric(&agent, GETS_OK).await,
+        gets,
+        "no backend call before due"
+    );
+
+    // Due: the new content, both files of one generation, while a reader keeps reading.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, target) = (std::sync::Arc::clone(&stop), t.clone());
+        std::thread::spawn(move || read_pairs_until_stopped(target, &stop))
+    };
+    for generation in 1..=4 {
+        if generation > 1 {
+            rotate(&bao, generation).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1050)).await;
+        publish(&agent, "rot", "default", "rotating", None)
+            .await
+            .unwrap();
+        assert_eq!(read(&t, "user"), format!("user-{generation}"));
+        assert_eq!(read(&t, "pass"), format!("pass-{generation}"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let pairs = reader.join().expect("the reader saw a mixed snapshot");
+    assert!(pairs > 0, "the reader read the volume");
+    assert_eq!(
+        metric(&agent, GETS_OK).await,
+        gets + 4.0,
+        "one backend read per due refresh"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_during_refresh_keeps_the_content_and_backs_off() {
+    let mut bao = bao().await;
+    rotate(&bao, 0).await;
+    let agent = rotating_agent(&bao).await;
+    let t = publish(&agent, "rot", "default", "rotating", None)
+        .await
+        .unwrap();
+    let other = publish(&agent, "rot-2", "default", "rotating", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "user"), "user-0");
+
+    bao.stop();
+    tokio::time::sleep(std::time::Duration::from_millis(1050)).await;
+    // Due, backend down: success, old content kept, a failed refresh.
+    publish(&agent, "rot", "default", "rotating", None)
+        .await
+        .expect("a failed refresh is not a failed publish");
+    assert_eq!(read(&t, "user"), "user-0");
+    assert_eq!(read(&t, "pass"), "pass-0");
+    assert_eq!(metric(&agent, REFRESH_FAILED).await, 1.0);
+    let attempts = metric(&agent, GETS_UNAVAILABLE).await;
+    assert_eq!(attempts, 1.0, "one backend attempt");
+    assert!(
+        agent
+            .log_text()
+            .contains("refresh failed; keeping the previous content"),
+        "{}",
+        agent.log_text()
+    );
+
+    // More republishes right away, of this volume and of another one due with the same store
+    // and service account: no further backend attempt while the backoff delay runs.
+    for _ in 0..3 {
+        publish(&agent, "rot", "default", "rotating", None)
+            .await
+            .unwrap();
+        publish(&agent, "rot-2", "default", "rotating", None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(read(&other, "user"), "user-0");
+    assert_eq!(
+        metric(&agent, GETS_UNAVAILABLE).await,
+        attempts,
+        "backing off"
+    );
+    assert!(
+        metric(&agent, REFRESH_FAILED).await >= 2.0,
+        "rot-2's refresh failed too"
+    );
+    assert!(
+        agent
+            .log_text()
+            .contains("backing off after 1 failed attempt(s)"),
+        "{}",
+        agent.log_text()
+    );
+
+    // Once the delay (at most one second) has passed, the backend is tried again: once.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    for _ in 0..3 {
+        publish(&agent, "rot", "default", "rotating", None)
+            .await
+            .unwrap();
+        publish(&agent, "rot-2", "default", "rotating", None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(metric(&agent, GETS_UNAVAILABLE).await, attempts + 1.0);
+    assert_eq!(read(&t, "user"), "user-0");
+    assert_eq!(read(&other, "pass"), "pass-0");
 }

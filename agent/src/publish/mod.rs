@@ -2,12 +2,13 @@
 //! volume. The CSI edge parses requests into [`PublishRequest`] and maps [`PublishError`] to a
 //! status code; everything in between lives here.
 
+pub mod backoff;
 mod locks;
 pub mod schedule;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
@@ -108,6 +109,7 @@ pub struct Publisher {
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
     schedule: Schedule,
+    backoff: backoff::Backoff,
     cache: ValueCache,
 }
 
@@ -129,6 +131,7 @@ impl Publisher {
             events,
             locks: locks::TargetLocks::default(),
             schedule: Schedule::default(),
+            backoff: backoff::Backoff::default(),
         }
     }
 
@@ -147,7 +150,9 @@ impl Publisher {
             return Ok(Outcome::NotDue);
         }
         let group = req.group;
-        let resolved = self.resolve(req).await;
+        // Set when the backend is backing off: how long until the next allowed attempt.
+        let mut retry = None;
+        let resolved = self.resolve(req, &mut retry).await;
         let refresh = resolved
             .as_ref()
             .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
@@ -200,7 +205,7 @@ impl Publisher {
                 Ok(Outcome::Refreshed { changed })
             }
             Attempt::Refresh(Err(error)) => {
-                self.schedule.failed(&req.target, refresh, now);
+                self.schedule.failed(&req.target, refresh, now, retry);
                 warn!(%error, "refresh failed; keeping the previous content");
                 let message = format!("{error} (the volume keeps its previous content)");
                 self.events.warn(&req.pod, REFRESH_FAILED, &message);
@@ -225,9 +230,12 @@ impl Publisher {
     }
 
     /// Identity -> binding -> fetch -> files. No side effects.
+    /// Sets `retry` to the wait until the next allowed backend attempt when the (store, identity)
+    /// is backing off.
     async fn resolve(
         &self,
         req: &PublishRequest,
+        retry: &mut Option<Duration>,
     ) -> Result<(Context, Vec<VolumeFile>, Refresh), PublishError> {
         let binding = bind(&*self.catalog, &req.pod.namespace, &req.external_secret).await?;
         let refresh = Refresh::parse(binding.external_secret.spec.refresh_interval.as_deref())
@@ -275,33 +283,60 @@ impl Publisher {
         let identity = format!("{}/{}", req.pod.namespace, req.pod.service_account);
         let spec = &binding.external_secret.spec;
         let plan = resolve::plan(&ctx, spec)?;
-        let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
-            let cache_key = CacheKey {
-                store: store.clone(),
-                identity: identity.clone(),
-                key: key.clone(),
-            };
-            async {
-                let fetch = || async { provider().await?.get(&key).await };
-                let value = self
-                    .cache
-                    .get_or_fetch(cache_key, refresh.max_age(), fetch)
-                    .await
-                    .map_err(|e| provider_err(Some(key.clone()), e))?;
-                Ok::<_, PublishError>((key, value))
-            }
-        }))
-        .await?;
-        let mut fetched: Fetched = values.into_iter().collect();
-        for (index, query) in &plan.finds {
-            let found = provider()
-                .await
-                .map_err(|e| provider_err(None, e))?
-                .find(query)
-                .await
-                .map_err(|e| provider_err(None, e))?;
-            fetched.insert_found(*index, found);
+        // A backend that keeps failing is left alone until its backoff delay has passed.
+        let started = Instant::now();
+        if let Some(off) = self.backoff.check(&store, &identity, started) {
+            let wait = off.next.saturating_duration_since(started);
+            *retry = Some(wait);
+            return Err(provider_err(
+                None,
+                ProviderError::Unavailable(format!(
+                    "backing off after {} failed attempt(s) as service account {identity}; \
+                     next attempt in {:.1}s",
+                    off.failures,
+                    wait.as_secs_f64()
+                )),
+            ));
         }
+        let fetched = async {
+            let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
+                let cache_key = CacheKey {
+                    store: store.clone(),
+                    identity: identity.clone(),
+                    key: key.clone(),
+                };
+                async {
+                    let fetch = || async { provider().await?.get(&key).await };
+                    let value = self
+                        .cache
+                        .get_or_fetch(cache_key, refresh.max_age(), fetch)
+                        .await
+                        .map_err(|e| provider_err(Some(key.clone()), e))?;
+                    Ok::<_, PublishError>((key, value))
+                }
+            }))
+            .await?;
+            let mut fetched: Fetched = values.into_iter().collect();
+            for (index, query) in &plan.finds {
+                let found = provider()
+                    .await
+                    .map_err(|e| provider_err(None, e))?
+                    .find(query)
+                    .await
+                    .map_err(|e| provider_err(None, e))?;
+                fetched.insert_found(*index, found);
+            }
+            Ok::<_, PublishError>(fetched)
+        }
+        .await;
+        match &fetched {
+            Ok(_) => self.backoff.succeeded(&store, &identity),
+            Err(PublishError::Provider { source, .. }) if backoff::is_transient(source) => {
+                *retry = Some(self.backoff.failed(&store, &identity, Instant::now()));
+            }
+            Err(_) => {}
+        }
+        let fetched = fetched?;
         let entries = resolve::entries(
             &ctx,
             spec,

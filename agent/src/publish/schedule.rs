@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 /// ESO's default when an ExternalSecret sets no `refreshInterval`.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(3600);
-/// How long a failed refresh waits before the next attempt (a later issue adds per-backend
-/// exponential backoff); never longer than the refresh interval itself.
+/// How long a failed refresh waits before the next attempt when the backend is not backing off
+/// (the failure was not transient); never longer than the refresh interval itself.
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
 
 /// How often an ExternalSecret's values are refreshed.
@@ -74,11 +74,13 @@ impl Schedule {
         self.set(target, next);
     }
 
-    /// Records a failed refresh: try again after a short wait, not at the next republish.
-    pub fn failed(&self, target: &Path, refresh: Refresh, now: Instant) {
-        let wait = match refresh {
-            Refresh::Every(d) => d.min(RETRY_AFTER_FAILURE),
-            Refresh::Never => RETRY_AFTER_FAILURE,
+    /// Records a failed refresh: try again once the backend's backoff delay `backoff` has passed
+    /// or, when it is not backing off, after a short wait; not at the next republish.
+    pub fn failed(&self, target: &Path, refresh: Refresh, now: Instant, backoff: Option<Duration>) {
+        let wait = match (backoff, refresh) {
+            (Some(d), _) => d,
+            (None, Refresh::Every(d)) => d.min(RETRY_AFTER_FAILURE),
+            (None, Refresh::Never) => RETRY_AFTER_FAILURE,
         };
         self.set(target, Some(now + wait));
     }
@@ -130,8 +132,20 @@ mod tests {
         assert!(!s.is_fresh(t, now + Duration::from_secs(60)));
         s.refreshed(t, Refresh::Never, now);
         assert!(s.is_fresh(t, now + Duration::from_secs(1 << 30)));
-        s.failed(t, Refresh::Every(Duration::from_secs(3600)), now);
+        s.failed(t, Refresh::Every(Duration::from_secs(3600)), now, None);
         assert!(!s.is_fresh(t, now + RETRY_AFTER_FAILURE));
+        s.failed(t, Refresh::Every(Duration::from_secs(1)), now, None);
+        assert!(!s.is_fresh(t, now + Duration::from_secs(1)));
+        // A backing-off backend: retried when its delay has passed, even past the interval.
+        let backoff = Duration::from_secs(120);
+        s.failed(
+            t,
+            Refresh::Every(Duration::from_secs(1)),
+            now,
+            Some(backoff),
+        );
+        assert!(s.is_fresh(t, now + backoff - Duration::from_millis(1)));
+        assert!(!s.is_fresh(t, now + backoff));
         s.remove(t);
         assert!(!s.is_fresh(t, now));
     }

@@ -1,0 +1,214 @@
+//! Exponential backoff with jitter per (store, auth identity), so that a backend which is down
+//! or throttling is not hammered by every republish of every volume that uses it.
+//!
+//! Only transient provider errors (unavailable, throttled, timed out) count as failures; a
+//! success resets. While a (store, identity) is backing off, publishes do not call the backend.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::providers::ProviderError;
+
+/// Delay after the first failure; doubled for each further consecutive failure.
+pub const BASE_DELAY: Duration = Duration::from_secs(1);
+/// Longest delay, however many failures in a row.
+pub const MAX_DELAY: Duration = Duration::from_secs(300);
+/// Largest fraction by which a delay is randomly shortened, so that volumes do not retry in step.
+pub const JITTER: f64 = 0.2;
+
+/// True for the errors that say "try again later" rather than "this will never work".
+pub fn is_transient(error: &ProviderError) -> bool {
+    matches!(
+        error,
+        ProviderError::Unavailable(_) | ProviderError::Throttled(_) | ProviderError::Timeout(_)
+    )
+}
+
+/// The delay after `failures` consecutive failures (at least 1), shortened by `jitter` (a
+/// fraction in [0, 1), scaled to [0, [`JITTER`])).
+pub fn delay(failures: u32, jitter: f64) -> Duration {
+    let exponent = failures.saturating_sub(1).min(16);
+    let full = BASE_DELAY.saturating_mul(1 << exponent).min(MAX_DELAY);
+    full.mul_f64(1.0 - jitter.clamp(0.0, 1.0) * JITTER)
+}
+
+/// Backoff state of one (store, identity).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    failures: u32,
+    next: Instant,
+}
+
+struct State {
+    entries: HashMap<(String, String), Entry>,
+    /// splitmix64 state for the jitter.
+    rng: u64,
+}
+
+impl State {
+    /// A uniformly distributed number in [0, 1).
+    fn unit(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Consecutive transient failures and the next allowed attempt, per (store, identity).
+pub struct Backoff {
+    state: Mutex<State>,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(State {
+                entries: HashMap::new(),
+                rng: RandomState::new().hash_one(std::time::SystemTime::now()),
+            }),
+        }
+    }
+}
+
+/// A (store, identity) that must not be called yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackingOff {
+    /// Consecutive transient failures so far.
+    pub failures: u32,
+    /// When the next attempt is allowed.
+    pub next: Instant,
+}
+
+impl Backoff {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `Some` while `(store, identity)` is backing off at `now`.
+    pub fn check(&self, store: &str, identity: &str, now: Instant) -> Option<BackingOff> {
+        let state = self.lock();
+        let entry = state
+            .entries
+            .get(&(store.to_string(), identity.to_string()))?;
+        (now < entry.next).then_some(BackingOff {
+            failures: entry.failures,
+            next: entry.next,
+        })
+    }
+
+    /// Records a transient failure at `now`; returns the delay until the next allowed attempt.
+    /// A failure reported while already backing off does not lengthen the delay.
+    pub fn failed(&self, store: &str, identity: &str, now: Instant) -> Duration {
+        let mut state = self.lock();
+        let jitter = state.unit();
+        let entry = state
+            .entries
+            .entry((store.to_string(), identity.to_string()))
+            .or_insert(Entry {
+                failures: 0,
+                next: now,
+            });
+        // Callers that shared one failed fetch (single-flight) report it once each: while the
+        // delay it started runs, further reports are the same attempt, not new failures.
+        if now < entry.next {
+            return entry.next - now;
+        }
+        entry.failures = entry.failures.saturating_add(1);
+        let wait = delay(entry.failures, jitter);
+        entry.next = now + wait;
+        wait
+    }
+
+    /// Records a success: the next failure starts from the base delay again.
+    pub fn succeeded(&self, store: &str, identity: &str) {
+        let mut state = self.lock();
+        if !state.entries.is_empty() {
+            state
+                .entries
+                .remove(&(store.to_string(), identity.to_string()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_double_up_to_five_minutes_and_jitter_only_shortens() {
+        assert_eq!(delay(1, 0.0), Duration::from_secs(1));
+        assert_eq!(delay(2, 0.0), Duration::from_secs(2));
+        assert_eq!(delay(4, 0.0), Duration::from_secs(8));
+        assert_eq!(delay(9, 0.0), Duration::from_secs(256));
+        assert_eq!(delay(10, 0.0), MAX_DELAY);
+        assert_eq!(delay(u32::MAX, 0.0), MAX_DELAY);
+        assert_eq!(delay(1, 0.5), Duration::from_millis(900));
+        assert!(delay(1, 0.999_999) > Duration::from_millis(800));
+        assert!(delay(3, 0.999_999) > Duration::from_millis(3200));
+    }
+
+    #[test]
+    fn only_unavailable_throttled_and_timeout_are_transient() {
+        assert!(is_transient(&ProviderError::Unavailable("x".into())));
+        assert!(is_transient(&ProviderError::Throttled("x".into())));
+        assert!(is_transient(&ProviderError::Timeout("x".into())));
+        assert!(!is_transient(&ProviderError::NotFound));
+        assert!(!is_transient(&ProviderError::PermissionDenied("x".into())));
+        assert!(!is_transient(&ProviderError::Config("x".into())));
+    }
+
+    #[test]
+    fn backs_off_per_store_and_identity_and_a_success_resets() {
+        let b = Backoff::default();
+        let t0 = Instant::now();
+        assert_eq!(b.check("s", "ns/sa", t0), None);
+        let first = b.failed("s", "ns/sa", t0);
+        assert!(first > Duration::from_millis(800) && first <= BASE_DELAY);
+        let blocked = b.check("s", "ns/sa", t0).unwrap();
+        assert_eq!(
+            blocked,
+            BackingOff {
+                failures: 1,
+                next: t0 + first
+            }
+        );
+        // Other identities and stores are not affected.
+        assert_eq!(b.check("s", "ns/other", t0), None);
+        // A second report of the same failed attempt (single-flight waiters) is not a new one.
+        let half = t0 + first / 2;
+        assert_eq!(b.failed("s", "ns/sa", half), t0 + first - half);
+        assert_eq!(b.check("s", "ns/sa", half).unwrap().failures, 1);
+        assert_eq!(b.check("other", "ns/sa", t0), None);
+        // Allowed again once the delay has passed; the next failure waits about twice as long.
+        let t1 = t0 + first;
+        assert_eq!(b.check("s", "ns/sa", t1), None);
+        let second = b.failed("s", "ns/sa", t1);
+        assert!(second > Duration::from_millis(1600) && second <= 2 * BASE_DELAY);
+        assert_eq!(b.check("s", "ns/sa", t1).unwrap().failures, 2);
+        let mut t = t1 + second;
+        let mut wait = Duration::ZERO;
+        for _ in 0..20 {
+            wait = b.failed("s", "ns/sa", t);
+            assert!(wait <= MAX_DELAY);
+            t += wait;
+        }
+        assert!(
+            wait > MAX_DELAY.mul_f64(1.0 - JITTER),
+            "capped at five minutes"
+        );
+        assert!(b.check("s", "ns/sa", t - Duration::from_secs(1)).is_some());
+        b.succeeded("s", "ns/sa");
+        assert_eq!(b.check("s", "ns/sa", t0), None);
+        assert_eq!(
+            b.failed("s", "ns/sa", t0),
+            b.check("s", "ns/sa", t0).unwrap().next - t0
+        );
+        assert!(b.check("s", "ns/sa", t0).unwrap().next - t0 <= BASE_DELAY);
+    }
+}
