@@ -152,7 +152,10 @@ impl Publisher {
         let group = req.group;
         // Set when the backend is backing off: how long until the next allowed attempt.
         let mut retry = None;
-        let resolved = self.resolve(req, &mut retry).await;
+        // Boxed: resolution nests many futures (cache, single-flight, providers); keeping them
+        // behind one allocation bounds the publish future's size and its type depth (rustc's
+        // layout query overflows otherwise).
+        let resolved = Box::pin(self.resolve(req, &mut retry)).await;
         let refresh = resolved
             .as_ref()
             .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
