@@ -24,9 +24,7 @@ mod lru;
 mod tests;
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -94,20 +92,6 @@ struct State {
     lru: Lru,
     flights: HashMap<Arc<CacheKey>, Flight>,
     next_flight: u64,
-    /// splitmix64 state for the jitter.
-    rng: u64,
-}
-
-impl State {
-    /// A uniformly distributed number in [0, 1).
-    fn unit(&mut self) -> f64 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// In-memory, identity-scoped cache of fetched secret values with single-flight fetching.
@@ -142,7 +126,6 @@ impl ValueCache {
                 lru: Lru::default(),
                 flights: HashMap::new(),
                 next_flight: 0,
-                rng: RandomState::new().hash_one(std::time::SystemTime::now()),
             }),
         }
     }
@@ -277,7 +260,7 @@ impl FlightGuard<'_> {
             {
                 state.flights.remove(&*self.key);
                 if let Ok(value) = outcome {
-                    let lifetime = 1.0 - cache.limits.jitter * state.unit();
+                    let lifetime = 1.0 - cache.limits.jitter * fastrand::f64();
                     state.lru.insert(
                         Arc::clone(&self.key),
                         value.clone(),

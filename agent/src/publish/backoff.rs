@@ -5,8 +5,6 @@
 //! success resets. While a (store, identity) is backing off, publishes do not call the backend.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -44,20 +42,6 @@ struct Entry {
 
 struct State {
     entries: HashMap<(String, String), Entry>,
-    /// splitmix64 state for the jitter.
-    rng: u64,
-}
-
-impl State {
-    /// A uniformly distributed number in [0, 1).
-    fn unit(&mut self) -> f64 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// Consecutive transient failures and the next allowed attempt, per (store, identity).
@@ -70,7 +54,6 @@ impl Default for Backoff {
         Self {
             state: Mutex::new(State {
                 entries: HashMap::new(),
-                rng: RandomState::new().hash_one(std::time::SystemTime::now()),
             }),
         }
     }
@@ -106,7 +89,7 @@ impl Backoff {
     /// A failure reported while already backing off does not lengthen the delay.
     pub fn failed(&self, store: &str, identity: &str, now: Instant) -> Duration {
         let mut state = self.lock();
-        let jitter = state.unit();
+        let jitter = fastrand::f64();
         let entry = state
             .entries
             .entry((store.to_string(), identity.to_string()))
