@@ -530,29 +530,7 @@ async fn rotation_waits_for_the_refresh_interval_and_swaps_related_files_togethe
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader = {
         let (stop, target) = (std::sync::Arc::clone(&stop), target.clone());
-        std::thread::spawn(move || {
-            use std::os::fd::AsRawFd;
-            let mut pairs = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // Read both through one resolution of `..data`; it may vanish after a swap.
-                let Ok(dir) = std::fs::File::open(target.join("..data")) else {
-                    continue;
-                };
-                let at = |name: &str| {
-                    std::fs::read_to_string(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()))
-                        .ok()
-                };
-                if let (Some(user), Some(pass)) = (at("user"), at("pass")) {
-                    assert_eq!(
-                        user.strip_prefix("user-"),
-                        pass.strip_prefix("pass-"),
-                        "one snapshot mixes two rotations"
-                    );
-                    pairs += 1;
-                }
-            }
-            pairs
-        })
+        std::thread::spawn(move || support::read_pairs_until_stopped(target, &stop))
     };
     for generation in 1..=3 {
         if generation > 1 {

@@ -646,31 +646,6 @@ async fn rotate(bao: &OpenBao, generation: usize) {
     .await;
 }
 
-/// Reads `user` and `pass` through one resolution of `..data` until told to stop, panicking on a
-/// mix of generations. Returns how many consistent pairs it read.
-fn read_pairs_until_stopped(target: PathBuf, stop: &std::sync::atomic::AtomicBool) -> usize {
-    use std::os::fd::AsRawFd;
-    let mut pairs = 0;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        // The directory resolved here may be removed right after a swap: ENOENT is fine.
-        let Ok(dir) = std::fs::File::open(target.join("..data")) else {
-            continue;
-        };
-        let at = |name: &str| {
-            std::fs::read_to_string(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd())).ok()
-        };
-        if let (Some(user), Some(pass)) = (at("user"), at("pass")) {
-            assert_eq!(
-                user.strip_prefix("user-"),
-                pass.strip_prefix("pass-"),
-                "one snapshot mixes two rotations"
-            );
-            pairs += 1;
-        }
-    }
-    pairs
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotation_waits_for_the_refresh_interval_and_swaps_related_files_together() {
     let bao = bao().await;
@@ -700,7 +675,7 @@ async fn rotation_waits_for_the_refresh_interval_and_swaps_related_files_togethe
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader = {
         let (stop, target) = (std::sync::Arc::clone(&stop), t.clone());
-        std::thread::spawn(move || read_pairs_until_stopped(target, &stop))
+        std::thread::spawn(move || support::read_pairs_until_stopped(target, &stop))
     };
     for generation in 1..=4 {
         if generation > 1 {

@@ -249,3 +249,28 @@ pub fn mounts_at(path: &Path) -> usize {
         .filter(|m| m.mount_point == path)
         .count()
 }
+
+/// Reads `user` and `pass` through one resolution of `..data` until told to stop, panicking on a
+/// mix of generations. Returns how many consistent pairs it read.
+pub fn read_pairs_until_stopped(target: PathBuf, stop: &std::sync::atomic::AtomicBool) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut pairs = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // The directory resolved here may be removed right after a swap: ENOENT is fine.
+        let Ok(dir) = std::fs::File::open(target.join("..data")) else {
+            continue;
+        };
+        let at = |name: &str| {
+            std::fs::read_to_string(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd())).ok()
+        };
+        if let (Some(user), Some(pass)) = (at("user"), at("pass")) {
+            assert_eq!(
+                user.strip_prefix("user-"),
+                pass.strip_prefix("pass-"),
+                "one snapshot mixes two rotations"
+            );
+            pairs += 1;
+        }
+    }
+    pairs
+}
