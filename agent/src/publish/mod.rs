@@ -377,11 +377,11 @@ impl Publisher {
 /// Names a store for cache keys: kind, namespace and name, plus a hash of its provider block,
 /// so an edited store never serves values fetched under its old settings.
 fn store_identity(binding: &crate::catalog::Binding) -> String {
-    use std::hash::{Hash, Hasher};
+    use std::hash::Hasher;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(&binding.provider)
-        .unwrap_or_default()
-        .hash(&mut hasher);
+    // Streamed into the hasher: a fake store's spec holds values, which must not be copied into
+    // an ordinary (non-zeroizing) buffer on every publish. Writing to a hasher cannot fail.
+    let _ = serde_json::to_writer(HashWriter(&mut hasher), &binding.provider);
     // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
     let namespace = match binding.store_kind {
         crate::api::StoreKind::SecretStore => binding.namespace.as_str(),
@@ -393,4 +393,69 @@ fn store_identity(binding: &crate::catalog::Binding) -> String {
         binding.store_name,
         hasher.finish()
     )
+}
+
+/// Feeds written bytes to a hasher, so a value can be hashed through its serialization.
+struct HashWriter<'a, H: std::hash::Hasher>(&'a mut H);
+
+impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::api::store::{FakeEntry, FakeProvider, StoreProvider};
+    use crate::api::{ExternalSecret, StoreKind};
+    use crate::catalog::Binding;
+
+    fn binding(kind: StoreKind, value: &str) -> Binding {
+        let es: ExternalSecret =
+            serde_json::from_str(r#"{"apiVersion":"latchkey.dev/v1alpha1","kind":"ExternalSecret",
+              "metadata":{"name":"es","namespace":"shop"},
+              "spec":{"secretStoreRef":{"name":"s"},"data":[{"secretKey":"k","remoteRef":{"key":"k"}}]}}"#)
+                .unwrap();
+        Binding {
+            namespace: "shop".into(),
+            external_secret: Arc::new(es),
+            store_kind: kind,
+            store_name: "s".into(),
+            provider: StoreProvider {
+                fake: Some(FakeProvider {
+                    data: vec![FakeEntry {
+                        key: "k".into(),
+                        value: value.into(),
+                        version: None,
+                    }],
+                    latency: None,
+                }),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn store_identity_follows_the_spec_and_not_the_pod_namespace_for_cluster_stores() {
+        let a = super::store_identity(&binding(StoreKind::SecretStore, "v1"));
+        assert_eq!(
+            a,
+            super::store_identity(&binding(StoreKind::SecretStore, "v1"))
+        );
+        assert_ne!(
+            a,
+            super::store_identity(&binding(StoreKind::SecretStore, "v2"))
+        );
+        assert!(a.starts_with("SecretStore/shop/s#"), "{a}");
+        assert!(!a.contains("v1"), "the identity never carries a value: {a}");
+        let c = super::store_identity(&binding(StoreKind::ClusterSecretStore, "v1"));
+        assert!(c.starts_with("ClusterSecretStore//s#"), "{c}");
+    }
 }
