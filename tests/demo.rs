@@ -93,7 +93,7 @@ fn demo_as_non_root_falls_back_to_a_plain_directory_and_says_so() {
 #[test]
 fn every_example_object_is_valid() {
     use latchkey::api::validate;
-    use latchkey::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+    use latchkey::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
     use serde::Deserialize;
 
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
@@ -115,11 +115,12 @@ fn every_example_object_is_valid() {
                 }
                 Some("SecretStore") => {
                     let s: SecretStore = serde_norway::from_value(value).expect(&where_);
-                    validate::provider(&s.spec.provider).expect(&where_);
+                    validate::provider(&s.spec.provider, StoreKind::SecretStore).expect(&where_);
                 }
                 Some("ClusterSecretStore") => {
                     let s: ClusterSecretStore = serde_norway::from_value(value).expect(&where_);
-                    validate::provider(&s.spec.provider).expect(&where_);
+                    validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore)
+                        .expect(&where_);
                 }
                 other => panic!("{where_}: unknown kind {other:?}"),
             }

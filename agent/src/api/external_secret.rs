@@ -38,7 +38,7 @@ pub struct ExternalSecretSpec {
     pub data: Vec<ExternalSecretData>,
     /// Remote values that expand into several entries; later entries override earlier ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = crate::api::rules::MAX_ITEMS))]
+    #[schemars(length(max = crate::api::rules::MAX_DATA_FROM))]
     pub data_from: Vec<DataFrom>,
     /// What is produced: templates, file layout and the optional mirrored Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,6 +137,7 @@ pub struct DataFrom {
     pub find: Option<FindRef>,
     /// Renames applied, in order, to the entry names this source produces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::api::rules::MAX_REWRITES))]
     pub rewrite: Vec<Rewrite>,
 }
 
@@ -214,6 +215,7 @@ pub struct Target {
 pub struct Template {
     /// Output key -> CEL expression over `secret` (and `pod` on mounts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = crate::api::rules::MAX_TEMPLATE_KEYS))]
     pub data: BTreeMap<String, String>,
     /// `Replace` (default): the entries are only the template keys; `Merge`: the resolved
     /// entries plus the template keys, which override them.

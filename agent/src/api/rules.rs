@@ -83,6 +83,16 @@ pub const FILE_MODE: CelRule = CelRule {
 /// rules, and the API server's cost estimate multiplies a rule's cost by the list's bound.
 pub const MAX_ITEMS: usize = 1000;
 
+/// `maxItems` of `spec.dataFrom`: each entry may expand into many entries (or a whole listing),
+/// so far fewer are allowed than plain `data` entries.
+pub const MAX_DATA_FROM: usize = 50;
+
+/// `maxItems` of `spec.dataFrom[].rewrite`: each step runs over every entry name of its source.
+pub const MAX_REWRITES: usize = 16;
+
+/// `maxProperties` of `spec.target.template.data`: each key is a CEL program.
+pub const MAX_TEMPLATE_KEYS: usize = 100;
+
 /// `maxLength` of `spec.data[].secretKey` (the key length limit of a Kubernetes Secret).
 pub const MAX_SECRET_KEY_LEN: usize = 253;
 
@@ -93,6 +103,15 @@ pub const ONE_PROVIDER: CelRule = CelRule {
     rule: "(has(self.aws) ? 1 : 0) + (has(self.vault) ? 1 : 0) + \
            (has(self.kubernetes) ? 1 : 0) + (has(self.fake) ? 1 : 0) == 1",
     message: "must set exactly one of aws, vault, kubernetes, fake",
+};
+
+/// On a SecretStore's `spec`: the node agent's own AWS identity reaches whatever the node's role
+/// can read, so only a cluster administrator (a ClusterSecretStore) may hand it out.
+pub const AGENT_IDENTITY_CLUSTER_ONLY: CelRule = CelRule {
+    rule: "!has(self.provider.aws) || !has(self.provider.aws.auth) || \
+           !has(self.provider.aws.auth.agentIdentity)",
+    message: "provider.aws.auth.agentIdentity (the node agent's own AWS identity) is only \
+              allowed on a ClusterSecretStore",
 };
 
 /// On `spec.provider.aws.service` (ESO also has ParameterStore; Latchkey does not).
@@ -128,6 +147,11 @@ pub const VAULT_AUTH_ONE: CelRule = CelRule {
 /// The agent's message for a list longer than its `maxItems`.
 pub fn too_many_items(max: usize) -> String {
     format!("must have at most {max} items")
+}
+
+/// The agent's message for a map with more keys than its `maxProperties`.
+pub fn too_many_properties(max: usize) -> String {
+    format!("must have at most {max} properties")
 }
 
 /// The agent's message for a string longer than its `maxLength` (counted in characters).

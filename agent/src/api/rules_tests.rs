@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::crd::render_all;
-use super::external_secret::ExternalSecret;
+use super::external_secret::{ExternalSecret, StoreKind};
 use super::rules;
 use super::store::{ClusterSecretStore, SecretStore};
 use super::validate::{self, Invalid};
@@ -118,6 +118,14 @@ fn evaluate(
         out.push(Failure {
             path: path.to_string(),
             message: rules::too_long(max as usize),
+        });
+    }
+    if let (Some(max), Some(fields)) = (schema["maxProperties"].as_u64(), value.as_object())
+        && fields.len() as u64 > max
+    {
+        out.push(Failure {
+            path: path.to_string(),
+            message: rules::too_many_properties(max as usize),
         });
     }
     if let Some(items) = value.as_array() {
@@ -439,10 +447,24 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
         ),
         (
             "too many dataFrom entries",
-            json!({"spec": {"dataFrom": (0..=rules::MAX_ITEMS)
+            json!({"spec": {"dataFrom": (0..=rules::MAX_DATA_FROM)
                 .map(|_| json!({"extract": {"key": "a"}}))
                 .collect::<Value>()}}),
-            some("spec.dataFrom: must have at most 1000 items"),
+            some("spec.dataFrom: must have at most 50 items"),
+        ),
+        (
+            "too many rewrite steps",
+            json!({"spec": {"dataFrom": [{"extract": {"key": "a"}, "rewrite": (0..=rules::MAX_REWRITES)
+                .map(|_| json!({"regexp": {"source": "^(.*)$", "target": "$1$1"}}))
+                .collect::<Value>()}]}}),
+            some("spec.dataFrom[0].rewrite: must have at most 16 items"),
+        ),
+        (
+            "too many template keys",
+            json!({"spec": {"target": {"template": {"data": (0..=rules::MAX_TEMPLATE_KEYS)
+                .map(|i| (format!("k{i}"), json!("'x'")))
+                .collect::<serde_json::Map<String, Value>>()}}}}),
+            some("spec.target.template.data: must have at most 100 properties"),
         ),
         (
             "delete without a mirror",
@@ -633,6 +655,13 @@ fn crd_rules_and_agent_agree_on_every_sample() {
     }
     for (name, patch, expect) in provider_samples() {
         for kind in ["SecretStore", "ClusterSecretStore"] {
+            let expect = match (kind, name) {
+                ("SecretStore", "aws agent identity") => Some(
+                    "spec: provider.aws.auth.agentIdentity (the node agent's own AWS identity) \
+                     is only allowed on a ClusterSecretStore",
+                ),
+                _ => expect,
+            };
             let mut object = store_base(kind);
             merge(&mut object["spec"]["provider"], &patch);
             if kind == "SecretStore" {
@@ -641,7 +670,7 @@ fn crd_rules_and_agent_agree_on_every_sample() {
                     kind,
                     name,
                     object,
-                    |s| validate::provider(&s.spec.provider).map(|_| ()),
+                    |s| validate::provider(&s.spec.provider, StoreKind::SecretStore).map(|_| ()),
                     expect,
                     &mut broken,
                 );
@@ -651,7 +680,10 @@ fn crd_rules_and_agent_agree_on_every_sample() {
                     kind,
                     name,
                     object,
-                    |s| validate::provider(&s.spec.provider).map(|_| ()),
+                    |s| {
+                        validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore)
+                            .map(|_| ())
+                    },
                     expect,
                     &mut broken,
                 );

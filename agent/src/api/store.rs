@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::external_secret::Condition;
 
 /// A namespaced store, usable only by ExternalSecrets of its own namespace.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "latchkey.dev",
     version = "v1alpha1",
@@ -18,6 +18,7 @@ use super::external_secret::Condition;
     shortname = "ss",
     status = "StoreStatus"
 )]
+#[x_kube(validation = &crate::api::rules::AGENT_IDENTITY_CLUSTER_ONLY)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretStoreSpec {
     /// The backend; exactly one provider block.

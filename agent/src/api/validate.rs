@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt::Display;
 
+use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::rules::{self, CelRule};
 use super::store::{AwsProvider, StoreProvider, VaultProvider};
@@ -60,9 +61,10 @@ impl ProviderSpec<'_> {
     }
 }
 
-/// Checks a store's `spec.provider`: exactly one provider block, and the rules of that block
-/// (AWS service and auth method, Vault KV version and auth method). Returns the block.
-pub fn provider(p: &StoreProvider) -> Result<ProviderSpec<'_>, Invalid> {
+/// Checks a store's `spec.provider`: exactly one provider block, the rules of that block (AWS
+/// service and auth method, Vault KV version and auth method), and what only a
+/// ClusterSecretStore may use. Returns the block.
+pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, Invalid> {
     let mut set = Vec::new();
     if let Some(a) = &p.aws {
         set.push(ProviderSpec::Aws(a));
@@ -98,6 +100,14 @@ pub fn provider(p: &StoreProvider) -> Result<ProviderSpec<'_>, Invalid> {
         ProviderSpec::Aws(a) => aws(a)?,
         ProviderSpec::Vault(v) => vault(v)?,
         ProviderSpec::Kubernetes(_) | ProviderSpec::Fake(_) => {}
+    }
+    if kind == StoreKind::SecretStore
+        && p.aws
+            .as_ref()
+            .and_then(|a| a.auth.as_ref())
+            .is_some_and(|auth| auth.agent_identity.is_some())
+    {
+        return Err(Invalid::rule("spec", &rules::AGENT_IDENTITY_CLUSTER_ONLY));
     }
     Ok(one)
 }
@@ -160,6 +170,19 @@ fn vault(v: &VaultProvider) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Checks that `name` is a valid Kubernetes object name (an RFC 1123 subdomain). Names reach API
+/// request paths, so `..`, `/` and the like must never get through.
+pub fn object_name(path: impl Display, name: &str) -> Result<(), Invalid> {
+    if crate::identity::is_dns_subdomain(name) {
+        return Ok(());
+    }
+    Err(Invalid(format!(
+        "{path}: {:?} is not a valid Kubernetes name (lowercase letters, digits, '-' and '.', \
+         each part starting and ending with a letter or digit, at most 253 characters)",
+        crate::telemetry::escape::printable(name, 80)
+    )))
+}
+
 /// The names of the options that are set.
 fn set_names<'a>(options: &[(&'a str, bool)]) -> Vec<&'a str> {
     options
@@ -175,8 +198,8 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
     if spec.data.is_empty() && spec.data_from.is_empty() {
         return Err(Invalid::rule("spec", &rules::DATA_OR_DATA_FROM));
     }
-    max_items("spec.data", spec.data.len())?;
-    max_items("spec.dataFrom", spec.data_from.len())?;
+    max_items("spec.data", spec.data.len(), rules::MAX_ITEMS)?;
+    max_items("spec.dataFrom", spec.data_from.len(), rules::MAX_DATA_FROM)?;
     let mut seen = HashMap::new();
     for (i, d) in spec.data.iter().enumerate() {
         let path = format!("spec.data[{i}].secretKey");
@@ -213,6 +236,11 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
         if let Some(e) = &d.extract {
             not_empty(format_args!("spec.dataFrom[{i}].extract.key"), &e.key)?;
         }
+        max_items(
+            &format!("spec.dataFrom[{i}].rewrite"),
+            d.rewrite.len(),
+            rules::MAX_REWRITES,
+        )?;
         if let Some(f) = &d.find
             && f.name.is_none()
             && f.path.is_none()
@@ -237,6 +265,14 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
         if let Some(f) = &t.files {
             files(f)?;
         }
+        if let Some(template) = &t.template
+            && template.data.len() > rules::MAX_TEMPLATE_KEYS
+        {
+            return Err(Invalid::schema(
+                "spec.target.template.data",
+                rules::too_many_properties(rules::MAX_TEMPLATE_KEYS),
+            ));
+        }
     }
     Ok(())
 }
@@ -244,7 +280,7 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
 /// `spec.target.files`: modes within 0..=0777, and a bounded item list.
 fn files(f: &Files) -> Result<(), Invalid> {
     file_mode("spec.target.files.defaultMode", f.default_mode)?;
-    max_items("spec.target.files.items", f.items.len())?;
+    max_items("spec.target.files.items", f.items.len(), rules::MAX_ITEMS)?;
     for (i, item) in f.items.iter().enumerate() {
         file_mode(format_args!("spec.target.files.items[{i}].mode"), item.mode)?;
     }
@@ -265,12 +301,9 @@ fn not_empty(path: impl Display, s: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-fn max_items(path: &str, len: usize) -> Result<(), Invalid> {
-    if len > rules::MAX_ITEMS {
-        return Err(Invalid::schema(
-            path,
-            rules::too_many_items(rules::MAX_ITEMS),
-        ));
+fn max_items(path: &str, len: usize, max: usize) -> Result<(), Invalid> {
+    if len > max {
+        return Err(Invalid::schema(path, rules::too_many_items(max)));
     }
     Ok(())
 }
@@ -353,7 +386,7 @@ mod tests {
     #[test]
     fn provider_must_be_exactly_one() {
         assert!(
-            provider(&StoreProvider::default())
+            provider(&StoreProvider::default(), StoreKind::SecretStore)
                 .unwrap_err()
                 .0
                 .contains("none is set")
@@ -363,12 +396,20 @@ mod tests {
             kubernetes: Some(KubernetesProvider::default()),
             ..Default::default()
         };
-        assert!(provider(&both).unwrap_err().0.contains("kubernetes, fake"));
+        assert!(
+            provider(&both, StoreKind::SecretStore)
+                .unwrap_err()
+                .0
+                .contains("kubernetes, fake")
+        );
         let one = StoreProvider {
             fake: Some(FakeProvider::default()),
             ..Default::default()
         };
-        assert_eq!(provider(&one).unwrap().name(), "fake");
+        assert_eq!(
+            provider(&one, StoreKind::SecretStore).unwrap().name(),
+            "fake"
+        );
     }
 
     #[test]
@@ -388,7 +429,9 @@ mod tests {
             })
         };
         assert_eq!(
-            provider(&vault(VaultAuth::default())).unwrap_err().0,
+            provider(&vault(VaultAuth::default()), StoreKind::SecretStore)
+                .unwrap_err()
+                .0,
             "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, jwt, \
              appRole (none is set)"
         );
@@ -398,7 +441,7 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            provider(&vault(two))
+            provider(&vault(two), StoreKind::SecretStore)
                 .unwrap_err()
                 .0
                 .ends_with("(found kubernetes, jwt)")
@@ -407,7 +450,12 @@ mod tests {
             jwt: role(),
             ..Default::default()
         };
-        assert_eq!(provider(&vault(one)).unwrap().name(), "vault");
+        assert_eq!(
+            provider(&vault(one), StoreKind::SecretStore)
+                .unwrap()
+                .name(),
+            "vault"
+        );
 
         let aws = StoreProvider {
             aws: Some(AwsProvider {
@@ -423,9 +471,43 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            provider(&aws).unwrap_err().0,
+            provider(&aws, StoreKind::ClusterSecretStore).unwrap_err().0,
             "spec.provider.aws.auth: must set at most one of secretRef, jwt, agentIdentity \
              (found jwt, agentIdentity)"
         );
+    }
+
+    #[test]
+    fn the_agent_identity_is_for_cluster_stores_only() {
+        let store = StoreProvider {
+            aws: Some(AwsProvider {
+                service: "SecretsManager".into(),
+                region: "eu-west-1".into(),
+                auth: Some(AwsAuth {
+                    agent_identity: Some(Empty {}),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            provider(&store, StoreKind::SecretStore).unwrap_err().0,
+            "spec: provider.aws.auth.agentIdentity (the node agent's own AWS identity) is only \
+             allowed on a ClusterSecretStore"
+        );
+        assert!(provider(&store, StoreKind::ClusterSecretStore).is_ok());
+    }
+
+    #[test]
+    fn object_names_keep_paths_out() {
+        for bad in ["..", "a/b", "../x", "", "A", "a..b", "-a", &"a".repeat(254)] {
+            assert!(object_name("name", bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "db-creds", "a.b-c", "0x"] {
+            assert!(object_name("name", good).is_ok(), "{good:?}");
+        }
+        let err = object_name("name", "x\n\x1b[2J").unwrap_err().0;
+        assert!(!err.chars().any(char::is_control), "{err:?}");
     }
 }

@@ -131,6 +131,14 @@ pub async fn bind(
         reason,
     })?;
     let store_ref = &es.spec.secret_store_ref;
+    // The name may reach an API request path (a GET on a cache miss).
+    validate::object_name("spec.secretStoreRef.name", &store_ref.name).map_err(|reason| {
+        BindingError::InvalidExternalSecret {
+            namespace: namespace.into(),
+            name: name.into(),
+            reason,
+        }
+    })?;
     let not_found = |hint| BindingError::StoreNotFound {
         namespace: namespace.into(),
         external_secret: name.into(),
@@ -170,7 +178,7 @@ pub async fn bind(
             store.spec.provider.clone()
         }
     };
-    validate::provider(&provider).map_err(|reason| BindingError::InvalidStore {
+    validate::provider(&provider, store_ref.kind).map_err(|reason| BindingError::InvalidStore {
         namespace: namespace.into(),
         external_secret: name.into(),
         kind: store_ref.kind,
@@ -243,12 +251,26 @@ fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> R
     }
     for e in &sel.match_expressions {
         let value = labels.get(&e.key);
-        let ok = match e.operator.as_str() {
-            "In" => value.is_some_and(|v| e.values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !e.values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            other => return Err(format!("unknown operator {other:?}")),
+        // As the API server validates selectors: an invalid requirement admits nothing (a
+        // `NotIn` without values would otherwise admit every namespace).
+        let ok = match (e.operator.as_str(), e.values.is_empty()) {
+            ("In" | "NotIn", true) => {
+                return Err(format!(
+                    "invalid requirement on {:?}: {} needs values",
+                    e.key, e.operator
+                ));
+            }
+            ("Exists" | "DoesNotExist", false) => {
+                return Err(format!(
+                    "invalid requirement on {:?}: {} takes no values",
+                    e.key, e.operator
+                ));
+            }
+            ("In", _) => value.is_some_and(|v| e.values.contains(v)),
+            ("NotIn", _) => value.is_none_or(|v| !e.values.contains(v)),
+            ("Exists", _) => value.is_some(),
+            ("DoesNotExist", _) => value.is_none(),
+            (other, _) => return Err(format!("unknown operator {other:?}")),
         };
         if !ok {
             return Err(format!("{} {} {:?}", e.key, e.operator, e.values));
@@ -373,5 +395,28 @@ spec:
         assert!(selector_matches(&req("Exists", &[]), &labels).is_ok());
         assert!(selector_matches(&req("DoesNotExist", &[]), &labels).is_err());
         assert!(selector_matches(&req("Bogus", &[]), &labels).is_err());
+    }
+
+    #[test]
+    fn invalid_selector_requirements_admit_nothing() {
+        // `NotIn` with no values would match every namespace; Kubernetes calls it invalid.
+        let none = BTreeMap::new();
+        let req = |op: &str, values: &[&str]| LabelSelector {
+            match_expressions: vec![LabelSelectorRequirement {
+                key: "env".into(),
+                operator: op.into(),
+                values: values.iter().map(|s| s.to_string()).collect(),
+            }],
+            ..Default::default()
+        };
+        for (op, values) in [
+            ("NotIn", &[][..]),
+            ("In", &[][..]),
+            ("Exists", &["x"][..]),
+            ("DoesNotExist", &["x"][..]),
+        ] {
+            let err = selector_matches(&req(op, values), &none).unwrap_err();
+            assert!(err.contains("invalid requirement"), "{op}: {err}");
+        }
     }
 }

@@ -46,6 +46,7 @@ use super::{BuildContext, FindQuery, MAX_FIND_RESULTS, Provider, ProviderError, 
 use crate::api::store::{AwsProvider, AwsSecretRef};
 use crate::secret::SecretBytes;
 use crate::telemetry::Metrics;
+use crate::telemetry::escape::printable;
 use crate::telemetry::metrics::{BackendLabels, ProviderLabel};
 
 /// Default audience of the pod token used for web identity.
@@ -276,6 +277,13 @@ impl Aws {
                 }
             }
             (None, None, Some(_)) => {
+                // Validation refuses this at bind time already; never sign with the node's
+                // identity for a tenant's store, whatever the caller checked.
+                if ctx.store_kind != crate::api::StoreKind::ClusterSecretStore {
+                    return Err(ProviderError::PermissionDenied(
+                        "auth.agentIdentity is only allowed on a ClusterSecretStore".into(),
+                    ));
+                }
                 let sdk = cache.agent_config(region).await;
                 match spec.role.as_deref() {
                     None => {
@@ -733,9 +741,11 @@ where
 }
 
 fn code_error(op: &str, code: &str, message: Option<&str>, status: u16) -> ProviderError {
-    let message: String = message.unwrap_or("").chars().take(300).collect();
+    // Both come from the endpoint, which a ClusterSecretStore may point anywhere: escaped.
+    let message = printable(message.unwrap_or(""), 300);
+    let code = &printable(code, 100);
     let detail = format!("{op}: {code}: {message}");
-    match code {
+    match code.as_str() {
         "ResourceNotFoundException" => ProviderError::NotFound,
         "AccessDeniedException"
         | "AccessDenied"

@@ -12,17 +12,50 @@ use crate::api::StoreKind;
 use crate::api::store::{KubernetesProvider, SecretKeySelector};
 use crate::secret::{SecretBytes, SecretString};
 
+/// Where a credential lives, once checked: the namespace the store may read it from and a valid
+/// Secret name. Checked before anything is cached under it or read from it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Location {
+    /// Namespace of the Secret (the pod's for a SecretStore, the agent's for a
+    /// ClusterSecretStore).
+    pub namespace: String,
+    /// Secret name.
+    pub name: String,
+    /// Key in the Secret's data.
+    pub key: String,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}[{}]", self.namespace, self.name, self.key)
+    }
+}
+
+/// Checks where the credential `selector` names may live for this store kind, failing closed:
+/// a namespace other than the allowed one is refused, and so is a name that is not a valid
+/// Kubernetes name.
+pub fn locate(
+    ctx: &BuildContext<'_>,
+    selector: &SecretKeySelector,
+) -> Result<Location, ProviderError> {
+    let namespace = allowed_namespace(ctx, selector)?;
+    crate::api::validate::object_name("credential Secret name", &selector.name)
+        .map_err(|e| ProviderError::Config(e.to_string()))?;
+    Ok(Location {
+        namespace: namespace.to_string(),
+        name: selector.name.clone(),
+        key: selector.key.clone(),
+    })
+}
+
 /// Reads the credential `selector` names, enforcing where it may live. Messages name the
 /// Secret and key, never the value.
 pub async fn read(
     ctx: &BuildContext<'_>,
     selector: &SecretKeySelector,
 ) -> Result<SecretString, ProviderError> {
-    let (namespace, name, key) = (
-        allowed_namespace(ctx, selector)?,
-        &selector.name,
-        &selector.key,
-    );
+    let location = locate(ctx, selector)?;
+    let (namespace, name, key) = (&location.namespace, &location.name, &location.key);
     let missing =
         || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
     let bytes = match (ctx.store_kind, &ctx.env.kube) {
@@ -81,8 +114,9 @@ fn allowed_namespace<'a>(
         None => Ok(allowed),
         Some(ns) if ns == allowed => Ok(allowed),
         Some(ns) => Err(ProviderError::PermissionDenied(format!(
-            "credential Secret {ns}/{} is outside {why}, {allowed:?}",
-            selector.name
+            "credential Secret {}/{} is outside {why}, {allowed:?}",
+            crate::telemetry::escape::printable(ns, 80),
+            crate::telemetry::escape::printable(&selector.name, 80)
         ))),
     }
 }

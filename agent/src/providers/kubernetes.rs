@@ -15,6 +15,7 @@ use super::{FindQuery, Provider, ProviderError, RemoteKey, found};
 use crate::api::store::KubernetesProvider;
 use crate::identity::PodInfo;
 use crate::secret::SecretBytes;
+use crate::telemetry::escape::printable;
 
 /// Reads Secrets of one namespace with one pod's token.
 pub struct KubernetesSecrets {
@@ -63,6 +64,9 @@ impl Provider for KubernetesSecrets {
                 "Kubernetes Secrets have no versions".into(),
             ));
         }
+        // The name goes into the request path: anything but a Kubernetes name is refused here.
+        crate::api::validate::object_name("remoteRef.key (a Secret name)", &key.key)
+            .map_err(|e| ProviderError::Config(e.to_string()))?;
         let secret = self.secrets.get(&key.key).await.map_err(api_error)?;
         as_json(secret)
     }
@@ -109,11 +113,13 @@ fn api_error(e: kube::Error) -> ProviderError {
             401 => {
                 ProviderError::PermissionDenied("the API server rejected the pod's token".into())
             }
-            403 => ProviderError::PermissionDenied(s.message.clone()),
-            429 => ProviderError::Throttled(s.message.clone()),
-            _ => {
-                ProviderError::Unavailable(format!("API server answered {}: {}", s.code, s.message))
-            }
+            403 => ProviderError::PermissionDenied(printable(&s.message, 300)),
+            429 => ProviderError::Throttled(printable(&s.message, 300)),
+            _ => ProviderError::Unavailable(format!(
+                "API server answered {}: {}",
+                s.code,
+                printable(&s.message, 300)
+            )),
         },
         _ => ProviderError::Unavailable("the API server could not be reached".into()),
     }

@@ -20,12 +20,18 @@ use vaultrs::client::{Client, VaultClient, VaultClientSettingsBuilder};
 use vaultrs::error::ClientError;
 
 use super::{BuildContext, FindQuery, Provider, ProviderError, RemoteKey, credentials, found};
+use crate::api::StoreKind;
 use crate::api::store::VaultProvider;
 use crate::secret::{SecretBytes, SecretString};
 use crate::telemetry::metrics::ProviderLabel;
 
 /// How long one request to Vault may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most cached login tokens; when full, stale entries are dropped first, then all idle ones.
+const MAX_TOKENS: usize = 4096;
+/// Longest a token is reused when Vault gives it no lifetime (lease duration 0, e.g. a root or
+/// periodic token): such a token must not outlive the access decisions it was obtained under.
+const MAX_TOKEN_REUSE: Duration = Duration::from_secs(3600);
 
 /// What a cached login token is for. Two identities never share a token.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,31 +41,34 @@ struct TokenKey {
     /// Auth method and mount, e.g. `jwt:jwt`.
     mount: String,
     role: String,
-    /// The pod's `namespace/serviceaccount` (kubernetes, jwt) or the credential Secret's
-    /// `namespace/name` (AppRole).
+    /// Who the login is for: the pod's `namespace/serviceaccount` (kubernetes, jwt); for AppRole
+    /// the credential Secret's checked location, prefixed, for a SecretStore, by the pod's
+    /// `namespace/serviceaccount` (see [`authenticate`]).
     identity: String,
 }
 
 /// A login token and when to stop using it.
 struct CachedToken {
     token: SecretString,
-    /// `None`: the token does not expire (lease duration 0).
-    refresh_at: Option<Instant>,
+    refresh_at: Instant,
 }
 
 impl CachedToken {
     fn from_auth(auth: AuthInfo, now: Instant) -> Self {
-        // Re-login once two thirds of the lifetime are over: well before Vault rejects it.
-        let refresh_at = (auth.lease_duration > 0)
-            .then(|| now + Duration::from_secs(auth.lease_duration) * 2 / 3);
+        // Re-login once two thirds of the lifetime are over: well before Vault rejects it. A
+        // token without a lifetime is reused for a bounded time only.
+        let reuse = match auth.lease_duration {
+            0 => MAX_TOKEN_REUSE,
+            secs => Duration::from_secs(secs) * 2 / 3,
+        };
         Self {
             token: SecretString::new(auth.client_token),
-            refresh_at,
+            refresh_at: now.checked_add(reuse).unwrap_or(now),
         }
     }
 
     fn fresh(&self, now: Instant) -> bool {
-        self.refresh_at.is_none_or(|at| now < at)
+        now < self.refresh_at
     }
 }
 
@@ -74,7 +83,25 @@ pub struct TokenCache {
 impl TokenCache {
     fn slot(&self, key: &TokenKey) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.len() >= MAX_TOKENS && !slots.contains_key(key) {
+            let now = Instant::now();
+            // A slot being logged into is locked: keep it; drop stale and empty ones.
+            slots.retain(|_, slot| {
+                slot.try_lock()
+                    .map(|t| t.as_ref().is_some_and(|t| t.fresh(now)))
+                    .unwrap_or(true)
+            });
+            if slots.len() >= MAX_TOKENS {
+                slots.retain(|_, slot| slot.try_lock().is_err());
+            }
+        }
         Arc::clone(slots.entry(key.clone()).or_default())
+    }
+
+    /// How many logins are cached (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// The cached token for `key`, or a fresh one from `login` (run once for concurrent callers).
@@ -352,23 +379,19 @@ async fn authenticate(
             .as_deref()
             .unwrap_or("approle")
             .trim_matches('/');
-        let secret_ns =
-            app_role
-                .secret_ref
-                .namespace
-                .clone()
-                .unwrap_or_else(|| match ctx.store_kind {
-                    crate::api::StoreKind::SecretStore => ctx.pod.namespace.clone(),
-                    crate::api::StoreKind::ClusterSecretStore => ctx.env.agent_namespace.clone(),
-                });
-        let identity = format!(
-            "{secret_ns}/{}[{}]",
-            app_role.secret_ref.name, app_role.secret_ref.key
-        );
+        // Checked BEFORE the cache lookup: a cached login must never let a store use a
+        // credential it may not read (fail closed).
+        let location = credentials::locate(ctx, &app_role.secret_ref)?;
+        let identity = match ctx.store_kind {
+            // Only admitted namespaces reach a ClusterSecretStore; its credential is the agent's.
+            StoreKind::ClusterSecretStore => format!("cluster:{location}"),
+            // A SecretStore's credential is read as the pod: a service account that may not read
+            // it must not reuse a token another service account of the namespace obtained.
+            StoreKind::SecretStore => format!("{pod_identity}:{location}"),
+        };
         let key = key("approle", mount, &app_role.role_id, identity);
         return cache
             .get_or_login(&key, || async {
-                // Read on a miss only; `read` enforces where the Secret may live.
                 let secret_id = credentials::read(ctx, &app_role.secret_ref).await?;
                 count_login();
                 vaultrs::auth::approle::login(client, mount, &app_role.role_id, secret_id.expose())
@@ -433,7 +456,7 @@ fn server_error(e: ClientError) -> ProviderError {
     }
 }
 
-/// Vault's error strings, bounded, for a message.
+/// Vault's error strings, bounded and escaped (the server may be a tenant's), for a message.
 fn reason(errors: &[String]) -> String {
     let text = errors
         .iter()
@@ -444,9 +467,7 @@ fn reason(errors: &[String]) -> String {
     if text.is_empty() {
         String::new()
     } else {
-        let mut text: String = text.chars().take(200).collect();
-        text.insert_str(0, ": ");
-        text
+        format!(": {}", crate::telemetry::escape::printable(&text, 200))
     }
 }
 
@@ -507,9 +528,26 @@ mod tests {
         let t = CachedToken::from_auth(auth("t", 30), now);
         assert!(t.fresh(now + Duration::from_secs(19)));
         assert!(!t.fresh(now + Duration::from_secs(21)));
+        let forever = CachedToken::from_auth(auth("t", 0), now);
+        assert!(forever.fresh(now + MAX_TOKEN_REUSE - Duration::from_secs(1)));
         assert!(
-            CachedToken::from_auth(auth("t", 0), now).fresh(now + Duration::from_secs(1 << 30))
+            !forever.fresh(now + MAX_TOKEN_REUSE),
+            "a token without a TTL is not reused forever"
         );
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_bounded() {
+        let cache = TokenCache::default();
+        for i in 0..MAX_TOKENS + 10 {
+            cache
+                .get_or_login(&key(&format!("ns/sa-{i}")), || async {
+                    Ok(auth("t", 3600))
+                })
+                .await
+                .unwrap();
+        }
+        assert!(cache.len() <= MAX_TOKENS, "{}", cache.len());
     }
 
     #[tokio::test]

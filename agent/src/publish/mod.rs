@@ -263,9 +263,10 @@ impl Publisher {
             source,
         };
         // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
-        let spec = crate::api::validate::provider(&binding.provider).map_err(|e| {
-            PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
-        })?;
+        let spec =
+            crate::api::validate::provider(&binding.provider, binding.store_kind).map_err(|e| {
+                PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
+            })?;
         // Built on the first cache miss only: a warm publish never constructs a client.
         let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
         let provider = || async {

@@ -1,6 +1,7 @@
 //! Telemetry: logging setup, Prometheus metrics, and the HTTP endpoint that serves them with the
 //! health checks. Log lines and metrics carry names and paths, never secret values or tokens.
 
+pub mod escape;
 pub mod http;
 pub mod metrics;
 
@@ -23,21 +24,27 @@ pub enum LogFormat {
 /// whatever `RUST_LOG` says: a debug session must not turn the log into a credential store.
 const QUIET_DEPENDENCIES: &[&str] = &[
     "aws_config",
+    "aws_credential_types",
     "aws_runtime",
     "aws_sdk_secretsmanager",
     "aws_sdk_sts",
     "aws_smithy_runtime",
     "aws_smithy_runtime_api",
+    // The request signer logs the access key id at trace.
+    "aws_sigv4",
+    "aws_smithy_http_client",
     "h2",
     "hyper",
     "hyper_util",
     "kube_client",
     "reqwest",
-    "rustify",
     "tonic",
     "tower",
-    "vaultrs",
 ];
+
+/// Libraries that log errors with the backend's own text (a tenant-run Vault can answer anything):
+/// silenced, as Latchkey reports every failure itself, escaped (see [`escape`]).
+const MUTED_DEPENDENCIES: &[&str] = &["rustify", "vaultrs"];
 
 /// Logs on stderr; `RUST_LOG` overrides `default_filter` (except for [`QUIET_DEPENDENCIES`]).
 pub fn init_logging(format: LogFormat, default_filter: &str) {
@@ -57,12 +64,17 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
     }
 }
 
-/// Caps every [`QUIET_DEPENDENCIES`] target at `info`. A directive for a target replaces one the
-/// user gave for the same target, and the agent's own `latchkey` target keeps the user's level.
+/// Caps every [`QUIET_DEPENDENCIES`] target at `info` and turns [`MUTED_DEPENDENCIES`] off. A
+/// directive for a target replaces one the user gave for the same target, and the agent's own
+/// `latchkey` target keeps the user's level.
 fn quiet_dependencies(mut filter: EnvFilter) -> EnvFilter {
-    for target in QUIET_DEPENDENCIES {
+    let levels = QUIET_DEPENDENCIES
+        .iter()
+        .map(|t| (t, "info"))
+        .chain(MUTED_DEPENDENCIES.iter().map(|t| (t, "off")));
+    for (target, level) in levels {
         // The directive text is a constant target and level; it always parses.
-        if let Ok(directive) = format!("{target}=info").parse() {
+        if let Ok(directive) = format!("{target}={level}").parse() {
             filter = filter.add_directive(directive);
         }
     }
@@ -92,7 +104,7 @@ mod tests {
     #[test]
     fn dependencies_never_log_below_info_even_when_asked() {
         let filter = super::quiet_dependencies(EnvFilter::new(
-            "debug,aws_smithy_runtime=trace,vaultrs=trace",
+            "trace,aws_smithy_runtime=trace,vaultrs=trace,aws_sigv4=trace",
         ));
         let buffer = Buffer::default();
         let out = buffer.clone();
@@ -103,12 +115,17 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             tracing::debug!(target: "aws_smithy_runtime::client::orchestrator", "AKID-debug");
             tracing::trace!(target: "vaultrs::api", "token-trace");
+            tracing::error!(target: "rustify::clients::reqwest", "backend-text-error");
+            tracing::trace!(target: "aws_sigv4::http_request::sign", "AKID-signer");
             tracing::info!(target: "aws_smithy_runtime::client", "sdk-info");
             tracing::debug!(target: "latchkey::publish", "own-debug");
         });
         let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
         assert!(
-            !text.contains("AKID-debug") && !text.contains("token-trace"),
+            !text.contains("AKID-debug")
+                && !text.contains("token-trace")
+                && !text.contains("backend-text-error")
+                && !text.contains("AKID-signer"),
             "{text}"
         );
         assert!(
