@@ -9,6 +9,7 @@ pub mod api;
 pub mod cache;
 pub mod catalog;
 pub mod cmd;
+pub mod compute;
 pub mod csi;
 pub mod events;
 pub mod identity;

@@ -91,6 +91,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         CacheLimits::default(),
         Arc::new(NoEvents),
+        crate::compute::Pool::for_this_machine(crate::compute::DEFAULT_TIMEOUT)?,
     ));
 
     let tmp = tempfile::Builder::new()

@@ -50,6 +50,10 @@ pub struct NodeArgs {
     /// together do not align (0 to 0.5).
     #[arg(long, default_value_t = CacheLimits::default().jitter)]
     pub refresh_jitter: f64,
+    /// Longest one publish may spend rendering its values (templates, rewrite, decoding) on
+    /// the agent's compute threads; past it the publish fails with DEADLINE_EXCEEDED.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub compute_timeout: std::time::Duration,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -99,6 +103,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             jitter: args.refresh_jitter,
         },
         events,
+        crate::compute::Pool::for_this_machine(args.compute_timeout)
+            .context("starting the compute threads")?,
     ));
 
     let (stop, stopping) = watch::channel(false);

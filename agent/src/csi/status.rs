@@ -4,6 +4,7 @@ use tonic::{Code, Status};
 
 use super::request::RequestError;
 use crate::catalog::BindingError;
+use crate::compute::ComputeError;
 use crate::providers::ProviderError;
 use crate::publish::PublishError;
 use crate::resolve::ResolveError;
@@ -66,6 +67,8 @@ fn code(e: &PublishError) -> Code {
             ResolveError::Files { .. } => Code::InvalidArgument,
             ResolveError::Template { .. } => Code::InvalidArgument,
             ResolveError::NotFetched { .. } => Code::Internal,
+            ResolveError::Bound { .. } => Code::ResourceExhausted,
+            ResolveError::Deadline { .. } => Code::DeadlineExceeded,
             ResolveError::PropertyNotFound { .. }
             | ResolveError::NotJson { .. }
             | ResolveError::NotAnObject { .. }
@@ -75,6 +78,11 @@ fn code(e: &PublishError) -> Code {
             | ResolveError::Unsupported { .. } => Code::FailedPrecondition,
         },
         PublishError::Volume { source, .. } => volume_code(source),
+        PublishError::Compute { source, .. } => match source {
+            ComputeError::TimedOut(_) => Code::DeadlineExceeded,
+            ComputeError::Busy => Code::ResourceExhausted,
+            ComputeError::Panicked => Code::Internal,
+        },
         PublishError::Internal(_) => Code::Internal,
     }
 }

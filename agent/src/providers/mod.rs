@@ -52,6 +52,13 @@ pub struct FindQuery {
 }
 
 impl FindQuery {
+    /// True when both queries select the same names (same path, same pattern text).
+    pub fn same_as(&self, other: &FindQuery) -> bool {
+        self.path == other.path
+            && self.name.as_ref().map(regex::Regex::as_str)
+                == other.name.as_ref().map(regex::Regex::as_str)
+    }
+
     /// True when `name` passes both filters.
     pub fn matches(&self, name: &str) -> bool {
         self.path.as_deref().is_none_or(|p| name.starts_with(p))

@@ -6,16 +6,20 @@ pub mod backoff;
 mod locks;
 pub mod schedule;
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use crate::api::validate::Invalid;
 use crate::cache::{CacheKey, CacheLimits, ValueCache};
 use crate::catalog::{BindingError, Catalog, bind};
+use crate::compute::{ComputeError, Pool};
 use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
 use crate::identity::PodInfo;
 use crate::providers::{self, Provider, ProviderError, RemoteKey};
@@ -84,9 +88,39 @@ pub enum PublishError {
         /// Cause.
         source: VolumeError,
     },
+    /// Rendering the values (templates, rewrite, decoding) did not complete.
+    #[error("{ctx}: {source}")]
+    Compute {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// Cause.
+        source: ComputeError,
+    },
     /// A worker thread died (a bug).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// The bytes one publish may still fetch; shared by its concurrent fetches.
+struct FetchBudget {
+    limit: u64,
+    taken: std::sync::atomic::AtomicU64,
+}
+
+impl FetchBudget {
+    fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            taken: Default::default(),
+        }
+    }
+
+    /// Takes `bytes`; false once the total exceeds the limit.
+    fn take(&self, bytes: usize) -> bool {
+        let bytes = bytes as u64;
+        let before = self.taken.fetch_add(bytes, Ordering::Relaxed);
+        before.saturating_add(bytes) <= self.limit
+    }
 }
 
 /// What the blocking half of a publish did.
@@ -111,6 +145,7 @@ pub struct Publisher {
     schedule: Schedule,
     backoff: backoff::Backoff,
     cache: ValueCache,
+    compute: Pool,
 }
 
 impl Publisher {
@@ -122,6 +157,7 @@ impl Publisher {
         providers: providers::Env,
         cache_limits: CacheLimits,
         events: Arc<dyn PodEvents>,
+        compute: Pool,
     ) -> Self {
         Self {
             cache: ValueCache::new(cache_limits, Arc::clone(&providers.metrics)),
@@ -132,6 +168,7 @@ impl Publisher {
             locks: locks::TargetLocks::default(),
             schedule: Schedule::default(),
             backoff: backoff::Backoff::default(),
+            compute,
         }
     }
 
@@ -144,6 +181,39 @@ impl Publisher {
     /// keeps the previous content and succeeds (kubelet unmounts a volume whose republish fails).
     pub async fn publish(&self, req: &PublishRequest) -> Result<Outcome, PublishError> {
         let _lock = self.locks.lock(&req.target).await;
+        let mounted_here = AtomicBool::new(false);
+        let attempt = AssertUnwindSafe(self.publish_locked(req, &mounted_here))
+            .catch_unwind()
+            .await;
+        match attempt {
+            Ok(outcome) => outcome,
+            // A bug panicked: whatever this call mounted goes again, so that kubelet's retry
+            // starts from nothing (a panic must not leave a mount behind).
+            Err(_) => {
+                if mounted_here.load(Ordering::SeqCst) {
+                    let unmounted = self
+                        .blocking(&req.target, None, |v, t| v.unpublish(t))
+                        .await;
+                    self.schedule.remove(&req.target);
+                    if let Err(error) = unmounted {
+                        tracing::error!(%error, "cannot unmount after a failed publish");
+                    }
+                }
+                Err(PublishError::Internal(
+                    "the publish failed unexpectedly (a bug in Latchkey); nothing was left mounted"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    /// [`Self::publish`] with the target's lock held; sets `mounted_here` once it has mounted a
+    /// fresh volume.
+    async fn publish_locked(
+        &self,
+        req: &PublishRequest,
+        mounted_here: &AtomicBool,
+    ) -> Result<Outcome, PublishError> {
         let now = Instant::now();
         // kubelet republishes every volume periodically: answer at once until a refresh is due.
         if self.schedule.is_fresh(&req.target, now) {
@@ -178,7 +248,10 @@ impl Publisher {
                     source,
                 };
                 match written {
-                    Written::Mounted(r) => Attempt::Mount(r.map_err(volume_error)),
+                    Written::Mounted(r) => {
+                        mounted_here.store(r.is_ok(), Ordering::SeqCst);
+                        Attempt::Mount(r.map_err(volume_error))
+                    }
                     Written::Updated(r) => Attempt::Refresh(r.map_err(volume_error)),
                 }
             }
@@ -302,6 +375,18 @@ impl Publisher {
                 )),
             ));
         }
+        // Everything fetched for one publish shares one byte budget, checked as values arrive.
+        let budget = FetchBudget::new(self.fetch_budget());
+        let over_budget = |what: &str| {
+            PublishError::Resolve(ResolveError::Bound {
+                ctx: ctx.boxed(),
+                reason: format!(
+                    "{what} takes the values fetched for this volume beyond {} bytes (4x \
+                     --volume-size-limit)",
+                    budget.limit
+                ),
+            })
+        };
         let fetched = async {
             let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
                 let cache_key = CacheKey {
@@ -316,19 +401,33 @@ impl Publisher {
                         .get_or_fetch(cache_key, refresh.max_age(), fetch)
                         .await
                         .map_err(|e| provider_err(Some(key.clone()), e))?;
+                    if !budget.take(value.len()) {
+                        return Err(over_budget(&key.to_string()));
+                    }
                     Ok::<_, PublishError>((key, value))
                 }
             }))
             .await?;
             let mut fetched: Fetched = values.into_iter().collect();
+            // Identical searches are run once and their result shared.
+            let mut done: Vec<(&providers::FindQuery, usize)> = Vec::new();
             for (index, query) in &plan.finds {
+                if let Some((_, first)) = done.iter().find(|(q, _)| q.same_as(query)) {
+                    fetched.share_found(*first, *index);
+                    continue;
+                }
                 let found = provider()
                     .await
                     .map_err(|e| provider_err(None, e))?
                     .find(query)
                     .await
                     .map_err(|e| provider_err(None, e))?;
+                let bytes = found.iter().map(|(n, v)| n.len() + v.len()).sum();
+                if !budget.take(bytes) {
+                    return Err(over_budget(&format!("spec.dataFrom[{index}].find")));
+                }
                 fetched.insert_found(*index, found);
+                done.push((query, *index));
             }
             Ok::<_, PublishError>(fetched)
         }
@@ -341,18 +440,64 @@ impl Publisher {
             Err(_) => {}
         }
         let fetched = fetched?;
-        let entries = resolve::entries(
-            &ctx,
-            spec,
-            &fetched,
-            Some(&resolve::TemplatePod {
-                namespace: req.pod.namespace.clone(),
-                name: req.pod.name.clone(),
-                service_account: req.pod.service_account.clone(),
-            }),
-        )?;
-        let files = resolve::files(&ctx, spec.target.as_ref(), entries)?;
+        let pod = resolve::TemplatePod {
+            namespace: req.pod.namespace.clone(),
+            name: req.pod.name.clone(),
+            service_account: req.pod.service_account.clone(),
+        };
+        let files = self
+            .render(&ctx, Arc::clone(&binding.external_secret), fetched, pod)
+            .await?;
         Ok((ctx, files, refresh))
+    }
+
+    /// The fetched values -> files, on the compute pool (off the async workers, with a time
+    /// limit) unless the work is trivially small.
+    async fn render(
+        &self,
+        ctx: &Context,
+        es: Arc<crate::api::ExternalSecret>,
+        fetched: Fetched,
+        pod: resolve::TemplatePod,
+    ) -> Result<Vec<VolumeFile>, PublishError> {
+        let light = resolve::is_light(&es.spec, &fetched);
+        let work = move |ctx: &Context| {
+            let spec = &es.spec;
+            let entries = resolve::entries(ctx, spec, &fetched, Some(&pod))?;
+            Ok::<_, PublishError>(resolve::files(ctx, spec.target.as_ref(), entries)?)
+        };
+        if light {
+            // A few small values copied into files: the pool hop would cost more than the work.
+            return work(ctx);
+        }
+        let owned = ctx.clone();
+        let started = Instant::now();
+        let result =
+            self.compute
+                .run(move || work(&owned))
+                .await
+                .map_err(|e| PublishError::Compute {
+                    ctx: ctx.boxed(),
+                    source: e,
+                })?;
+        // A bound hit because the deadline passed is reported as the timeout it is.
+        match result {
+            Err(PublishError::Resolve(ResolveError::Deadline { .. }))
+            | Err(PublishError::Resolve(ResolveError::Template { .. }))
+                if started.elapsed() >= self.compute.timeout() =>
+            {
+                Err(PublishError::Compute {
+                    ctx: ctx.boxed(),
+                    source: ComputeError::TimedOut(self.compute.timeout()),
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// The byte budget of one publish's fetched values: 4x the volume size limit.
+    fn fetch_budget(&self) -> u64 {
+        self.volumes.config().size_limit.saturating_mul(4)
     }
 
     /// Runs a blocking volume operation off the async runtime.

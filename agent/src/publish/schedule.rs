@@ -15,6 +15,10 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(3600);
 /// (the failure was not transient); never longer than the refresh interval itself.
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
 
+/// Longest `refreshInterval` accepted: one year (8760h). Longer intervals mean "never" in
+/// practice; `0` says so explicitly, and a bound keeps every deadline computation in range.
+pub const MAX_REFRESH: Duration = Duration::from_secs(8760 * 3600);
+
 /// How often an ExternalSecret's values are refreshed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refresh {
@@ -32,6 +36,10 @@ impl Refresh {
         };
         match humantime::parse_duration(text) {
             Ok(d) if d.is_zero() => Ok(Refresh::Never),
+            Ok(d) if d > MAX_REFRESH => Err(format!(
+                "spec.refreshInterval {text:?} is longer than the maximum of 8760h (one year); \
+                 use 0 to fetch once"
+            )),
             Ok(d) => Ok(Refresh::Every(d)),
             Err(_) => Err(format!(
                 "spec.refreshInterval {text:?} is not a duration like 1h, 15m or 0"
@@ -68,7 +76,8 @@ impl Schedule {
     /// Records a successful (re)fresh of `target` at `now`.
     pub fn refreshed(&self, target: &Path, refresh: Refresh, now: Instant) {
         let next = match refresh {
-            Refresh::Every(d) => Some(now + d),
+            // Unreachable past MAX_REFRESH; an overflow would mean "never" anyway.
+            Refresh::Every(d) => now.checked_add(d),
             Refresh::Never => None,
         };
         self.set(target, next);
@@ -82,7 +91,7 @@ impl Schedule {
             (None, Refresh::Every(d)) => d.min(RETRY_AFTER_FAILURE),
             (None, Refresh::Never) => RETRY_AFTER_FAILURE,
         };
-        self.set(target, Some(now + wait));
+        self.set(target, Some(now.checked_add(wait).unwrap_or(now)));
     }
 
     /// Forgets `target` (unpublished).
@@ -119,6 +128,14 @@ mod tests {
                 .contains("refreshInterval")
         );
         assert_eq!(Refresh::Never.max_age(), None);
+        assert_eq!(
+            Refresh::parse(Some("8760h")),
+            Ok(Refresh::Every(MAX_REFRESH))
+        );
+        for huge in ["8761h", "300000000000y"] {
+            let err = Refresh::parse(Some(huge)).unwrap_err();
+            assert!(err.contains("maximum of 8760h"), "{huge}: {err}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod property;
 pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use regex::{Regex, RegexBuilder};
 
@@ -55,7 +56,7 @@ impl std::fmt::Display for Context {
 #[derive(Debug, Default)]
 pub struct Fetched {
     values: HashMap<RemoteKey, SecretBytes>,
-    found: HashMap<usize, Vec<(String, SecretBytes)>>,
+    found: HashMap<usize, Arc<Vec<(String, SecretBytes)>>>,
 }
 
 impl Fetched {
@@ -71,7 +72,15 @@ impl Fetched {
 
     /// Records what `dataFrom[index].find` matched.
     pub fn insert_found(&mut self, index: usize, results: Vec<(String, SecretBytes)>) {
-        self.found.insert(index, results);
+        self.found.insert(index, Arc::new(results));
+    }
+
+    /// Records that `dataFrom[index].find` matched what `dataFrom[first]` did (the same search,
+    /// run once; the results are shared, not copied).
+    pub fn share_found(&mut self, first: usize, index: usize) {
+        if let Some(results) = self.found.get(&first).cloned() {
+            self.found.insert(index, results);
+        }
     }
 }
 
@@ -95,6 +104,16 @@ pub struct Plan {
 
 /// Largest compiled `find.name.regexp`; a bigger pattern is refused rather than built.
 const MAX_FIND_REGEX_BYTES: usize = 1 << 20;
+
+/// Largest compiled `rewrite` regular expression.
+const MAX_REWRITE_REGEX_BYTES: usize = 256 << 10;
+
+/// Longest entry name a rewrite may produce, checked while the name is built (a step like
+/// `{source: "^(.*)$", target: "$1$1"}` doubles it each time).
+pub const MAX_REWRITTEN_NAME_BYTES: usize = 1024;
+
+/// Most rewrite applications (entry names x steps) of one ExternalSecret.
+pub const MAX_REWRITE_APPLICATIONS: usize = 50_000;
 
 /// Why the fetched values cannot be turned into entries or files. Never contains values.
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +202,20 @@ pub enum ResolveError {
         /// What is wrong (never a value).
         reason: String,
     },
+    /// A bound that protects the agent was exceeded (sizes, counts).
+    #[error("{ctx}: {reason}")]
+    Bound {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// Which bound, and its limit.
+        reason: String,
+    },
+    /// The publish's computation ran past its wall-clock limit (see [`crate::compute`]).
+    #[error("{ctx}: resolving the values ran past the time limit of this publish")]
+    Deadline {
+        /// Objects involved.
+        ctx: Box<Context>,
+    },
     /// A value the caller should have fetched is missing (a bug in the caller).
     #[error("{ctx}, {key}: value was not fetched")]
     NotFetched {
@@ -238,6 +271,44 @@ fn find_query(ctx: &Context, index: usize, f: &FindRef) -> Result<FindQuery, Res
     })
 }
 
+/// Most bytes of values [`is_light`] lets the caller render on its own thread.
+pub const LIGHT_WORK_BYTES: usize = 256 << 10;
+
+/// True when rendering is cheap enough to run on the caller's thread: no templates, no
+/// rewrite, no search results, and the values the entries read add up to at most
+/// [`LIGHT_WORK_BYTES`]. Everything else goes to the [`crate::compute`] pool.
+pub fn is_light(spec: &ExternalSecretSpec, fetched: &Fetched) -> bool {
+    let templated = spec
+        .target
+        .as_ref()
+        .and_then(|t| t.template.as_ref())
+        .is_some_and(|t| !t.data.is_empty());
+    if templated
+        || spec
+            .data_from
+            .iter()
+            .any(|d| d.find.is_some() || !d.rewrite.is_empty())
+    {
+        return false;
+    }
+    let refs = spec
+        .data_from
+        .iter()
+        .filter_map(|d| d.extract.as_ref())
+        .chain(spec.data.iter().map(|d| &d.remote_ref));
+    let mut work = 0usize;
+    for r in refs {
+        work += fetched
+            .values
+            .get(&remote_key(r))
+            .map_or(0, SecretBytes::len);
+        if work > LIGHT_WORK_BYTES {
+            return false;
+        }
+    }
+    true
+}
+
 /// Builds the named entries (templates applied, before file layout) from fetched values. `pod` is
 /// what templates see as `pod`; `None` where there is no pod (the mirror controller).
 pub fn entries(
@@ -257,7 +328,15 @@ pub fn entries(
         }
     };
     let mut out = BTreeMap::new();
+    let mut rewrites = 0usize;
+    let in_time = || {
+        if crate::compute::deadline_passed() {
+            return Err(ResolveError::Deadline { ctx: ctx.boxed() });
+        }
+        Ok(())
+    };
     for (index, d) in spec.data_from.iter().enumerate() {
+        in_time()?;
         if let Some(e) = &d.extract {
             let (key, raw) = value(e)?;
             let raw = decode::apply(ctx, &key, e.decoding_strategy, raw)?;
@@ -266,7 +345,7 @@ pub fn entries(
                 None => raw,
             };
             let extracted = property::extract(ctx, &key, &raw)?;
-            for (name, v) in rewrite(ctx, index, d, extracted)? {
+            for (name, v) in rewrite(ctx, index, d, extracted, &mut rewrites)? {
                 out.insert(name, v);
             }
         } else if let Some(f) = &d.find {
@@ -281,7 +360,8 @@ pub fn entries(
                     },
                 })?;
             let mut matched = BTreeMap::new();
-            for (name, raw) in results {
+            for (name, raw) in results.iter() {
+                in_time()?;
                 let key = RemoteKey {
                     key: name.clone(),
                     version: None,
@@ -291,12 +371,13 @@ pub fn entries(
                     decode::apply(ctx, &key, f.decoding_strategy, raw)?,
                 );
             }
-            for (name, v) in rewrite(ctx, index, d, matched)? {
+            for (name, v) in rewrite(ctx, index, d, matched, &mut rewrites)? {
                 out.insert(name, v);
             }
         }
     }
     for d in &spec.data {
+        in_time()?;
         let (key, raw) = value(&d.remote_ref)?;
         let raw = decode::apply(ctx, &key, d.remote_ref.decoding_strategy, raw)?;
         let v = match d.remote_ref.property.as_deref().filter(|p| !p.is_empty()) {
@@ -311,34 +392,76 @@ pub fn entries(
     }
 }
 
-/// Applies a source's `rewrite` steps, in order, to each entry name it produced.
+/// Applies a source's `rewrite` steps, in order, to each entry name it produced. `applied`
+/// counts (name, step) applications across the ExternalSecret, against
+/// [`MAX_REWRITE_APPLICATIONS`].
 fn rewrite(
     ctx: &Context,
     index: usize,
     source: &DataFrom,
     entries: BTreeMap<String, SecretBytes>,
+    applied: &mut usize,
 ) -> Result<BTreeMap<String, SecretBytes>, ResolveError> {
     if source.rewrite.is_empty() {
         return Ok(entries);
     }
     let mut steps = Vec::new();
     for r in source.rewrite.iter().filter_map(|r| r.regexp.as_ref()) {
-        let re = Regex::new(&r.source).map_err(|_| ResolveError::BadRewrite {
-            ctx: ctx.boxed(),
-            index,
-            source_regexp: r.source.clone(),
-        })?;
+        let re = RegexBuilder::new(&r.source)
+            .size_limit(MAX_REWRITE_REGEX_BYTES)
+            .dfa_size_limit(MAX_REWRITE_REGEX_BYTES)
+            .build()
+            .map_err(|_| ResolveError::BadRewrite {
+                ctx: ctx.boxed(),
+                index,
+                source_regexp: r.source.clone(),
+            })?;
         steps.push((re, r.target.as_str()));
     }
-    Ok(entries
-        .into_iter()
-        .map(|(mut name, v)| {
-            for (re, target) in &steps {
-                name = re.replace_all(&name, *target).into_owned();
+    let bound = |reason: String| ResolveError::Bound {
+        ctx: ctx.boxed(),
+        reason: format!("spec.dataFrom[{index}].rewrite: {reason}"),
+    };
+    let mut out = BTreeMap::new();
+    for (mut name, v) in entries {
+        for (re, target) in &steps {
+            *applied += 1;
+            if *applied > MAX_REWRITE_APPLICATIONS {
+                return Err(bound(format!(
+                    "more than {MAX_REWRITE_APPLICATIONS} renames (entries x steps)"
+                )));
             }
-            (name, v)
-        })
-        .collect())
+            if crate::compute::deadline_passed() {
+                return Err(ResolveError::Deadline { ctx: ctx.boxed() });
+            }
+            name =
+                replace_bounded(re, &name, target, MAX_REWRITTEN_NAME_BYTES).ok_or_else(|| {
+                    bound(format!(
+                        "a rewritten name grows beyond {MAX_REWRITTEN_NAME_BYTES} bytes"
+                    ))
+                })?;
+        }
+        out.insert(name, v);
+    }
+    Ok(out)
+}
+
+/// `re.replace_all(name, target)`, or `None` as soon as the result exceeds `max` bytes.
+fn replace_bounded(re: &Regex, name: &str, target: &str, max: usize) -> Option<String> {
+    let mut out = String::new();
+    let mut last = 0;
+    for caps in re.captures_iter(name) {
+        // Group 0 (the whole match) is always present.
+        let whole = caps.get(0)?;
+        out.push_str(&name[last..whole.start()]);
+        caps.expand(target, &mut out);
+        if out.len() > max {
+            return None;
+        }
+        last = whole.end();
+    }
+    out.push_str(&name[last..]);
+    (out.len() <= max).then_some(out)
 }
 
 #[cfg(test)]
@@ -541,6 +664,27 @@ mod tests {
         assert!(
             err.contains("spec.dataFrom[0].find.name: invalid regexp \"(unclosed\""),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn rewrites_are_bounded_while_names_are_built() {
+        let doubling = vec![("^(.*)$", "$1$1"); 16];
+        let s = spec(vec![], vec![extract("a", doubling)]);
+        let f = fetched(&[("a", r#"{"name":"v"}"#)]);
+        let err = entries(&ctx(), &s, &f, None).unwrap_err();
+        assert!(
+            matches!(err, ResolveError::Bound { .. })
+                && err.to_string().contains("grows beyond 1024 bytes"),
+            "{err}"
+        );
+        assert_eq!(
+            replace_bounded(&Regex::new("b").unwrap(), "abcb", "[$0]", 100).as_deref(),
+            Some("a[b]c[b]")
+        );
+        assert_eq!(
+            replace_bounded(&Regex::new("x*").unwrap(), "abc", "yyyy", 10),
+            None
         );
     }
 }

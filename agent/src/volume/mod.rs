@@ -125,12 +125,16 @@ impl Volumes {
             }
             Backend::PlainDirectory => false,
         };
+        // Should writing panic (a bug), the unwinding still unmounts: no mount is ever left
+        // behind by a failed first publish.
+        let on_panic = UnmountOnPanic { target, mounted };
         let written = match self.config.backend {
             // tmpfs applied the root's group and mode at mount time.
             Backend::Tmpfs => Ok(()),
             Backend::PlainDirectory => dirs::set_root_group(target, group),
         }
         .and_then(|()| AtomicWriter::new(target, group).write(&payload));
+        drop(on_panic);
         match written {
             Ok(_) => Ok(()),
             Err(err) => {
@@ -242,5 +246,19 @@ fn not_ours(entry: mountinfo::MountEntry) -> VolumeError {
         target: entry.mount_point,
         fstype: entry.fstype,
         mount_source: entry.source,
+    }
+}
+
+/// Unmounts a just-mounted target when dropped during a panic.
+struct UnmountOnPanic<'a> {
+    target: &'a Path,
+    mounted: bool,
+}
+
+impl Drop for UnmountOnPanic<'_> {
+    fn drop(&mut self) {
+        if self.mounted && std::thread::panicking() {
+            let _ = tmpfs::unmount(self.target);
+        }
     }
 }

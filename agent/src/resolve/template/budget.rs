@@ -21,6 +21,8 @@ pub(super) enum Stop {
     Budget = 1,
     TooLarge = 2,
     TooDeep = 3,
+    /// The publish's wall-clock deadline passed (see `crate::compute`).
+    Deadline = 4,
 }
 
 /// What all templates of an ExternalSecret may spend.
@@ -36,6 +38,7 @@ impl Budget {
             1 => Stop::Budget,
             2 => Stop::TooLarge,
             3 => Stop::TooDeep,
+            4 => Stop::Deadline,
             _ => Stop::None,
         }
     }
@@ -56,6 +59,9 @@ impl Budget {
 
     /// Spends `units` (at least one), before or after the work they stand for.
     pub(super) fn spend(&self, units: u64) -> Result<(), ExecutionError> {
+        if crate::compute::deadline_passed() {
+            return Err(self.stop(Stop::Deadline));
+        }
         let units = units.max(1);
         let spent = self
             .spent

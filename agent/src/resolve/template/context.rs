@@ -6,7 +6,7 @@
 //! budget's accounting (see `budget`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cel::common::types::{CelBool, CelBytes, CelMap, CelMapKey, CelString};
 use cel::common::value::{CowVal, Val};
@@ -14,9 +14,13 @@ use cel::{ExecutionError, FunctionContext};
 
 use super::TemplatePod;
 use super::budget::Budget;
-use super::functions::{ENV, regex_match, text_arg};
+use super::functions::{CompiledPattern, ENV, text_arg};
 use super::instrument::{CHARGE, MATCHES};
 use crate::secret::SecretBytes;
+
+/// Distinct `matches` patterns kept compiled per evaluation; more are compiled on every call
+/// (and charged each time).
+const MAX_COMPILED_PATTERNS: usize = 64;
 
 type ContextFn = Box<
     dyn for<'c, 'v> Fn(&mut FunctionContext<'c, 'v>) -> Result<CowVal<'c, 'v>, ExecutionError>
@@ -66,15 +70,31 @@ pub(super) fn cel_context<'v>(
         Ok(v)
     });
     let b = Arc::clone(budget);
+    // Each distinct pattern is compiled once per evaluation, however often it is called.
+    let compiled: Mutex<HashMap<String, Arc<CompiledPattern>>> = Mutex::default();
     let matches: ContextFn = Box::new(move |ftx| {
         let [text, pattern] = ftx.args.as_slice() else {
             return Err(ExecutionError::invalid_argument_count(2, ftx.args.len()));
         };
-        let found = regex_match(
-            &b,
-            text_arg("matches", text.as_ref())?,
-            text_arg("matches", pattern.as_ref())?,
-        )?;
+        let text = text_arg("matches", text.as_ref())?;
+        let pattern = text_arg("matches", pattern.as_ref())?;
+        let known = compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(pattern)
+            .cloned();
+        let regex = match known {
+            Some(r) => r,
+            None => {
+                let r = Arc::new(CompiledPattern::compile(&b, pattern)?);
+                let mut cache = compiled.lock().unwrap_or_else(|p| p.into_inner());
+                if cache.len() < MAX_COMPILED_PATTERNS {
+                    cache.insert(pattern.to_owned(), Arc::clone(&r));
+                }
+                r
+            }
+        };
+        let found = regex.is_match(&b, text)?;
         Ok(CowVal::owned(CelBool::from(found)))
     });
     for (name, function) in [(CHARGE, charge), (MATCHES, matches)] {

@@ -26,8 +26,9 @@ use super::{ELEMENT_COST, MAX_VALUE_BYTES};
 /// Largest compiled regular expression (and lazy DFA cache) of `matches`: 256 KiB.
 const REGEX_SIZE_LIMIT: usize = 256 << 10;
 
-/// `matches` spends `text length x (pattern length / 4 + 1)` before searching.
-const REGEX_COST_DIVISOR: u64 = 4;
+/// `matches` spends `text length x (compiled states / REGEX_STATES_PER_UNIT + 1)` before
+/// searching: the worst case of a search is proportional to both.
+const REGEX_STATES_PER_UNIT: u64 = 16;
 
 /// Functions registered here; their error messages never contain values.
 pub(super) const OWN_FUNCTIONS: [&str; 10] = [
@@ -121,24 +122,18 @@ fn register(env: &mut Env) -> Result<(), cel::DeclarationError> {
     Ok(())
 }
 
-/// `matches`, in place of the standard library's: a regular-expression search takes up to
-/// O(pattern x text) time, so that cost is spent before searching, and the compiled pattern is
-/// kept small. Its errors do not quote the pattern (which may be a value).
-pub(super) fn regex_match(
-    budget: &Budget,
-    text: &str,
-    pattern: &str,
-) -> Result<bool, ExecutionError> {
-    let (n, m) = (text.len() as u64, pattern.len() as u64);
-    budget.spend(
-        n.saturating_mul(m / REGEX_COST_DIVISOR + 1)
-            .saturating_add(m),
-    )?;
-    let re = regex::RegexBuilder::new(pattern)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .dfa_size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map_err(|_| {
+/// A `matches` pattern compiled once per evaluation: the regex, and what one byte of text costs
+/// to search with it.
+pub(super) struct CompiledPattern {
+    regex: regex::Regex,
+    /// Budget units per byte of text: a search takes up to (compiled states x text) steps.
+    cost_per_byte: u64,
+}
+
+impl CompiledPattern {
+    /// Compiles `pattern`, spending its compiled size, or fails (without quoting it).
+    pub(super) fn compile(budget: &Budget, pattern: &str) -> Result<Self, ExecutionError> {
+        let invalid = || {
             fail(
                 "matches",
                 format!(
@@ -146,8 +141,33 @@ pub(super) fn regex_match(
                      {REGEX_SIZE_LIMIT} bytes"
                 ),
             )
-        })?;
-    Ok(re.is_match(text))
+        };
+        budget.spend(pattern.len() as u64)?;
+        let nfa = regex_automata::nfa::thompson::NFA::compiler()
+            .configure(
+                regex_automata::nfa::thompson::Config::new().nfa_size_limit(Some(REGEX_SIZE_LIMIT)),
+            )
+            .build(pattern)
+            .map_err(|_| invalid())?;
+        let states = nfa.states().len() as u64;
+        // Compiling costs about as much as its result is large.
+        budget.spend(nfa.memory_usage() as u64)?;
+        let regex = regex::RegexBuilder::new(pattern)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .dfa_size_limit(REGEX_SIZE_LIMIT)
+            .build()
+            .map_err(|_| invalid())?;
+        Ok(Self {
+            regex,
+            cost_per_byte: states / REGEX_STATES_PER_UNIT + 1,
+        })
+    }
+
+    /// Searches `text`, spending its worst-case cost first. Errors never quote the pattern.
+    pub(super) fn is_match(&self, budget: &Budget, text: &str) -> Result<bool, ExecutionError> {
+        budget.spend((text.len() as u64).saturating_mul(self.cost_per_byte))?;
+        Ok(self.regex.is_match(text))
+    }
 }
 
 pub(super) fn fail(function: &str, message: impl Into<String>) -> ExecutionError {

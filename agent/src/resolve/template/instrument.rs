@@ -12,7 +12,7 @@ use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, operators};
 pub(super) const CHARGE: &str = "@charge";
 
 /// Hidden function `matches` calls are rewritten to (see
-/// [`regex_match`](super::functions::regex_match)).
+/// [`CompiledPattern`](super::functions::CompiledPattern)).
 pub(super) const MATCHES: &str = "@matches";
 
 /// Function namespaces: a call on one of these names is a namespaced function, not a method.

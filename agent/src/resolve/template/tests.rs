@@ -559,8 +559,19 @@ fn bounds_are_enforced() {
             "split: the result would be larger",
         ),
         (
-            "costly regular expression",
+            "costly regular expression (charged by its compiled size)",
+            "secret.large.matches('[a-z]{2000}x')".into(),
+            "exceeded the cost budget",
+        ),
+        (
+            "regular expression too large to compile",
             "secret.large.matches(secret.medium)".into(),
+            "compiles to more than 262144 bytes",
+        ),
+        (
+            "one costly pattern called many times",
+            "secret.medium.split('').filter(c, secret.large.matches('[a-f]+[0-9]x')).size()"
+                .into(),
             "exceeded the cost budget",
         ),
         (
