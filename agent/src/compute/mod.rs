@@ -3,12 +3,16 @@
 //! threads, never on the async workers that serve kubelet, health checks and other tenants, and
 //! each job has a wall-clock deadline.
 //!
+//! One tenant (namespace) never holds every thread: its jobs take at most all threads but one,
+//! so a namespace full of hostile templates slows only itself.
+//!
 //! The deadline is cooperative: a job's code asks [`deadline_passed`] between steps (the
 //! template budget on every charge, rewrite and decoding between entries), and the caller stops
 //! waiting at the deadline whatever the job does. Every step is itself bounded (sizes, compiled
 //! regex sizes, the template cost budget), so a job notices its deadline soon after it passes.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -63,6 +67,10 @@ pub enum ComputeError {
 pub struct Pool {
     jobs: SyncSender<Job>,
     timeout: Duration,
+    /// How many threads one tenant may use at once.
+    per_tenant: usize,
+    /// Each tenant's share, while it has jobs in flight.
+    tenants: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Pool {
@@ -77,7 +85,12 @@ impl Pool {
                 .stack_size(STACK_BYTES)
                 .spawn(move || work(&queue))?;
         }
-        Ok(Self { jobs, timeout })
+        Ok(Self {
+            jobs,
+            timeout,
+            per_tenant: threads.saturating_sub(1).max(1),
+            tenants: Mutex::default(),
+        })
     }
 
     /// A pool sized for this machine: one thread per core, at least two (so one busy tenant
@@ -92,9 +105,9 @@ impl Pool {
         self.timeout
     }
 
-    /// Runs `f` on a pool thread and waits (asynchronously) for its result, at most the pool's
-    /// timeout from now.
-    pub async fn run<T, F>(&self, f: F) -> Result<T, ComputeError>
+    /// Runs `f` for `tenant` on a pool thread and waits (asynchronously) for its result, at
+    /// most the pool's timeout from now (waiting for the tenant's share included).
+    pub async fn run<T, F>(&self, tenant: &str, f: F) -> Result<T, ComputeError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
@@ -102,6 +115,50 @@ impl Pool {
         let limit = self.timeout;
         let start = Instant::now();
         let deadline = start.checked_add(limit).unwrap_or(start);
+        let share = self.share(tenant);
+        let permit =
+            tokio::time::timeout_at(deadline.into(), Arc::clone(&share).acquire_owned()).await;
+        let result = match permit {
+            Ok(Ok(_permit)) => self.run_until(deadline, limit, f).await,
+            // Timed out waiting for a share (the semaphore is never closed).
+            _ => Err(ComputeError::TimedOut(limit)),
+        };
+        self.release(tenant, share);
+        result
+    }
+
+    /// The semaphore of `tenant`'s share of the threads.
+    fn share(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            tenants
+                .entry(tenant.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_tenant))),
+        )
+    }
+
+    /// Forgets a tenant's share once nobody uses it (the map only holds active tenants).
+    fn release(&self, tenant: &str, share: Arc<tokio::sync::Semaphore>) {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        drop(share);
+        if tenants
+            .get(tenant)
+            .is_some_and(|s| Arc::strong_count(s) == 1)
+        {
+            tenants.remove(tenant);
+        }
+    }
+
+    async fn run_until<T, F>(
+        &self,
+        deadline: Instant,
+        limit: Duration,
+        f: F,
+    ) -> Result<T, ComputeError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move || {
             if Instant::now() >= deadline {
@@ -145,7 +202,7 @@ mod tests {
     async fn runs_jobs_with_a_deadline_on_big_stack_threads() {
         let pool = Pool::new(2, Duration::from_millis(200)).unwrap();
         let (on_pool, passed) = pool
-            .run(|| (on_pool_thread(), deadline_passed()))
+            .run("a", || (on_pool_thread(), deadline_passed()))
             .await
             .unwrap();
         assert!(on_pool && !passed);
@@ -158,7 +215,7 @@ mod tests {
         let (seen_tx, seen_rx) = std::sync::mpsc::channel();
         let started = Instant::now();
         let err = pool
-            .run(move || {
+            .run("a", move || {
                 while !deadline_passed() {
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -172,14 +229,50 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1));
         seen_rx.recv_timeout(Duration::from_secs(1)).unwrap();
         // The other thread still serves.
-        pool.run(|| ()).await.unwrap();
+        pool.run("b", || ()).await.unwrap();
     }
 
     #[tokio::test]
     async fn a_panicking_job_is_reported() {
         let pool = Pool::new(1, Duration::from_secs(5)).unwrap();
-        let err = pool.run(|| panic!("boom")).await.unwrap_err();
+        let err = pool.run("a", || panic!("boom")).await.unwrap_err();
         assert_eq!(err, ComputeError::Panicked);
-        assert_eq!(pool.run(|| 7).await, Ok(7));
+        assert_eq!(pool.run("a", || 7).await, Ok(7));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenant_never_holds_every_thread() {
+        let pool = Arc::new(Pool::new(2, Duration::from_secs(3)).unwrap());
+        // Four jobs of a hostile tenant, each busy until its deadline.
+        let hostile: Vec<_> = (0..4)
+            .map(|_| {
+                let pool = Arc::clone(&pool);
+                tokio::spawn(async move {
+                    pool.run("evil", || {
+                        while !deadline_passed() {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    })
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        assert_eq!(pool.run("shop", || 1).await, Ok(1));
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        for h in hostile {
+            // The running one may just make it at its deadline; the queued ones time out.
+            let r = h.await.unwrap();
+            assert!(matches!(r, Ok(()) | Err(ComputeError::TimedOut(_))), "{r:?}");
+        }
+        assert!(
+            pool.tenants.lock().unwrap().is_empty(),
+            "shares are forgotten"
+        );
     }
 }

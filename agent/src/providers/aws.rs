@@ -42,7 +42,15 @@ use aws_sdk_secretsmanager::primitives::Blob;
 use aws_sdk_secretsmanager::types::{Filter, FilterNameStringType};
 use tokio::sync::oneshot;
 
-use super::{BuildContext, FindQuery, MAX_FIND_RESULTS, Provider, ProviderError, RemoteKey, found};
+use aws_sdk_secretsmanager::config::interceptors::BeforeDeserializationInterceptorContextMut;
+use aws_sdk_secretsmanager::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_secretsmanager::error::BoxError;
+use aws_smithy_types::body::SdkBody;
+
+use super::{
+    BuildContext, FindQuery, MAX_FIND_RESULTS, MAX_RESPONSE_BYTES, Provider, ProviderError,
+    RemoteKey, found,
+};
 use crate::api::store::{AwsProvider, AwsSecretRef};
 use crate::secret::SecretBytes;
 use crate::telemetry::Metrics;
@@ -140,6 +148,7 @@ impl SessionCache {
             clients.clear();
         }
         let conf = aws_sdk_secretsmanager::Config::builder()
+            .interceptor(BodyLimit)
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(region.to_string()))
             .credentials_provider(creds.clone())
@@ -287,7 +296,8 @@ impl Aws {
                 let sdk = cache.agent_config(region).await;
                 match spec.role.as_deref() {
                     None => {
-                        let conf = aws_sdk_secretsmanager::config::Builder::from(&sdk);
+                        let conf = aws_sdk_secretsmanager::config::Builder::from(&sdk)
+                            .interceptor(BodyLimit);
                         let conf = match endpoint {
                             Some(e) => conf.endpoint_url(e),
                             None => conf,
@@ -298,7 +308,8 @@ impl Aws {
                         let key = format!("agent\n{region}\n{end}\n{role}\n{who}");
                         let creds = cache
                             .session(key, || {
-                                let conf = aws_sdk_sts::config::Builder::from(&sdk);
+                                let conf =
+                                    aws_sdk_sts::config::Builder::from(&sdk).interceptor(BodyLimit);
                                 let conf = match endpoint {
                                     Some(e) => conf.endpoint_url(e),
                                     None => conf,
@@ -615,6 +626,7 @@ fn sts_client(
     creds: Option<Credentials>,
 ) -> aws_sdk_sts::Client {
     let conf = aws_sdk_sts::Config::builder()
+        .interceptor(BodyLimit)
         .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
         .region(aws_sdk_sts::config::Region::new(region.to_string()))
         .retry_config(retry())
@@ -730,6 +742,9 @@ where
                 "request not sent"
             }
         )),
+        SdkError::ResponseError(_) if body_too_large(&err) => ProviderError::Unavailable(format!(
+            "{op}: the answer is larger than {MAX_RESPONSE_BYTES} bytes"
+        )),
         SdkError::ResponseError(_) => {
             ProviderError::Unavailable(format!("{op}: unreadable response from AWS"))
         }
@@ -737,6 +752,36 @@ where
             ProviderError::Config(format!("{op}: cannot build the request"))
         }
         _ => ProviderError::Unavailable(format!("{op}: request failed")),
+    }
+}
+
+/// True when reading the body stopped at [`BodyLimit`]'s cap.
+fn body_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source())
+        .any(|e| e.is::<http_body_util::LengthLimitError>())
+}
+
+/// Caps every response body the SDK reads (Secrets Manager and STS) at
+/// [`MAX_RESPONSE_BYTES`], checked as it arrives: `endpoint` may name a server a tenant runs.
+#[derive(Debug)]
+struct BodyLimit;
+
+impl Intercept for BodyLimit {
+    fn name(&self) -> &'static str {
+        "LatchkeyBodyLimit"
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let response = context.response_mut();
+        let body = response.take_body();
+        *response.body_mut() =
+            SdkBody::from_body_1_x(http_body_util::Limited::new(body, MAX_RESPONSE_BYTES));
+        Ok(())
     }
 }
 

@@ -38,6 +38,11 @@ impl std::fmt::Display for RemoteKey {
     }
 }
 
+/// Largest HTTP response body a provider reads from a backend (Vault, AWS), checked as it
+/// arrives: a store may name a backend a tenant runs, and a huge answer must fail the request,
+/// not exhaust the agent's memory.
+pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+
 /// Most secrets one `dataFrom.find` may return: a broader match is almost certainly a mistake,
 /// and every result becomes a file.
 pub const MAX_FIND_RESULTS: usize = 500;

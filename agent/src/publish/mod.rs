@@ -472,14 +472,14 @@ impl Publisher {
         }
         let owned = ctx.clone();
         let started = Instant::now();
-        let result =
-            self.compute
-                .run(move || work(&owned))
-                .await
-                .map_err(|e| PublishError::Compute {
-                    ctx: ctx.boxed(),
-                    source: e,
-                })?;
+        let result = self
+            .compute
+            .run(&ctx.namespace, move || work(&owned))
+            .await
+            .map_err(|e| PublishError::Compute {
+                ctx: ctx.boxed(),
+                source: e,
+            })?;
         // A bound hit because the deadline passed is reported as the timeout it is.
         match result {
             Err(PublishError::Resolve(ResolveError::Deadline { .. }))

@@ -15,9 +15,16 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use base64::Engine;
-use vaultrs::api::AuthInfo;
-use vaultrs::client::{Client, VaultClient, VaultClientSettingsBuilder};
+use vaultrs::api::auth::approle::requests::LoginWithApproleRequest;
+use vaultrs::api::auth::kubernetes::requests::LoginWithKubernetesRequest;
+use vaultrs::api::auth::oidc::requests::JWTLoginRequest;
+use vaultrs::api::kv1::requests::{GetSecretRequest, ListSecretRequest};
+use vaultrs::api::kv2::requests::{ListSecretsRequest, ReadSecretRequest};
+use vaultrs::api::{AuthInfo, EndpointMiddleware};
 use vaultrs::error::ClientError;
+
+mod transport;
+use transport::Transport;
 
 use super::{BuildContext, FindQuery, Provider, ProviderError, RemoteKey, credentials, found};
 use crate::api::StoreKind;
@@ -138,7 +145,7 @@ enum Kv {
 
 /// A Vault client logged in for one store and one pod.
 pub struct Vault {
-    client: VaultClient,
+    client: Transport,
     mount: String,
     kv: Kv,
 }
@@ -171,25 +178,53 @@ impl Vault {
     }
 
     async fn read(&self, path: &str, version: Option<u64>) -> Result<SecretBytes, ProviderError> {
-        let data: BTreeMap<String, serde_json::Value> = match (self.kv, version) {
-            (Kv::V2, None) => vaultrs::kv2::read(&self.client, &self.mount, path).await,
-            (Kv::V2, Some(v)) => {
-                vaultrs::kv2::read_version(&self.client, &self.mount, path, v).await
+        let (mount, c) = (self.mount.as_str(), &self.client);
+        let data = match self.kv {
+            Kv::V2 => {
+                let request = ReadSecretRequest::builder()
+                    .mount(mount)
+                    .path(path)
+                    .version(version)
+                    .build()
+                    .map_err(|_| bad_request())?;
+                c.data(request).await.map(|r| r.data)
             }
-            (Kv::V1, _) => vaultrs::kv1::get(&self.client, &self.mount, path).await,
+            Kv::V1 => {
+                let request = GetSecretRequest::builder()
+                    .mount(mount)
+                    .path(path)
+                    .build()
+                    .map_err(|_| bad_request())?;
+                c.raw(request).await.map(|r| r.data)
+            }
         }
         .map_err(server_error)?;
+        let data: BTreeMap<String, serde_json::Value> = serde_json::from_value(data)
+            .map_err(|_| ProviderError::Unavailable("Vault's answer is not a KV secret".into()))?;
         serde_json::to_vec(&data)
             .map(SecretBytes::new)
             .map_err(|_| ProviderError::Unavailable("cannot encode the secret's data".into()))
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<String>, ProviderError> {
+        let (mount, c) = (self.mount.as_str(), &self.client);
         let listed = match self.kv {
-            Kv::V2 => vaultrs::kv2::list(&self.client, &self.mount, dir).await,
-            Kv::V1 => vaultrs::kv1::list(&self.client, &self.mount, dir)
-                .await
-                .map(|r| r.data.keys),
+            Kv::V2 => {
+                let request = ListSecretsRequest::builder()
+                    .mount(mount)
+                    .path(dir)
+                    .build()
+                    .map_err(|_| bad_request())?;
+                c.data(request).await.map(|r| r.keys)
+            }
+            Kv::V1 => {
+                let request = ListSecretRequest::builder()
+                    .mount(mount)
+                    .path(dir)
+                    .build()
+                    .map_err(|_| bad_request())?;
+                c.raw(request).await.map(|r| r.data.keys)
+            }
         };
         match listed {
             Ok(keys) => Ok(keys),
@@ -270,54 +305,63 @@ impl Provider for Vault {
     }
 }
 
-/// A client for the store's server, namespace and CA; no token yet. Nothing is taken from the
-/// agent's environment (`VAULT_*`).
-fn new_client(spec: &VaultProvider) -> Result<VaultClient, ProviderError> {
-    let mut settings = VaultClientSettingsBuilder::default();
-    settings
-        .address(spec.server.as_str())
-        .token(String::new())
-        .verify(true)
-        .identity(None)
-        .timeout(Some(REQUEST_TIMEOUT))
-        .namespace(spec.namespace.clone().filter(|n| !n.is_empty()));
-    // vaultrs reads CA certificates from files only: the bundle goes through a temporary file.
-    let ca_file = match &spec.ca_bundle {
-        Some(b64) if !b64.trim().is_empty() => {
-            let pem = base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
-            let file = tempfile::NamedTempFile::new()
-                .and_then(|mut f| std::io::Write::write_all(&mut f, &pem).map(|()| f))
-                .map_err(|_| {
-                    ProviderError::Unavailable("cannot write the CA bundle to a file".into())
-                })?;
-            settings.ca_certs(vec![file.path().display().to_string()]);
-            Some(file)
-        }
-        _ => {
-            settings.ca_certs(Vec::new());
-            None
-        }
-    };
-    let settings = settings
+/// A transport for the store's server, namespace and CA; no token yet. Nothing is taken from
+/// the agent's environment (`VAULT_*`, proxies).
+fn new_client(spec: &VaultProvider) -> Result<Transport, ProviderError> {
+    let server = reqwest::Url::parse(&spec.server)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+        .ok_or_else(|| {
+            ProviderError::Config(format!(
+                "vault.server {:?} is not an http(s) URL",
+                crate::telemetry::escape::printable(&spec.server, 100)
+            ))
+        })?;
+    let mut http = reqwest::ClientBuilder::new()
+        .tls_backend_rustls()
+        .timeout(REQUEST_TIMEOUT)
+        .no_proxy();
+    if server.scheme() == "http" {
+        // reqwest with rustls needs roots even when it never uses them.
+        http = http.tls_certs_only(Vec::new());
+    } else if let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .ok()
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| {
+                ProviderError::Config("vault.caBundle holds no valid PEM certificate".into())
+            })?;
+        http = http.tls_certs_merge(certs);
+    }
+    let http = http
         .build()
-        .map_err(|e| ProviderError::Config(format!("vault.server: {e}")))?;
-    let client = VaultClient::new(settings).map_err(|e| match e {
-        ClientError::ParseCertificateError { .. } => {
-            ProviderError::Config("vault.caBundle holds no valid PEM certificate".into())
-        }
-        _ => ProviderError::Config("cannot build a Vault client".into()),
-    });
-    drop(ca_file);
-    client
+        .map_err(|_| ProviderError::Config("cannot build a Vault client".into()))?;
+    let middle = EndpointMiddleware {
+        token: String::new(),
+        version: "v1".into(),
+        wrap: None,
+        namespace: spec.namespace.clone().filter(|n| !n.is_empty()),
+    };
+    Ok(Transport::new(
+        http,
+        server.as_str().trim_end_matches('/'),
+        middle,
+    ))
+}
+
+/// A request vaultrs could not build (a required field missing: a bug here).
+fn bad_request() -> ProviderError {
+    ProviderError::Config("cannot build the Vault request".into())
 }
 
 /// The token the store's auth method yields: the Secret's token as is, or a (cached) login.
 async fn authenticate(
     spec: &VaultProvider,
     ctx: &BuildContext<'_>,
-    client: &VaultClient,
+    client: &Transport,
 ) -> Result<SecretString, ProviderError> {
     let auth = &spec.auth;
     if let Some(selector) = &auth.token_secret_ref {
@@ -365,9 +409,21 @@ async fn authenticate(
                 count_login();
                 let jwt = token.token.expose();
                 let result = if kubernetes {
-                    vaultrs::auth::kubernetes::login(client, mount, role, jwt).await
+                    let request = LoginWithKubernetesRequest::builder()
+                        .mount(mount)
+                        .role(role)
+                        .jwt(jwt)
+                        .build()
+                        .map_err(|_| bad_request())?;
+                    client.login(request).await
                 } else {
-                    vaultrs::auth::oidc::login(client, mount, jwt, Some(role.to_string())).await
+                    let request = JWTLoginRequest::builder()
+                        .mount(mount)
+                        .role(role.to_string())
+                        .jwt(jwt)
+                        .build()
+                        .map_err(|_| bad_request())?;
+                    client.login(request).await
                 };
                 result.map_err(|e| login_error(e, method, mount, Some(role)))
             })
@@ -394,7 +450,14 @@ async fn authenticate(
             .get_or_login(&key, || async {
                 let secret_id = credentials::read(ctx, &app_role.secret_ref).await?;
                 count_login();
-                vaultrs::auth::approle::login(client, mount, &app_role.role_id, secret_id.expose())
+                let request = LoginWithApproleRequest::builder()
+                    .mount(mount)
+                    .role_id(app_role.role_id.as_str())
+                    .secret_id(secret_id.expose())
+                    .build()
+                    .map_err(|_| bad_request())?;
+                client
+                    .login(request)
                     .await
                     .map_err(|e| login_error(e, "approle", mount, None))
             })
@@ -442,6 +505,9 @@ fn server_error(e: ClientError) -> ProviderError {
                 500.. => ProviderError::Unavailable(format!("Vault answered {code}{why}")),
                 _ => ProviderError::Config(format!("Vault rejected the request ({code}){why}")),
             }
+        }
+        e @ ClientError::RestClientError { .. } if transport::is_too_large(&e) => {
+            ProviderError::Unavailable(transport::BodyTooLarge.to_string())
         }
         ClientError::RestClientError { .. } => {
             ProviderError::Unavailable("Vault could not be reached".into())
