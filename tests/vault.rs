@@ -229,12 +229,20 @@ async fn approle_auth_logs_in_once_per_store_credential() {
     );
     let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
     assert_reads(&agent, "default", None).await;
-    assert_eq!(logins(&agent).await, 1, "one AppRole login per service account");
+    assert_eq!(
+        logins(&agent).await,
+        1,
+        "one AppRole login per service account"
+    );
     // Another service account of the namespace logs in on its own: a SecretStore's credential
     // is read as the pod in a cluster, so a token obtained by one service account is never
     // reused by another (which might not be allowed to read the credential Secret).
     assert_reads(&agent, "other", None).await;
-    assert_eq!(logins(&agent).await, 2, "one AppRole login per service account");
+    assert_eq!(
+        logins(&agent).await,
+        2,
+        "one AppRole login per service account"
+    );
     assert_no_leak(
         &agent,
         &[],

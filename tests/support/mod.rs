@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 pub mod apiserver;
+pub mod hostile;
 pub mod moto;
 pub mod openbao;
 pub mod tee_proxy;
@@ -192,6 +193,22 @@ impl Agent {
             .map(|(_, b)| b.to_string())
             .unwrap_or_default();
         (code, body)
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("agent running").id()
+    }
+
+    /// The agent's peak resident memory so far (`VmHWM`), in MiB.
+    pub fn peak_rss_mib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/PID/status");
+        kib / 1024
     }
 
     /// Everything the agent logged so far.

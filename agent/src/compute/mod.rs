@@ -268,7 +268,10 @@ mod tests {
         for h in hostile {
             // The running one may just make it at its deadline; the queued ones time out.
             let r = h.await.unwrap();
-            assert!(matches!(r, Ok(()) | Err(ComputeError::TimedOut(_))), "{r:?}");
+            assert!(
+                matches!(r, Ok(()) | Err(ComputeError::TimedOut(_))),
+                "{r:?}"
+            );
         }
         assert!(
             pool.tenants.lock().unwrap().is_empty(),

@@ -51,8 +51,11 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = quiet_dependencies(
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
     );
+    // Colour codes only for a person at a terminal: in a file or a log pipeline they are noise
+    // (and make escape sequences from elsewhere harder to spot).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
