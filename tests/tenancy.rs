@@ -382,7 +382,7 @@ async fn hostile_manifests_are_refused_or_bounded() {
         (
             "forever",
             Code::FailedPrecondition,
-            "longer than the maximum of 8760h",
+            "spec.refreshInterval: must be at most 8760h",
         ),
         (
             "dotdot",

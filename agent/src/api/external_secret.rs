@@ -28,6 +28,7 @@ pub struct ExternalSecretSpec {
     pub secret_store_ref: SecretStoreRef,
     /// How often mounted files and mirrors are refreshed (e.g. `1h`); `0` fetches once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = &crate::api::rules::REFRESH_INTERVAL_MAX)]
     pub refresh_interval: Option<String>,
     /// Individual remote values, one entry (file) each; each `secretKey` at most once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

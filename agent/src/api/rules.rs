@@ -44,6 +44,17 @@ pub const NOT_EMPTY: CelRule = CelRule {
     message: "must not be empty",
 };
 
+/// Longest `spec.refreshInterval`, in seconds: one year (8760h). Longer means "never" in
+/// practice (`0` says so explicitly), and a bound keeps every deadline computation in range.
+pub const MAX_REFRESH_INTERVAL_SECS: u64 = 8760 * 3600;
+
+/// On `spec.refreshInterval` (Kubernetes' CEL `duration()` parses Go durations, as ESO's
+/// `metav1.Duration` does).
+pub const REFRESH_INTERVAL_MAX: CelRule = CelRule {
+    rule: "duration(self) <= duration('8760h')",
+    message: "must be at most 8760h (one year); use 0 to fetch once",
+};
+
 /// On `spec.dataFrom[]` (ESO: "extract, find, or generatorRef cannot be set at the same time"
 /// and "either extract, find, or sourceRef must be set").
 pub const EXTRACT_XOR_FIND: CelRule = CelRule {

@@ -100,6 +100,13 @@ fn evaluate(
             .unwrap_or_else(|e| panic!("{schema_path}: rule {text:?} does not compile: {e}"));
         let mut ctx = cel::Context::default();
         ctx.add_variable_from_value("self", to_cel(value));
+        // Kubernetes' `duration()`, as far as comparisons go: the seconds of a Go duration.
+        ctx.add_function("duration", |text: Arc<String>| -> i64 {
+            humantime::parse_duration(&text)
+                .unwrap_or_else(|e| panic!("duration({text:?}): {e}"))
+                .as_secs() as i64
+        })
+        .unwrap();
         match program.execute(&ctx) {
             Ok(cel::Value::Bool(true)) => {}
             Ok(cel::Value::Bool(false)) => {
@@ -451,6 +458,16 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
                 .map(|_| json!({"extract": {"key": "a"}}))
                 .collect::<Value>()}}),
             some("spec.dataFrom: must have at most 50 items"),
+        ),
+        (
+            "refresh interval of a year",
+            json!({"spec": {"refreshInterval": "8760h"}}),
+            None,
+        ),
+        (
+            "refresh interval beyond a year",
+            json!({"spec": {"refreshInterval": "8761h"}}),
+            some("spec.refreshInterval: must be at most 8760h (one year); use 0 to fetch once"),
         ),
         (
             "too many rewrite steps",

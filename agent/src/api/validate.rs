@@ -198,6 +198,18 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
     if spec.data.is_empty() && spec.data_from.is_empty() {
         return Err(Invalid::rule("spec", &rules::DATA_OR_DATA_FROM));
     }
+    // An unparsable interval is reported where it is parsed (the refresh schedule).
+    if let Some(Ok(interval)) = spec
+        .refresh_interval
+        .as_deref()
+        .map(humantime::parse_duration)
+        && interval.as_secs() > rules::MAX_REFRESH_INTERVAL_SECS
+    {
+        return Err(Invalid::rule(
+            "spec.refreshInterval",
+            &rules::REFRESH_INTERVAL_MAX,
+        ));
+    }
     max_items("spec.data", spec.data.len(), rules::MAX_ITEMS)?;
     max_items("spec.dataFrom", spec.data_from.len(), rules::MAX_DATA_FROM)?;
     let mut seen = HashMap::new();

@@ -15,9 +15,8 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(3600);
 /// (the failure was not transient); never longer than the refresh interval itself.
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
 
-/// Longest `refreshInterval` accepted: one year (8760h). Longer intervals mean "never" in
-/// practice; `0` says so explicitly, and a bound keeps every deadline computation in range.
-pub const MAX_REFRESH: Duration = Duration::from_secs(8760 * 3600);
+/// Longest `refreshInterval` accepted (see [`crate::api::rules::MAX_REFRESH_INTERVAL_SECS`]).
+pub const MAX_REFRESH: Duration = Duration::from_secs(crate::api::rules::MAX_REFRESH_INTERVAL_SECS);
 
 /// How often an ExternalSecret's values are refreshed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
