@@ -124,3 +124,38 @@ fn api_error(e: kube::Error) -> ProviderError {
         _ => ProviderError::Unavailable("the API server could not be reached".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::tokens::PodTokens;
+
+    #[tokio::test]
+    async fn a_key_that_is_not_a_secret_name_never_reaches_the_api_server() {
+        crate::tls::install_crypto_provider();
+        // Nothing listens here: a request that went out would fail as Unavailable instead.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let pod = PodInfo {
+            namespace: "shop".into(),
+            name: "p".into(),
+            uid: "u".into(),
+            service_account: "default".into(),
+            tokens: PodTokens::parse(Some(r#"{"":{"token":"t"}}"#)).unwrap(),
+        };
+        let secrets =
+            KubernetesSecrets::new(&KubernetesProvider::default(), Some(&config), &pod).unwrap();
+        for key in ["../kube-system/secrets/x", "a/b", "..", "UPPER"] {
+            let err = secrets
+                .get(&RemoteKey {
+                    key: key.into(),
+                    version: None,
+                })
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, ProviderError::Config(m) if m.contains("not a valid Kubernetes name")),
+                "{key}: {err:?}"
+            );
+        }
+    }
+}
