@@ -124,12 +124,6 @@ async fn serve(
                 stream.write_all(body.as_bytes()).await?;
             }
             Answer::Endless => {
-                stream
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                          transfer-encoding: chunked\r\n\r\n",
-                    )
-                    .await?;
                 let chunk = vec![b' '; 64 << 10];
                 let framed = [
                     format!("{:x}\r\n", chunk.len()).into_bytes(),
@@ -137,29 +131,35 @@ async fn serve(
                     b"\r\n".to_vec(),
                 ]
                 .concat();
-                let mut total = 0;
-                while total < MAX_STREAM {
-                    stream.write_all(&framed).await?;
-                    total += framed.len() as u64;
-                    sent.fetch_add(framed.len() as u64, Ordering::SeqCst);
-                }
-                return Ok(());
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                            transfer-encoding: chunked\r\n\r\n";
+                return stream_forever(&mut stream, head, &framed, sent).await;
             }
             Answer::HugeLength => {
                 let head = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
                      content-length: {MAX_STREAM}\r\n\r\n"
                 );
-                stream.write_all(head.as_bytes()).await?;
-                let chunk = vec![b' '; 64 << 10];
-                let mut total = 0;
-                while total < MAX_STREAM {
-                    stream.write_all(&chunk).await?;
-                    total += chunk.len() as u64;
-                    sent.fetch_add(chunk.len() as u64, Ordering::SeqCst);
-                }
-                return Ok(());
+                return stream_forever(&mut stream, &head, &vec![b' '; 64 << 10], sent).await;
             }
         }
     }
+}
+
+/// Writes `head`, then `piece` again and again until the client hangs up or [`MAX_STREAM`]
+/// bytes are out.
+async fn stream_forever(
+    stream: &mut TcpStream,
+    head: &str,
+    piece: &[u8],
+    sent: &AtomicU64,
+) -> std::io::Result<()> {
+    stream.write_all(head.as_bytes()).await?;
+    let mut total = 0;
+    while total < MAX_STREAM {
+        stream.write_all(piece).await?;
+        total += piece.len() as u64;
+        sent.fetch_add(piece.len() as u64, Ordering::SeqCst);
+    }
+    Ok(())
 }

@@ -379,17 +379,21 @@ spec:
         assert!(err.contains("label tier=gold required"), "{err}");
     }
 
-    #[test]
-    fn selector_expressions() {
-        let labels = BTreeMap::from([("env".to_string(), "prod".to_string())]);
-        let req = |op: &str, values: &[&str]| LabelSelector {
+    /// A selector with one requirement on the label `env`.
+    fn req(op: &str, values: &[&str]) -> LabelSelector {
+        LabelSelector {
             match_expressions: vec![LabelSelectorRequirement {
                 key: "env".into(),
                 operator: op.into(),
                 values: values.iter().map(|s| s.to_string()).collect(),
             }],
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn selector_expressions() {
+        let labels = BTreeMap::from([("env".to_string(), "prod".to_string())]);
         assert!(selector_matches(&req("In", &["prod"]), &labels).is_ok());
         assert!(selector_matches(&req("NotIn", &["prod"]), &labels).is_err());
         assert!(selector_matches(&req("Exists", &[]), &labels).is_ok());
@@ -401,14 +405,6 @@ spec:
     fn invalid_selector_requirements_admit_nothing() {
         // `NotIn` with no values would match every namespace; Kubernetes calls it invalid.
         let none = BTreeMap::new();
-        let req = |op: &str, values: &[&str]| LabelSelector {
-            match_expressions: vec![LabelSelectorRequirement {
-                key: "env".into(),
-                operator: op.into(),
-                values: values.iter().map(|s| s.to_string()).collect(),
-            }],
-            ..Default::default()
-        };
         for (op, values) in [
             ("NotIn", &[][..]),
             ("In", &[][..]),

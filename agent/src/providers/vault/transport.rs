@@ -52,14 +52,10 @@ impl Transport {
 
     /// Runs `endpoint` and returns its `data` (Vault's envelope stripped).
     pub async fn data<E: Endpoint>(&self, endpoint: E) -> Result<E::Response, ClientError> {
-        let result = endpoint
-            .with_middleware(&self.middle)
-            .exec(&self.http)
-            .await
-            .map_err(api_error)?
-            .wrap::<EndpointResult<_>>()
-            .map_err(ClientError::from)?;
-        result.data.ok_or(ClientError::ResponseDataEmptyError)
+        self.envelope(endpoint)
+            .await?
+            .data
+            .ok_or(ClientError::ResponseDataEmptyError)
     }
 
     /// Runs `endpoint`, whose response type is the whole answer (KV v1).
@@ -78,14 +74,24 @@ impl Transport {
         &self,
         endpoint: E,
     ) -> Result<AuthInfo, ClientError> {
-        let result: EndpointResult<()> = endpoint
+        self.envelope(endpoint)
+            .await?
+            .auth
+            .ok_or(ClientError::ResponseEmptyError)
+    }
+
+    /// Runs `endpoint` and parses Vault's envelope (`data`, `auth`, ...).
+    async fn envelope<E: Endpoint>(
+        &self,
+        endpoint: E,
+    ) -> Result<EndpointResult<E::Response>, ClientError> {
+        endpoint
             .with_middleware(&self.middle)
             .exec(&self.http)
             .await
             .map_err(api_error)?
             .wrap::<EndpointResult<_>>()
-            .map_err(ClientError::from)?;
-        result.auth.ok_or(ClientError::ResponseEmptyError)
+            .map_err(ClientError::from)
     }
 }
 
