@@ -640,6 +640,98 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
     assert_nothing_left(&target);
 }
 
+/// The data-loss guard, through the real binary as an operator would hit it: `latchkey
+/// unpublish` and `publish` on paths that are not Latchkey volumes touch nothing and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_never_destroys_or_hides_what_latchkey_did_not_create() {
+    let agent = agent().await;
+    let endpoint = format!("unix://{}", agent.socket.display());
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(support::BIN)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let unpublish = |target: &Path| {
+        run(&[
+            "unpublish",
+            "--endpoint",
+            &endpoint,
+            "--target",
+            target.to_str().unwrap(),
+        ])
+    };
+    let publish = |target: &Path| {
+        run(&[
+            "publish",
+            "--endpoint",
+            &endpoint,
+            "--target",
+            target.to_str().unwrap(),
+            "--namespace",
+            "shop",
+            "--external-secret",
+            "app",
+        ])
+    };
+
+    // A directory with somebody's files in it.
+    let home = agent.target("home");
+    std::fs::create_dir_all(home.join("projects")).unwrap();
+    std::fs::write(home.join("projects/plan.md"), b"do not lose").unwrap();
+    std::fs::write(home.join(".profile"), b"export A=1\n").unwrap();
+    let intact = || {
+        assert_eq!(read(&home.join("projects/plan.md")), "do not lose");
+        assert_eq!(read(&home.join(".profile")), "export A=1\n");
+        assert_eq!(mounts_at(&home), 0);
+    };
+    let (ok, stderr) = unpublish(&home);
+    assert!(!ok);
+    assert!(
+        stderr.contains("NodeUnpublishVolume: FailedPrecondition")
+            && stderr.contains("left")
+            && stderr.contains("in place")
+            && stderr.contains("2 entries"),
+        "{stderr}"
+    );
+    intact();
+    let (ok, stderr) = publish(&home);
+    assert!(!ok);
+    assert!(
+        stderr.contains("NodePublishVolume: FailedPrecondition") && stderr.contains("not empty"),
+        "{stderr}"
+    );
+    intact();
+
+    // A regular file and a symlink (to that directory) where a target should be.
+    let file = agent.target("file");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, b"a file").unwrap();
+    let link = agent.target("link");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&home, &link).unwrap();
+    for target in [&file, &link] {
+        for (rpc, (ok, stderr)) in [
+            ("NodeUnpublishVolume", unpublish(target)),
+            ("NodePublishVolume", publish(target)),
+        ] {
+            assert!(!ok, "{rpc} {}", target.display());
+            assert!(
+                stderr.contains(&format!("{rpc}: FailedPrecondition"))
+                    && stderr.contains("is not a directory"),
+                "{stderr}"
+            );
+        }
+    }
+    assert_eq!(read(&file), "a file");
+    assert_eq!(std::fs::read_link(&link).unwrap(), home);
+    intact();
+}
+
 fn metric(body: &str, series: &str) -> f64 {
     body.lines()
         .find_map(|l| {

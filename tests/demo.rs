@@ -83,9 +83,89 @@ fn demo_as_non_root_falls_back_to_a_plain_directory_and_says_so() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("not running as root"), "{stdout}");
+    assert!(
+        stdout.contains("unshare --user --map-root-user --mount"),
+        "{stdout}"
+    );
     assert!(stdout.contains("plain directory"), "{stdout}");
     assert!(stdout.contains("NodeUnpublishVolume: ok"), "{stdout}");
     assert!(!dir.path().join("latchkey-demo").exists());
+}
+
+#[test]
+fn demo_never_mounts_over_or_deletes_an_existing_directory() {
+    support::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let existing = dir.path().join("latchkey-demo");
+    std::fs::create_dir_all(existing.join("sub")).unwrap();
+    std::fs::write(existing.join("thesis.tex"), b"four years of work").unwrap();
+    std::fs::write(existing.join("sub/notes"), b"more work").unwrap();
+    let (ok, out, err) = demo(dir.path(), &[]);
+    assert!(!ok, "demo must refuse a non-empty directory:\n{out}\n{err}");
+    assert!(
+        err.contains("is not empty") && err.contains("--dir"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(existing.join("thesis.tex")).unwrap(),
+        b"four years of work"
+    );
+    assert_eq!(
+        std::fs::read(existing.join("sub/notes")).unwrap(),
+        b"more work"
+    );
+    assert_eq!(support::mounts_at(&existing), 0);
+}
+
+#[test]
+fn demo_in_a_read_only_directory_suggests_a_writable_dir() {
+    support::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let read_only = dir.path().join("ro");
+    std::fs::create_dir(&read_only).unwrap();
+    nix::mount::mount(
+        Some("demo-test"),
+        &read_only,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some("size=64k"),
+    )
+    .unwrap();
+    let (ok, out, err) = demo(&read_only, &[]);
+    nix::mount::umount(&read_only).unwrap();
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("not writable") && err.contains("--dir /tmp/latchkey-demo"),
+        "{err}"
+    );
+}
+
+#[test]
+fn demo_in_a_user_namespace_mounts_a_real_tmpfs_and_keep_says_what_stays() {
+    support::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--"])
+        .arg(support::BIN)
+        .args(["demo", "--keep"])
+        .current_dir(dir.path())
+        .output()
+        .expect("unshare (util-linux) is needed for this test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("tmpfs") && !stdout.contains("not running as root"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("goes away when the demo exits"), "{stdout}");
+    // The advice works: the tmpfs went with the namespace, the empty directory is removable.
+    let target = dir.path().join("latchkey-demo");
+    assert_eq!(support::mounts_at(&target), 0);
+    std::fs::remove_dir(&target).unwrap();
 }
 
 /// Every Latchkey object in examples/ parses and passes the agent's validation, so what the

@@ -53,12 +53,16 @@ pub struct DemoArgs {
 
 /// Runs the demo and prints what happens.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let target = std::path::absolute(&args.dir)?;
+    check_target(&target)?;
     let backend = if nix::unistd::geteuid().is_root() {
         Backend::Tmpfs
     } else {
         println!(
             "note: not running as root, so no tmpfs can be mounted; the demo falls back to a plain \
-             directory.\n      Run it as root (e.g. `sudo latchkey demo`) to see the real tmpfs volume.\n"
+             directory.\n      To see the real tmpfs volume, run it as root (`sudo latchkey demo`) \
+             or, without root, in a\n      user and mount namespace of your own: \
+             `unshare --user --map-root-user --mount latchkey demo`.\n"
         );
         Backend::PlainDirectory
     };
@@ -110,13 +114,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
     ));
 
-    let result = talk_to_agent(&args, &socket_path).await;
+    let result = talk_to_agent(&args, &target, backend, &socket_path).await;
     let _ = stop.send(());
     server.await.context("node service task")??;
     result
 }
 
-async fn talk_to_agent(args: &DemoArgs, socket: &Path) -> anyhow::Result<()> {
+async fn talk_to_agent(
+    args: &DemoArgs,
+    target: &Path,
+    backend: Backend,
+    socket: &Path,
+) -> anyhow::Result<()> {
     let channel = client::connect(socket).await?;
     let info = IdentityClient::new(channel.clone())
         .get_plugin_info(GetPluginInfoRequest {})
@@ -137,27 +146,23 @@ async fn talk_to_agent(args: &DemoArgs, socket: &Path) -> anyhow::Result<()> {
         ready.unwrap_or(false)
     );
 
-    let target = std::path::absolute(&args.dir)?;
-    let volume_id = client::volume_id_for(&target);
+    let volume_id = client::volume_id_for(target);
     let pod = PodVolume::new(&args.namespace, "demo-pod", &args.external_secret);
     let mut node = NodeClient::new(channel);
-    node.node_publish_volume(pod.publish_request(&volume_id, &target))
+    node.node_publish_volume(pod.publish_request(&volume_id, target))
         .await
         .map_err(status_error("NodePublishVolume"))?;
     println!(
         "2. NodePublishVolume for pod {}/demo-pod, ExternalSecret {:?}: ok\n",
         args.namespace, args.external_secret
     );
-    print!("{}", describe(&target, args.show_values)?);
+    print!("{}", describe(target, args.show_values)?);
 
     if args.keep {
-        println!(
-            "\n3. kept the volume (--keep). Remove it with: umount {0} && rmdir {0}",
-            target.display()
-        );
+        println!("\n3. {}", keep_advice(target, backend));
         return Ok(());
     }
-    node.node_unpublish_volume(client::unpublish_request(&volume_id, &target))
+    node.node_unpublish_volume(client::unpublish_request(&volume_id, target))
         .await
         .map_err(status_error("NodeUnpublishVolume"))?;
     println!(
@@ -170,6 +175,61 @@ async fn talk_to_agent(args: &DemoArgs, socket: &Path) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+/// Refuses, before anything starts, a target the demo cannot use: one with content (the demo
+/// never mounts over or deletes anything) or one whose parent this user cannot write.
+fn check_target(target: &Path) -> anyhow::Result<()> {
+    match std::fs::read_dir(target) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                anyhow::bail!(
+                    "{} exists and is not empty; the demo only mounts on an empty or missing \
+                     directory and never deletes anything. Pass another --dir.",
+                    target.display()
+                );
+            }
+            Ok(())
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            let parent = target.parent().unwrap_or(Path::new("/"));
+            nix::unistd::access(parent, nix::unistd::AccessFlags::W_OK).map_err(|errno| {
+                anyhow::anyhow!(
+                    "cannot create {}: {} is not writable for this user ({errno}). Pass a \
+                     writable --dir, e.g. --dir /tmp/latchkey-demo",
+                    target.display(),
+                    parent.display()
+                )
+            })
+        }
+        Err(err) => Err(err).with_context(|| format!("inspecting --dir {}", target.display())),
+    }
+}
+
+/// How to remove what `--keep` left, for the user who ran the demo.
+fn keep_advice(target: &Path, backend: Backend) -> String {
+    let dir = target.display();
+    match backend {
+        Backend::PlainDirectory => format!(
+            "kept the volume (--keep), a plain directory of files. Remove it with: rm -r {dir}"
+        ),
+        Backend::Tmpfs if shares_host_mounts() => {
+            format!("kept the volume (--keep). Remove it as root with: umount {dir} && rmdir {dir}")
+        }
+        Backend::Tmpfs => format!(
+            "kept the volume (--keep), but this process has a mount namespace of its own (e.g. \
+             under unshare), so the tmpfs goes away when the demo exits and only the empty \
+             directory stays. Remove it with: rmdir {dir}"
+        ),
+    }
+}
+
+/// True when this process sees the same mounts as PID 1, so a mount outlives the process. Not
+/// being allowed to look (as in an unprivileged user namespace) counts as "no".
+fn shares_host_mounts() -> bool {
+    let ours = std::fs::read_link("/proc/self/ns/mnt");
+    let init = std::fs::read_link("/proc/1/ns/mnt");
+    matches!((ours, init), (Ok(a), Ok(b)) if a == b)
 }
 
 /// The mount line and the file tree with modes; values masked unless `show_values`.

@@ -91,6 +91,7 @@ fn volume_code(e: &VolumeError) -> Code {
     match e.class() {
         ErrorClass::InvalidArgument => Code::InvalidArgument,
         ErrorClass::ResourceExhausted => Code::ResourceExhausted,
+        ErrorClass::FailedPrecondition => Code::FailedPrecondition,
         ErrorClass::Internal => Code::Internal,
     }
 }

@@ -24,7 +24,7 @@ use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
 use crate::identity::PodInfo;
 use crate::providers::{self, Provider, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
-use crate::volume::{VolumeError, VolumeFile, Volumes};
+use crate::volume::{Unpublished, VolumeError, VolumeFile, Volumes};
 use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 
 /// A validated NodePublishVolume call.
@@ -294,10 +294,8 @@ impl Publisher {
     /// published volume was removed.
     pub async fn unpublish(&self, target: &Path) -> Result<bool, PublishError> {
         let _lock = self.locks.lock(target).await;
-        let published = self
-            .blocking(target, None, |v, t| v.is_published(t))
-            .await?;
-        self.blocking(target, None, |v, t| v.unpublish(t)).await?;
+        let published =
+            self.blocking(target, None, |v, t| v.unpublish(t)).await? == Unpublished::Removed;
         self.schedule.remove(target);
         if published {
             info!(target_path = %target.display(), "volume unmounted");

@@ -157,6 +157,55 @@ pub(crate) fn create_target(target: &Path) -> Result<Created, VolumeError> {
     Ok(created)
 }
 
+/// How many names of a directory's content an error message lists.
+const LISTED_NAMES: usize = 3;
+
+/// Fails with [`VolumeError::NotEmpty`] unless the directory `target` is empty.
+pub(crate) fn require_empty(target: &Path) -> Result<(), VolumeError> {
+    match describe_content(target)? {
+        None => Ok(()),
+        Some(entries) => Err(VolumeError::NotEmpty {
+            target: target.to_path_buf(),
+            entries,
+        }),
+    }
+}
+
+/// Removes the directory `target` if it is empty; leaves it, with everything in it, when it is
+/// not ([`VolumeError::LeftInPlace`]). Succeeds when `target` does not exist.
+pub(crate) fn remove_empty(target: &Path) -> Result<(), VolumeError> {
+    match fs::remove_dir(target) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),
+        Err(err) if err.kind() == ErrorKind::DirectoryNotEmpty => Err(VolumeError::LeftInPlace {
+            target: target.to_path_buf(),
+            entries: describe_content(target)?.unwrap_or_else(|| "emptied meanwhile".into()),
+        }),
+        Err(source) => Err(io("removing directory", target, source)),
+    }
+}
+
+/// `None` for an empty directory, else "N entries: "a", "b", ..." (names only, escaped).
+fn describe_content(dir: &Path) -> Result<Option<String>, VolumeError> {
+    let mut names = Vec::new();
+    let mut count = 0usize;
+    for entry in fs::read_dir(dir).map_err(|source| io("listing", dir, source))? {
+        let entry = entry.map_err(|source| io("listing", dir, source))?;
+        count += 1;
+        if names.len() < LISTED_NAMES {
+            let name = entry.file_name();
+            let name = crate::telemetry::escape::printable(&name.to_string_lossy(), 64);
+            names.push(format!("\"{name}\""));
+        }
+    }
+    if count == 0 {
+        return Ok(None);
+    }
+    let more = if count > names.len() { ", ..." } else { "" };
+    let noun = if count == 1 { "entry" } else { "entries" };
+    Ok(Some(format!("{count} {noun}: {}{more}", names.join(", "))))
+}
+
 /// Removes `path` and everything below it without following links and without crossing into a
 /// different filesystem: a directory on another device is refused with `NotOurMount`.
 /// Succeeds when `path` does not exist.

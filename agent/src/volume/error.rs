@@ -84,10 +84,31 @@ pub enum VolumeError {
     },
 
     /// The target exists but is not a directory (a symlink counts as "not a directory").
-    #[error("target {target} exists and is not a directory")]
+    #[error("target {target} exists and is not a directory; left it as it is")]
     NotADirectory {
         /// The target path.
         target: PathBuf,
+    },
+
+    /// `publish` was called for a directory with content: mounting over it would hide that.
+    #[error(
+        "refusing to mount a volume over {target}: the directory is not empty ({entries}); \
+         a volume is only mounted on an empty or missing directory"
+    )]
+    NotEmpty {
+        /// The target path.
+        target: PathBuf,
+        /// How many entries, and the first few names.
+        entries: String,
+    },
+
+    /// `unpublish` found content that Latchkey did not write and removed nothing of it.
+    #[error("left {target} in place: it is not a Latchkey volume and is not empty ({entries})")]
+    LeftInPlace {
+        /// The target path.
+        target: PathBuf,
+        /// How many entries, and the first few names.
+        entries: String,
     },
 
     /// mount(2) failed.
@@ -136,6 +157,8 @@ pub enum ErrorClass {
     InvalidArgument,
     /// The payload does not fit (RESOURCE_EXHAUSTED).
     ResourceExhausted,
+    /// The target is not in a state the call can work with (FAILED_PRECONDITION).
+    FailedPrecondition,
     /// Anything else (INTERNAL).
     Internal,
 }
@@ -149,6 +172,12 @@ impl VolumeError {
             | Self::InvalidMode { .. }
             | Self::InvalidTarget { .. } => ErrorClass::InvalidArgument,
             Self::TooLarge { .. } | Self::NoSpace { .. } => ErrorClass::ResourceExhausted,
+            Self::NotADirectory { .. }
+            | Self::NotEmpty { .. }
+            | Self::LeftInPlace { .. }
+            | Self::NotOurMount { .. }
+            | Self::AlreadyPublished { .. }
+            | Self::NotPublished { .. } => ErrorClass::FailedPrecondition,
             _ => ErrorClass::Internal,
         }
     }
@@ -224,6 +253,6 @@ mod tests {
             fstype: "tmpfs".into(),
             mount_source: "other".into(),
         };
-        assert_eq!(foreign.class(), ErrorClass::Internal);
+        assert_eq!(foreign.class(), ErrorClass::FailedPrecondition);
     }
 }

@@ -13,6 +13,7 @@ mod dirs;
 mod error;
 pub mod mountinfo;
 pub mod path;
+mod probe;
 mod tmpfs;
 mod writer;
 
@@ -22,14 +23,15 @@ mod test_support;
 mod tests;
 
 use std::fs;
-use std::io::ErrorKind;
 use std::path::Path;
+use std::sync::Arc;
 
 pub use error::{ErrorClass, VolumeError};
 pub use path::FilePath;
 pub use tmpfs::SOURCE as MOUNT_SOURCE;
 pub use writer::{DEFAULT_FILE_MODE, VolumeFile};
 
+use probe::{OurMounts, Seen};
 use writer::AtomicWriter;
 
 /// How many of our tmpfs mounts stacked on one target `unpublish` will peel off before giving up.
@@ -54,12 +56,39 @@ pub enum Backend {
     PlainDirectory,
 }
 
-/// Publishes, refreshes and removes volumes. Cheap to clone.
+/// Publishes, refreshes and removes volumes. Cheap to clone; clones share what they know about
+/// the mounts they made.
 #[derive(Debug, Clone)]
 pub struct Volumes {
     config: VolumeConfig,
     /// Size passed to tmpfs; derived from the limit, overridable in tests to provoke ENOSPC.
     tmpfs_size: u64,
+    /// The tmpfs mounts made (or recognised) here, so the hot paths need no mountinfo.
+    ours: Arc<OurMounts>,
+}
+
+/// What a target path holds, as far as volumes are concerned.
+#[derive(Debug)]
+enum Target {
+    /// Nothing.
+    Absent,
+    /// Something that is not a directory (a file or a link).
+    NotADirectory,
+    /// A directory that is not a mount point.
+    Directory,
+    /// One of our tmpfs mounts (possibly stacked on more of ours).
+    OurMount,
+    /// Somebody else's mount.
+    ForeignMount(mountinfo::MountEntry),
+}
+
+/// What `unpublish` found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unpublished {
+    /// A volume was unmounted (or, for plain directories, removed) and the target removed.
+    Removed,
+    /// The target did not exist, or was an empty directory that was removed.
+    NothingThere,
 }
 
 impl Volumes {
@@ -68,6 +97,7 @@ impl Volumes {
         Self {
             config,
             tmpfs_size: tmpfs::tmpfs_size(config.size_limit),
+            ours: Arc::default(),
         }
     }
 
@@ -80,29 +110,20 @@ impl Volumes {
     /// directory containing our `..data` link (PlainDirectory backend).
     pub fn is_published(&self, target: &Path) -> Result<bool, VolumeError> {
         dirs::check_target(target)?;
-        match fs::symlink_metadata(target) {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(_) => return Ok(false),
-            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(false),
-            Err(source) => {
-                return Err(VolumeError::Io {
-                    op: "inspecting",
-                    path: target.to_path_buf(),
-                    source,
-                });
+        Ok(match self.inspect(target)? {
+            Target::OurMount => true,
+            Target::Directory => {
+                self.config.backend == Backend::PlainDirectory && has_data_link(target)
             }
-        }
-        match self.config.backend {
-            Backend::Tmpfs => Ok(mountinfo::find(&dirs::resolved(target))?
-                .is_some_and(|entry| tmpfs::is_ours(&entry))),
-            Backend::PlainDirectory => Ok(has_data_link(target)),
-        }
+            Target::Absent | Target::NotADirectory | Target::ForeignMount(_) => false,
+        })
     }
 
     /// First publish: creates `target` if needed, mounts a fresh tmpfs there and writes `files`
     /// atomically. With a `group` (the pod's fsGroup) the root is 0750 and everything is
-    /// group-owned by it. On any failure nothing is left behind: no mount, no files, and no
-    /// directories that this call created.
+    /// group-owned by it. Refuses a target that is not an empty directory or missing, as kubelet
+    /// always hands over an empty one: mounting over content would hide it. On any failure
+    /// nothing is left behind: no mount, no files, and no directories that this call created.
     pub fn publish(
         &self,
         target: &Path,
@@ -112,7 +133,18 @@ impl Volumes {
         dirs::check_target(target)?;
         // Everything that can be rejected without touching the disk is rejected first.
         let payload = writer::check(files, self.config.size_limit)?;
-        self.refuse_existing_mount(target)?;
+        match self.inspect(target)? {
+            Target::Absent => {}
+            Target::NotADirectory => return Err(not_a_directory(target)),
+            Target::OurMount => return Err(already_published(target)),
+            Target::ForeignMount(entry) => return Err(not_ours(entry)),
+            Target::Directory => {
+                if self.config.backend == Backend::PlainDirectory && has_data_link(target) {
+                    return Err(already_published(target));
+                }
+                dirs::require_empty(target)?;
+            }
+        }
         let created = dirs::create_target(target)?;
 
         let mounted = match self.config.backend {
@@ -121,6 +153,7 @@ impl Volumes {
                     created.remove(target);
                     return Err(err);
                 }
+                self.remember_mount(target);
                 true
             }
             Backend::PlainDirectory => false,
@@ -133,16 +166,19 @@ impl Volumes {
             Backend::Tmpfs => Ok(()),
             Backend::PlainDirectory => dirs::set_root_group(target, group),
         }
-        .and_then(|()| AtomicWriter::new(target, group).write(&payload));
+        .and_then(|()| AtomicWriter::new(target, group).write_fresh(&payload));
         drop(on_panic);
         match written {
-            Ok(_) => Ok(()),
+            Ok(()) => Ok(()),
             Err(err) => {
                 // The writer has already removed its own partial work; what is left is ours.
-                if mounted && let Err(unmount) = tmpfs::unmount(target) {
-                    tracing::error!(target = %target.display(), error = %unmount,
-                        "cannot unmount after a failed publish; the tmpfs stays mounted");
-                    return Err(err);
+                if mounted {
+                    if let Err(unmount) = tmpfs::unmount_fresh(target) {
+                        tracing::error!(target = %target.display(), error = %unmount,
+                            "cannot unmount after a failed publish; the tmpfs stays mounted");
+                        return Err(err);
+                    }
+                    self.ours.forget(target);
                 }
                 created.remove(target);
                 Err(err)
@@ -171,34 +207,35 @@ impl Volumes {
         AtomicWriter::new(target, group).write(&payload)
     }
 
-    /// Unmounts our tmpfs (if mounted) and removes the target directory. Succeeds when the target
-    /// does not exist. Refuses, touching nothing, when the target or anything below it is a
-    /// mount that Latchkey did not create.
-    pub fn unpublish(&self, target: &Path) -> Result<(), VolumeError> {
+    /// Unmounts our tmpfs (if mounted) and removes the target directory, which must then be
+    /// empty: unpublish never deletes anything it did not write. Succeeds when the target does
+    /// not exist. Refuses, touching nothing, when the target is not a directory or is a mount
+    /// that Latchkey did not create; leaves a directory with somebody else's content in place
+    /// and says so ([`VolumeError::NotEmpty`]).
+    pub fn unpublish(&self, target: &Path) -> Result<Unpublished, VolumeError> {
         dirs::check_target(target)?;
-        match fs::symlink_metadata(target) {
-            Ok(meta) if meta.is_dir() => {}
-            // A file or a link where a volume was: remove the entry itself, never its target.
-            Ok(_) => return dirs::remove_tree(target),
-            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(source) => {
-                return Err(VolumeError::Io {
-                    op: "inspecting",
-                    path: target.to_path_buf(),
-                    source,
-                });
-            }
-        }
-        let point = dirs::resolved(target);
-        // A mount below the target would be detached with ours, or deleted into: refuse.
-        if let Some(inner) = mountinfo::below(&point)?.into_iter().next() {
-            return Err(not_ours(inner));
-        }
+        let mut removed = false;
         for _ in 0..MAX_STACKED_MOUNTS {
-            match mountinfo::find(&point)? {
-                None => return dirs::remove_tree(target),
-                Some(entry) if tmpfs::is_ours(&entry) => tmpfs::unmount(target)?,
-                Some(entry) => return Err(not_ours(entry)),
+            match self.inspect(target)? {
+                Target::Absent => {
+                    self.ours.forget(target);
+                    return Ok(outcome(removed));
+                }
+                Target::NotADirectory => return Err(not_a_directory(target)),
+                Target::ForeignMount(entry) => return Err(not_ours(entry)),
+                Target::OurMount => {
+                    self.unmount_ours(target)?;
+                    self.ours.forget(target);
+                    removed = true;
+                }
+                Target::Directory => {
+                    if self.config.backend == Backend::PlainDirectory && has_data_link(target) {
+                        AtomicWriter::new(target, None).remove_all()?;
+                        removed = true;
+                    }
+                    dirs::remove_empty(target)?;
+                    return Ok(outcome(removed));
+                }
             }
         }
         Err(VolumeError::Unmount {
@@ -207,26 +244,64 @@ impl Volumes {
         })
     }
 
-    /// Fails when `target` already is a mount point or a published plain directory.
-    fn refuse_existing_mount(&self, target: &Path) -> Result<(), VolumeError> {
-        if !target.is_dir() {
-            return Ok(());
+    /// What `target` holds. One `statx` answers for plain directories and for mounts recorded
+    /// in [`OurMounts`]; anything else is looked up in mountinfo.
+    fn inspect(&self, target: &Path) -> Result<Target, VolumeError> {
+        let mount = match probe::look(target)? {
+            Seen::Absent => return Ok(Target::Absent),
+            Seen::NotADirectory => return Ok(Target::NotADirectory),
+            Seen::Directory {
+                mount_root: Some(false),
+                ..
+            } => return Ok(Target::Directory),
+            Seen::Directory { mount, .. } => mount,
+        };
+        if let Some(key) = mount
+            && self.ours.holds(target, key)
+        {
+            return Ok(Target::OurMount);
         }
-        if let Some(entry) = mountinfo::find(&dirs::resolved(target))? {
-            return Err(if tmpfs::is_ours(&entry) {
-                VolumeError::AlreadyPublished {
-                    target: target.to_path_buf(),
+        Ok(match mountinfo::find(&dirs::resolved(target))? {
+            None => Target::Directory,
+            Some(entry) if tmpfs::is_ours(&entry) => {
+                // Recognised (e.g. mounted before a restart): remember it for next time.
+                if let Some(key) = mount {
+                    self.ours.record(target, key);
                 }
-            } else {
-                not_ours(entry)
-            });
+                Target::OurMount
+            }
+            Some(entry) => Target::ForeignMount(entry),
+        })
+    }
+
+    /// Records the mount just made at `target` as ours.
+    fn remember_mount(&self, target: &Path) {
+        if let Ok(Seen::Directory {
+            mount: Some(key), ..
+        }) = probe::look(target)
+        {
+            self.ours.record(target, key);
         }
-        if self.config.backend == Backend::PlainDirectory && has_data_link(target) {
-            return Err(VolumeError::AlreadyPublished {
-                target: target.to_path_buf(),
-            });
+    }
+
+    /// Unmounts our tmpfs at `target`. A busy one is detached lazily, unless the reason it is
+    /// busy is a mount below it: a detach would take that foreign mount with it.
+    fn unmount_ours(&self, target: &Path) -> Result<(), VolumeError> {
+        match tmpfs::unmount(target) {
+            Err(VolumeError::Unmount {
+                source: nix::errno::Errno::EBUSY,
+                ..
+            }) => {
+                if let Some(inner) = mountinfo::below(&dirs::resolved(target))?
+                    .into_iter()
+                    .next()
+                {
+                    return Err(not_ours(inner));
+                }
+                tmpfs::detach(target)
+            }
+            other => other,
         }
-        Ok(())
     }
 
     /// Test hook: use a tmpfs of `bytes` regardless of the size limit, to provoke ENOSPC.
@@ -234,6 +309,26 @@ impl Volumes {
     fn with_tmpfs_size(mut self, bytes: u64) -> Self {
         self.tmpfs_size = bytes;
         self
+    }
+}
+
+fn outcome(removed: bool) -> Unpublished {
+    if removed {
+        Unpublished::Removed
+    } else {
+        Unpublished::NothingThere
+    }
+}
+
+fn not_a_directory(target: &Path) -> VolumeError {
+    VolumeError::NotADirectory {
+        target: target.to_path_buf(),
+    }
+}
+
+fn already_published(target: &Path) -> VolumeError {
+    VolumeError::AlreadyPublished {
+        target: target.to_path_buf(),
     }
 }
 
@@ -258,7 +353,7 @@ struct UnmountOnPanic<'a> {
 impl Drop for UnmountOnPanic<'_> {
     fn drop(&mut self) {
         if self.mounted && std::thread::panicking() {
-            let _ = tmpfs::unmount(self.target);
+            let _ = tmpfs::unmount_fresh(self.target);
         }
     }
 }

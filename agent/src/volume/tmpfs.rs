@@ -75,27 +75,38 @@ pub fn mount(target: &Path, size_bytes: u64, group: Option<u32>) -> Result<(), V
     })
 }
 
-/// Unmounts whatever is mounted on top at `target`. A busy mount (a process still has a file
-/// open, e.g. a container that has not quite exited) is detached lazily instead: it disappears
-/// from the tree now and is freed when the last user lets go.
+/// Unmounts whatever is mounted on top at `target`. Fails with `EBUSY` while a process still
+/// has a file open in it or something is mounted below it; see [`detach`].
 pub fn unmount(target: &Path) -> Result<(), VolumeError> {
     // NOFOLLOW: if someone swapped the target for a symlink, never unmount where it points.
-    match nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
-        Ok(()) => Ok(()),
-        Err(Errno::EBUSY) => {
-            tracing::warn!(target = %target.display(), "tmpfs is busy; detaching it lazily");
-            nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW | MntFlags::MNT_DETACH).map_err(
-                |source| VolumeError::Unmount {
-                    target: target.to_path_buf(),
-                    source,
-                },
-            )
-        }
-        Err(source) => Err(VolumeError::Unmount {
-            target: target.to_path_buf(),
-            source,
-        }),
+    umount(target, MntFlags::UMOUNT_NOFOLLOW)
+}
+
+/// Detaches the mount at `target` lazily: it disappears from the tree now and is freed when the
+/// last user lets go (e.g. a container that has not quite exited). Mounts below it go with it,
+/// so callers check for those first.
+pub fn detach(target: &Path) -> Result<(), VolumeError> {
+    tracing::warn!(target = %target.display(), "tmpfs is busy; detaching it lazily");
+    umount(target, MntFlags::UMOUNT_NOFOLLOW | MntFlags::MNT_DETACH)
+}
+
+/// Unmounts a tmpfs this process has just mounted and nobody else can have mounted below:
+/// detached lazily if busy.
+pub fn unmount_fresh(target: &Path) -> Result<(), VolumeError> {
+    match unmount(target) {
+        Err(VolumeError::Unmount {
+            source: Errno::EBUSY,
+            ..
+        }) => detach(target),
+        other => other,
     }
+}
+
+fn umount(target: &Path, flags: MntFlags) -> Result<(), VolumeError> {
+    nix::mount::umount2(target, flags).map_err(|source| VolumeError::Unmount {
+        target: target.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -146,7 +157,14 @@ mod tests {
         let _guard = MountGuard::new(&target);
         // An open directory handle on the mount makes a plain umount fail with EBUSY.
         let busy = std::fs::File::open(&target).unwrap();
-        unmount(&target).unwrap();
+        assert!(matches!(
+            unmount(&target),
+            Err(VolumeError::Unmount {
+                source: Errno::EBUSY,
+                ..
+            })
+        ));
+        unmount_fresh(&target).unwrap();
         assert_eq!(mountinfo::find(&target).unwrap(), None);
         drop(busy);
     }

@@ -193,6 +193,48 @@ impl<'a> AtomicWriter<'a> {
         Ok(true)
     }
 
+    /// First write into an empty root that nobody reads yet (a fresh tmpfs, or an empty target
+    /// directory before the pod starts): the payload directory, the top-level links and then
+    /// `..data` are created directly, without the listing, comparing and link renames an
+    /// update needs. On error everything written is removed again.
+    pub(crate) fn write_fresh(&self, payload: &Payload<'_>) -> Result<(), VolumeError> {
+        let new_dir = self.create_payload_dir()?;
+        let mut links = Vec::with_capacity(payload.top_level.len());
+        let written = self.write_payload_dir(&new_dir, payload).and_then(|()| {
+            for name in &payload.top_level {
+                let link = self.root.join(name);
+                symlink(Path::new(DATA_LINK).join(name), &link)
+                    .map_err(|e| self.io("creating link", &link, e))?;
+                links.push(link);
+            }
+            // Last, as in an update: `..data` appearing is the moment the set is complete.
+            let data = self.root.join(DATA_LINK);
+            symlink(&new_dir, &data).map_err(|e| self.io("creating link", data, e))
+        });
+        if written.is_err() {
+            self.discard(&new_dir, &links);
+        }
+        written
+    }
+
+    /// Removes everything a writer puts into a root: `..data`, every `..` entry (payload
+    /// directories, temporary links) and the top-level links into `..data/`. Anything else
+    /// (somebody else's files) stays where it is.
+    pub(crate) fn remove_all(&self) -> Result<(), VolumeError> {
+        let entries = fs::read_dir(self.root).map_err(|e| self.io("listing", self.root, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| self.io("listing", self.root, e))?;
+            let path = entry.path();
+            if entry.file_name().as_encoded_bytes().starts_with(b"..") {
+                // Never follows a link, never crosses into another filesystem.
+                super::dirs::remove_tree(&path)?;
+            } else if fs::read_link(&path).is_ok_and(|t| t.starts_with(DATA_LINK)) {
+                fs::remove_file(&path).map_err(|e| self.io("removing link", &path, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The name `..data` points to, when it is a link to one of our payload directories.
     fn current_dir(&self) -> Result<Option<OsString>, VolumeError> {
         let link = self.root.join(DATA_LINK);
