@@ -381,3 +381,101 @@ async fn find_lists_as_the_pod_and_a_token_of_another_namespace_is_refused() {
         err.message()
     );
 }
+
+/// Objects this agent cannot read (as a CRD from another release could produce) are skipped:
+/// the catalog still syncs, every other object keeps working, a pod naming a bad one gets
+/// FAILED_PRECONDITION saying which field, and the metric and the log say so once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_does_not_deserialize_never_stalls_the_catalog() {
+    let server = cluster().await;
+    let broken = |key: serde_json::Value| {
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "from-the-future", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "same-namespace"},
+                 "data": [{"secretKey": "db-password",
+                           "remoteRef": {"key": key, "property": "password"}}]}})
+    };
+    server.apply(broken(
+        json!({"path": "app-credentials", "hunter": "hunter2-in-a-spec"}),
+    ));
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "newer-provider", "namespace": "shop"},
+        "spec": {"provider": {"fake": {"data": "a list in a newer release"}}}}),
+    );
+    let agent = agent(&server).await;
+    let mut node = agent.node().await;
+
+    // The good objects are served.
+    let good = request(
+        &agent,
+        "shop",
+        "web-0",
+        "web",
+        Some(WEB_TOKEN),
+        "web-config",
+    );
+    node.node_publish_volume(good.clone()).await.unwrap();
+
+    // The bad one is refused precisely, without quoting it.
+    let req = request(
+        &agent,
+        "shop",
+        "ftr-0",
+        "web",
+        Some(WEB_TOKEN),
+        "from-the-future",
+    );
+    let status = node.node_publish_volume(req.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let message = status.message();
+    assert!(
+        message.contains("ExternalSecret \"shop/from-the-future\" cannot be used")
+            && message.contains("spec.data[0].remoteRef.key"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    assert!(!agent.target("ftr-0").exists());
+
+    let (_, metrics) = agent.http_get("/metrics").await;
+    for (kind, count) in [
+        ("ExternalSecret", 1),
+        ("SecretStore", 1),
+        ("ClusterSecretStore", 0),
+    ] {
+        let series = format!("latchkey_catalog_unusable_objects{{kind=\"{kind}\"}} {count}");
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+    let logs = agent.log_text();
+    let skipped = logs
+        .lines()
+        .filter(|l| l.contains("cannot read") && l.contains("object=shop/from-the-future"))
+        .count();
+    assert_eq!(skipped, 1, "logged once:\n{logs}");
+    assert!(!logs.contains("hunter2"));
+
+    // Fixed, it is used at once.
+    server.apply(broken(json!("app-credentials")));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match node.node_publish_volume(req.clone()).await {
+            Ok(_) => break,
+            Err(status) => assert!(Instant::now() < deadline, "{status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(agent.target("ftr-0").join("db-password")).unwrap(),
+        PASSWORD
+    );
+    let (_, metrics) = agent.http_get("/metrics").await;
+    assert!(
+        metrics.contains("latchkey_catalog_unusable_objects{kind=\"ExternalSecret\"} 0"),
+        "{metrics}"
+    );
+    for (r, pod) in [(good, "web-0"), (req, "ftr-0")] {
+        node.node_unpublish_volume(unpublish_request(&r.volume_id, &agent.target(pod)))
+            .await
+            .unwrap();
+    }
+}

@@ -1,9 +1,11 @@
 //! Catalog backed by the Kubernetes API: watch-backed caches (reflectors) of ExternalSecrets,
 //! SecretStores, ClusterSecretStores and Namespaces, so a publish costs no API round trip; a
 //! direct GET on a cache miss (an object created a moment ago). Secrets (provider credentials)
-//! are read on demand and never cached here.
+//! are read on demand and never cached here. An object that does not deserialize is kept as
+//! unusable ([`Lenient`]), counted and logged once, and reported to pods that name it; it never
+//! stops the others from being served.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -15,12 +17,16 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
+use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use super::lenient::Lenient;
 use super::{Catalog, CatalogError};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::KindLabel;
 
 /// The label the API server sets on every Namespace.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -30,9 +36,9 @@ const REFLECTORS: usize = 4;
 /// Objects from the API server, cached by watches.
 pub struct KubernetesCatalog {
     client: Client,
-    external_secrets: Store<ExternalSecret>,
-    secret_stores: Store<SecretStore>,
-    cluster_secret_stores: Store<ClusterSecretStore>,
+    external_secrets: Store<Lenient<ExternalSecret>>,
+    secret_stores: Store<Lenient<SecretStore>>,
+    cluster_secret_stores: Store<Lenient<ClusterSecretStore>>,
     namespaces: Store<Namespace>,
     synced: Arc<AtomicUsize>,
     tasks: Vec<JoinHandle<()>>,
@@ -40,13 +46,34 @@ pub struct KubernetesCatalog {
 
 impl KubernetesCatalog {
     /// Starts the watches; lookups work at once (falling back to GETs until the caches fill).
-    pub fn start(client: Client) -> Self {
+    pub fn start(client: Client, metrics: &Metrics) -> Self {
         let synced = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
-        let external_secrets = reflect(Api::all(client.clone()), &synced, &mut tasks);
-        let secret_stores = reflect(Api::all(client.clone()), &synced, &mut tasks);
-        let cluster_secret_stores = reflect(Api::all(client.clone()), &synced, &mut tasks);
-        let namespaces = reflect(Api::all(client.clone()), &synced, &mut tasks);
+        let unusable = |kind| Unusable::new(kind, metrics);
+        let external_secrets = reflect(
+            Api::all(client.clone()),
+            unusable("ExternalSecret"),
+            &synced,
+            &mut tasks,
+        );
+        let secret_stores = reflect(
+            Api::all(client.clone()),
+            unusable("SecretStore"),
+            &synced,
+            &mut tasks,
+        );
+        let cluster_secret_stores = reflect(
+            Api::all(client.clone()),
+            unusable("ClusterSecretStore"),
+            &synced,
+            &mut tasks,
+        );
+        let namespaces = reflect(
+            Api::all(client.clone()),
+            Unusable::never(),
+            &synced,
+            &mut tasks,
+        );
         Self {
             client,
             external_secrets,
@@ -69,9 +96,14 @@ impl Drop for KubernetesCatalog {
 
 /// Starts a reflector for one kind: a task driving the watch, and one counting it as synced
 /// after its first complete list.
-fn reflect<K>(api: Api<K>, synced: &Arc<AtomicUsize>, tasks: &mut Vec<JoinHandle<()>>) -> Store<K>
+fn reflect<K>(
+    api: Api<K>,
+    mut unusable: Unusable,
+    synced: &Arc<AtomicUsize>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Store<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + MaybeUnusable + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store::<K>();
@@ -80,8 +112,9 @@ where
     tasks.push(tokio::spawn(async move {
         stream
             .for_each(|event| {
-                if let Err(error) = event {
-                    warn!(%kind, %error, "watch failed; retrying with backoff");
+                match event {
+                    Ok(event) => unusable.observe(&event),
+                    Err(error) => warn!(%kind, %error, "watch failed; retrying with backoff"),
                 }
                 std::future::ready(())
             })
@@ -95,6 +128,133 @@ where
         }
     }));
     reader
+}
+
+/// What the catalog needs to know of an object it may not be able to read.
+trait MaybeUnusable {
+    /// Why the object cannot be used, or `None` when it can.
+    fn unusable_reason(&self) -> Option<&str>;
+}
+
+impl<K> MaybeUnusable for Lenient<K> {
+    fn unusable_reason(&self) -> Option<&str> {
+        match self {
+            Lenient::Usable(_) => None,
+            Lenient::Unusable { reason, .. } => Some(reason),
+        }
+    }
+}
+
+impl MaybeUnusable for Namespace {
+    fn unusable_reason(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// Counts and logs the unusable objects of one kind as watch events arrive: each is logged once
+/// per version, and the gauge follows the current set.
+struct Unusable {
+    kind: &'static str,
+    gauge: Gauge,
+    /// `namespace/name` -> resourceVersion of every unusable object currently known.
+    known: HashMap<String, String>,
+    /// The set being rebuilt during a (re-)list, swapped in when the list is complete.
+    relisting: Option<HashMap<String, String>>,
+}
+
+impl Unusable {
+    fn new(kind: &'static str, metrics: &Metrics) -> Self {
+        Self {
+            kind,
+            gauge: metrics
+                .catalog_unusable
+                .get_or_create(&KindLabel { kind })
+                .clone(),
+            known: HashMap::new(),
+            relisting: None,
+        }
+    }
+
+    /// For kinds that always deserialize (built-in Kubernetes types).
+    fn never() -> Self {
+        Self {
+            kind: "",
+            gauge: Gauge::default(),
+            known: HashMap::new(),
+            relisting: None,
+        }
+    }
+
+    fn observe<K: Resource + MaybeUnusable>(&mut self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Init => self.relisting = Some(HashMap::new()),
+            watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+                self.apply(object);
+            }
+            watcher::Event::Delete(object) => {
+                self.known.remove(&key(object));
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.relisting.take() {
+                    self.known = listed;
+                }
+            }
+        }
+        self.gauge
+            .set(i64::try_from(self.known.len()).unwrap_or(i64::MAX));
+    }
+
+    fn apply<K: Resource + MaybeUnusable>(&mut self, object: &K) {
+        let key = key(object);
+        let Some(reason) = object.unusable_reason() else {
+            self.known.remove(&key);
+            return;
+        };
+        let version = object.meta().resource_version.clone().unwrap_or_default();
+        if self.known.get(&key) != Some(&version) {
+            warn!(kind = self.kind, object = %key, %reason,
+                "skipping an object this agent cannot read; pods that name it fail until it is fixed");
+        }
+        self.known.insert(key.clone(), version.clone());
+        if let Some(listed) = &mut self.relisting {
+            listed.insert(key, version);
+        }
+    }
+}
+
+fn key<K: Resource>(object: &K) -> String {
+    let meta = object.meta();
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
+        None => meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// The cached object, or a GET when the cache does not have it (yet); an unusable one is an
+/// error naming the object and what is wrong with it.
+async fn usable_or_get<K>(
+    store: &Store<Lenient<K>>,
+    api: Api<Lenient<K>>,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<Arc<K>>, CatalogError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let found = cached_or_get(store, api, namespace, name).await?;
+    match found.as_deref() {
+        None => Ok(None),
+        Some(Lenient::Usable(object)) => Ok(Some(Arc::clone(object))),
+        Some(Lenient::Unusable { reason, .. }) => Err(CatalogError::Unusable {
+            kind: K::kind(&K::DynamicType::default()).into_owned(),
+            name: match namespace {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_string(),
+            },
+            reason: reason.clone(),
+        }),
+    }
 }
 
 /// The cached object, or a GET when the cache does not have it (yet).
@@ -146,7 +306,7 @@ impl Catalog for KubernetesCatalog {
         name: &str,
     ) -> Result<Option<Arc<ExternalSecret>>, CatalogError> {
         let api = Api::namespaced(self.client.clone(), namespace);
-        cached_or_get(&self.external_secrets, api, Some(namespace), name).await
+        usable_or_get(&self.external_secrets, api, Some(namespace), name).await
     }
 
     async fn secret_store(
@@ -155,7 +315,7 @@ impl Catalog for KubernetesCatalog {
         name: &str,
     ) -> Result<Option<Arc<SecretStore>>, CatalogError> {
         let api = Api::namespaced(self.client.clone(), namespace);
-        cached_or_get(&self.secret_stores, api, Some(namespace), name).await
+        usable_or_get(&self.secret_stores, api, Some(namespace), name).await
     }
 
     async fn cluster_secret_store(
@@ -163,7 +323,7 @@ impl Catalog for KubernetesCatalog {
         name: &str,
     ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError> {
         let api = Api::all(self.client.clone());
-        cached_or_get(&self.cluster_secret_stores, api, None, name).await
+        usable_or_get(&self.cluster_secret_stores, api, None, name).await
     }
 
     async fn secret(

@@ -4,7 +4,9 @@
 
 pub mod binding;
 pub mod kubernetes;
+mod lenient;
 pub mod manifests;
+mod strict;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +26,20 @@ pub enum CatalogError {
     /// The source could not answer.
     #[error("catalog unavailable: {0}")]
     Unavailable(String),
+    /// The object exists but this agent cannot read it (it does not match the agent's schema,
+    /// e.g. written for another release of the CRDs).
+    #[error(
+        "{kind} {name:?} cannot be used: it does not match the schema this agent reads \
+         ({reason}); fix the object or align the CRDs with the agent's release"
+    )]
+    Unusable {
+        /// Kind of the object.
+        kind: String,
+        /// `namespace/name` or `name`.
+        name: String,
+        /// Which field and why, without values.
+        reason: String,
+    },
 }
 
 /// Read access to the objects a publish needs. Lookups are cheap (served from memory).

@@ -3,7 +3,7 @@
 use tonic::{Code, Status};
 
 use super::request::RequestError;
-use crate::catalog::BindingError;
+use crate::catalog::{BindingError, CatalogError};
 use crate::compute::ComputeError;
 use crate::providers::ProviderError;
 use crate::publish::PublishError;
@@ -51,6 +51,10 @@ fn code(e: &PublishError) -> Code {
             | BindingError::StoreNotFound { .. }
             | BindingError::InvalidStore { .. } => Code::FailedPrecondition,
             BindingError::NotAdmitted { .. } => Code::PermissionDenied,
+            BindingError::Catalog {
+                source: CatalogError::Unusable { .. },
+                ..
+            } => Code::FailedPrecondition,
             BindingError::Catalog { .. } => Code::Unavailable,
         },
         PublishError::Provider { source, .. } => match source {

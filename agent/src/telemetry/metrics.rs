@@ -54,6 +54,13 @@ pub struct ProviderLabel {
     pub provider: &'static str,
 }
 
+/// A single `kind` label (a Latchkey kind).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `ExternalSecret`, `SecretStore` or `ClusterSecretStore`.
+    pub kind: &'static str,
+}
+
 /// Every metric the agent exports, registered once at start.
 pub struct Metrics {
     registry: Registry,
@@ -79,6 +86,8 @@ pub struct Metrics {
     pub cache_joins: Counter,
     /// Backend logins by provider.
     pub logins: Family<ProviderLabel, Counter>,
+    /// Objects in the catalog that do not deserialize, by kind.
+    pub catalog_unusable: Family<KindLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -109,6 +118,7 @@ impl Metrics {
             cache_misses: Counter::default(),
             cache_joins: Counter::default(),
             logins: Family::default(),
+            catalog_unusable: Family::default(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`; the encoder appends it.
@@ -167,6 +177,14 @@ impl Metrics {
             "Backend logins by provider",
             m.logins.clone(),
         );
+        registry.register(
+            "latchkey_catalog_unusable_objects",
+            "Objects the agent cannot read (they do not match its schema), by kind; skipped",
+            m.catalog_unusable.clone(),
+        );
+        for kind in ["ExternalSecret", "SecretStore", "ClusterSecretStore"] {
+            drop(m.catalog_unusable.get_or_create(&KindLabel { kind }));
+        }
         // Providers that log in are a closed set: expose their series from the start, at zero,
         // so dashboards and alerts see the family before the first login.
         for provider in ["aws", "vault", "kubernetes"] {

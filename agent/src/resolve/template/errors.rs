@@ -33,7 +33,54 @@ pub(super) fn parse_error(e: &ParseErrors) -> String {
         reason.truncate(end);
         reason.push('…');
     }
+    // Every error carries the parsed source (configuration, not a value). A Go template there is
+    // the usual mistake of an ESO manifest ported as is, and the parser's message alone does not
+    // say so.
+    let source = e.errors.iter().find_map(|e| e.source_info.as_deref());
+    if source.is_some_and(|info| looks_like_go_template(&info.source)) {
+        reason.push_str(GO_TEMPLATE_HINT);
+    }
     reason
+}
+
+/// Appended to the parse error of an expression written as a Go template.
+const GO_TEMPLATE_HINT: &str = "; this looks like a Go template (`{{ ... }}`, as in External \
+     Secrets Operator), but templates in Latchkey are CEL expressions, e.g. `secret.password` or \
+     `'%s:%s'.format([secret.user, secret.password])`: see the templates part of \
+     README.md#using-it-from-a-pod";
+
+/// True when `source` has `{{` outside CEL string literals. That is never valid CEL worth writing
+/// (a map literal whose key is a map), while it opens every Go template action.
+fn looks_like_go_template(source: &str) -> bool {
+    let bytes = source.as_bytes();
+    // The delimiter of the string literal being skipped: `'`, `"`, `'''` or `"""`.
+    let mut delimiter: Option<&[u8]> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &bytes[i..];
+        match delimiter {
+            Some(d) if rest.starts_with(d) => {
+                delimiter = None;
+                i += d.len();
+            }
+            // An escape: the next byte cannot close the literal. (Raw strings have no escapes;
+            // misreading one only affects this hint.)
+            Some(_) if rest[0] == b'\\' => i += 2,
+            Some(_) => i += 1,
+            None if rest.starts_with(b"{{") => return true,
+            None if rest[0] == b'\'' || rest[0] == b'"' => {
+                let d = &rest[..if rest.starts_with(b"'''") || rest.starts_with(b"\"\"\"") {
+                    3
+                } else {
+                    1
+                }];
+                delimiter = Some(d);
+                i += d.len();
+            }
+            None => i += 1,
+        }
+    }
+    false
 }
 
 /// A type name as `cel` reports it; anything else is not repeated.
@@ -138,5 +185,60 @@ pub(super) fn describe(e: &ExecutionError, names: &HashSet<String>, has_pod: boo
         ExecutionError::IndexOutOfBounds(_) => "list index out of bounds".to_owned(),
         ExecutionError::DuplicateKey(_) => "a map literal repeats a key".to_owned(),
         _ => "evaluation failed".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::functions::ENV;
+    use super::*;
+
+    fn parse_reason(source: &str) -> String {
+        match ENV.parser().parse(source) {
+            Ok(_) => panic!("{source} parses"),
+            Err(e) => parse_error(&e),
+        }
+    }
+
+    #[test]
+    fn go_templates_get_a_hint_that_templates_are_cel() {
+        for source in [
+            "{{ .password }}",
+            "{{ .password | toString }}",
+            "postgres://{{ .user }}:{{ .password }}@db/shop",
+            "{{- .config | b64dec -}}",
+        ] {
+            let reason = parse_reason(source);
+            assert!(
+                reason.starts_with("the expression does not parse"),
+                "{reason}"
+            );
+            assert!(reason.contains("Go template"), "{source}: {reason}");
+            assert!(reason.contains("CEL"), "{reason}");
+            assert!(reason.contains("README.md#using-it-from-a-pod"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn other_parse_errors_get_no_go_template_hint() {
+        for source in [
+            "secret.password +",
+            "'{{ .x }}' +",
+            "\"\"\"{{\"\"\" + '\\'{{' +",
+        ] {
+            let reason = parse_reason(source);
+            assert!(!reason.contains("Go template"), "{source}: {reason}");
+        }
+    }
+
+    #[test]
+    fn go_template_detection_skips_string_literals() {
+        assert!(looks_like_go_template("x + {{ .y }}"));
+        assert!(looks_like_go_template("'a' + {{"));
+        assert!(!looks_like_go_template("'{{ .y }}'"));
+        assert!(!looks_like_go_template("\"a\\\"{{\""));
+        assert!(!looks_like_go_template("'''it's {{ here'''"));
+        assert!(!looks_like_go_template("{'a': {'b': 1}}"));
+        assert!(looks_like_go_template("'unterminated' + {{ x"));
     }
 }
