@@ -168,6 +168,26 @@ fn demo_in_a_user_namespace_mounts_a_real_tmpfs_and_keep_says_what_stays() {
     std::fs::remove_dir(&target).unwrap();
 }
 
+#[test]
+fn node_without_manifests_or_kubeconfig_says_what_to_do_in_one_line() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(support::BIN)
+        .args(["node", "--node-id", "n", "--endpoint"])
+        .arg(format!("unix://{}/csi.sock", home.path().display()))
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--manifests") && stderr.contains("KUBECONFIG"),
+        "{stderr}"
+    );
+}
+
 /// Every Latchkey object in examples/ parses and passes the agent's validation, so what the
 /// README points at works as written.
 #[test]

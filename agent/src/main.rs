@@ -37,13 +37,23 @@ enum Command {
 /// these calls are short syscalls, so a small pool queues them at no cost in latency.
 const MAX_BLOCKING_THREADS: usize = 16;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     latchkey::tls::install_crypto_provider();
-    tokio::runtime::Builder::new_multi_thread()
+    let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)
-        .build()?
-        .block_on(run(Cli::parse()))
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(Cli::parse())));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // One line, causes joined by ": " (anyhow's alternate form), instead of the
+            // multi-line debug report with a backtrace that `main() -> Result` prints.
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -58,6 +58,7 @@ pub struct NodeArgs {
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
     let (catalog, events, kube_config): (Arc<dyn Catalog>, Arc<dyn PodEvents>, _) =
         match &args.manifests {
             Some(dir) => {
@@ -66,6 +67,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 (Arc::new(catalog), Arc::new(NoEvents), None)
             }
             None => {
+                no_api_server_hint()?;
                 // In-cluster config in a pod, KUBECONFIG elsewhere. Providers that act as the
                 // pod reuse its URL and CA with the pod's token instead of the agent's.
                 let config = kube::Config::infer()
@@ -75,13 +77,12 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                     .context("connecting to the Kubernetes API")?;
                 let events = KubeEvents::new(client.clone(), &args.node_id);
                 (
-                    Arc::new(KubernetesCatalog::start(client)),
+                    Arc::new(KubernetesCatalog::start(client, &metrics)),
                     Arc::new(events),
                     Some(config),
                 )
             }
         };
-    let metrics = Arc::new(Metrics::new());
     let volumes = Volumes::new(VolumeConfig {
         backend: Backend::Tmpfs,
         size_limit: args.volume_size_limit,
@@ -149,6 +150,26 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Fails with one line saying what to do when there is obviously no Kubernetes API to read
+/// from: not in a pod, and no kubeconfig where kube looks for one. (kube's own error repeats
+/// the missing file three times and names neither `--manifests` nor KUBECONFIG.)
+fn no_api_server_hint() -> anyhow::Result<()> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kubeconfig = match std::env::var_os("KUBECONFIG") {
+        Some(paths) => std::env::split_paths(&paths).any(|p| p.is_file()),
+        None => std::env::var_os("HOME")
+            .is_some_and(|home| PathBuf::from(home).join(".kube/config").is_file()),
+    };
+    if in_cluster || kubeconfig {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "no Kubernetes API to read from: not running in a pod and no kubeconfig found \
+         (KUBECONFIG or ~/.kube/config). Pass --manifests DIR to serve from YAML files, \
+         or point KUBECONFIG at a cluster."
+    )
 }
 
 /// Completes on SIGTERM (kubelet/pod shutdown) or SIGINT (Ctrl-C).
