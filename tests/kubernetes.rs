@@ -35,6 +35,7 @@ async fn cluster() -> FakeApiServer {
         s.allow(Identity::Agent, verb, "", "namespaces", None);
     }
     s.allow(Identity::Agent, "create", "", "events", None);
+    s.allow(Identity::Agent, "patch", "", "events", None);
     s.allow(
         Identity::service_account("shop", "web"),
         "get",
@@ -211,6 +212,45 @@ async fn a_pod_without_rbac_is_denied_and_the_pod_gets_an_event() {
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["involvedObject"]["kind"], "Pod");
     assert_eq!(event["involvedObject"]["name"], "intruder-0");
+
+    // kubelet retries the mount: the same Event object counts the attempts, as kubelet's own
+    // FailedMount does, instead of a new object per attempt.
+    for _ in 0..2 {
+        let req = request(
+            &agent,
+            "shop",
+            "intruder-0",
+            "intruder",
+            Some(INTRUDER_TOKEN),
+            "web-config",
+        );
+        node.node_publish_volume(req).await.unwrap_err();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mount_failed: Vec<_> = server
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == "MountFailed" && e["involvedObject"]["name"] == "intruder-0")
+            .collect();
+        assert_eq!(
+            mount_failed.len(),
+            1,
+            "one object per reason: {mount_failed:#?}"
+        );
+        if mount_failed[0]["count"] == 3 {
+            assert_eq!(
+                mount_failed[0]["metadata"]["name"],
+                event["metadata"]["name"]
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "count never reached 3: {mount_failed:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(event["metadata"]["namespace"], "shop");
     let text = event.to_string();
     for secret in [PASSWORD, INTRUDER_TOKEN, WEB_TOKEN, AGENT_TOKEN] {

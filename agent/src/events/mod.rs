@@ -1,14 +1,18 @@
 //! Kubernetes Events on the pod a volume is for, so a failed mount explains itself in
 //! `kubectl describe pod`. Messages are the publish errors' texts, which never contain values.
-//! Recording is fire-and-forget: a slow API server never delays kubelet.
+//! Recording is fire-and-forget: a slow API server never delays kubelet. Repeats are aggregated
+//! as kubelet's own FailedMount is: one Event object per pod and reason whose `count` grows
+//! (kubelet retries a failing mount every few seconds, and a new object per attempt floods the
+//! namespace's Events).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tracing::warn;
 
@@ -22,6 +26,9 @@ pub const REFRESH_FAILED: &str = "RefreshFailed";
 const MAX_MESSAGE: usize = 1024;
 /// How long recording one Event may take before it is dropped.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most (pod, reason) series remembered for aggregation. Past it the least recently used are
+/// forgotten, and their next failure starts a new Event object (as kubelet's correlator does).
+const MAX_SERIES: usize = 4096;
 
 /// Where pod Events go.
 pub trait PodEvents: Send + Sync {
@@ -40,6 +47,21 @@ impl PodEvents for NoEvents {
 pub struct KubeEvents {
     client: Client,
     node: Arc<str>,
+    series: Mutex<HashMap<SeriesKey, (Slot, Instant)>>,
+}
+
+/// One Event object per pod (namespace, name and uid, so a recreated pod starts afresh) and
+/// reason.
+type SeriesKey = (String, String, String, &'static str);
+
+/// The Event object of one series, once created; the lock orders the writes of a series so
+/// a repeat patches the object its predecessor created.
+type Slot = Arc<tokio::sync::Mutex<Option<Recorded>>>;
+
+/// An Event object written for a series.
+struct Recorded {
+    name: String,
+    count: i32,
 }
 
 impl KubeEvents {
@@ -48,20 +70,45 @@ impl KubeEvents {
         Self {
             client,
             node: node.into(),
+            series: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The slot of a series, created if new; forgets the least recently used past the bound.
+    fn slot(&self, key: SeriesKey) -> Slot {
+        // Every critical section is one map operation, so a poisoned lock holds a whole map.
+        let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        if !series.contains_key(&key)
+            && series.len() >= MAX_SERIES
+            && let Some(oldest) = series
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            series.remove(&oldest);
+        }
+        let now = Instant::now();
+        let (slot, used) = series.entry(key).or_insert_with(|| (Slot::default(), now));
+        *used = now;
+        Arc::clone(slot)
     }
 }
 
 impl PodEvents for KubeEvents {
     fn warn(&self, pod: &PodInfo, reason: &'static str, message: &str) {
         let event = pod_event(pod, reason, message, &self.node);
+        let slot = self.slot((
+            pod.namespace.clone(),
+            pod.name.clone(),
+            pod.uid.clone(),
+            reason,
+        ));
         let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
         let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
         tokio::spawn(async move {
-            let params = PostParams::default();
-            let created = tokio::time::timeout(RECORD_TIMEOUT, api.create(&params, &event));
-            match created.await {
-                Ok(Ok(_)) => {}
+            let recorded = tokio::time::timeout(RECORD_TIMEOUT, record(&api, &slot, event));
+            match recorded.await {
+                Ok(Ok(())) => {}
                 Ok(Err(error)) => {
                     warn!(%namespace, pod = %name, reason, %error, "cannot record event")
                 }
@@ -69,6 +116,42 @@ impl PodEvents for KubeEvents {
             }
         });
     }
+}
+
+/// Creates `event`, or, when its series already has an object, bumps that object's count,
+/// last timestamp and message. An object that has gone (Events expire after an hour) is
+/// created anew.
+async fn record(api: &Api<Event>, slot: &Slot, event: Event) -> Result<(), kube::Error> {
+    let mut recorded = slot.lock().await;
+    if let Some(previous) = recorded.as_mut() {
+        let count = previous.count.saturating_add(1);
+        let patch = serde_json::json!({
+            "count": count,
+            "lastTimestamp": event.last_timestamp,
+            "message": event.message,
+        });
+        match api
+            .patch(
+                &previous.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                previous.count = count;
+                return Ok(());
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let created = api.create(&PostParams::default(), &event).await?;
+    *recorded = Some(Recorded {
+        name: created.metadata.name.unwrap_or_default(),
+        count: 1,
+    });
+    Ok(())
 }
 
 /// The Event kubelet's own volume plugins would write for the pod.
