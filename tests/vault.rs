@@ -257,6 +257,44 @@ async fn approle_auth_logs_in_once_per_store_credential() {
     );
 }
 
+/// A token two thirds into its lease is renewed (renew-self), not replaced by a new login.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_token_is_renewed_instead_of_logging_in_again() {
+    let bao = bao().await;
+    let (role_id, secret_id) = bao.approle_with_ttl("app", &["read"], "3s").await;
+    let m = manifests(
+        &bao,
+        &format!(
+            "{{appRole: {{roleId: {role_id}, secretRef: {{name: approle, key: secret-id}}}}}}"
+        ),
+        &credential_secret("approle", "secret-id", &secret_id),
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+    let target = publish(&agent, "app-0", "default", "app", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&target, "password"), DB_V2);
+    assert_eq!(logins(&agent).await, 1);
+    // Past two thirds of the 3 s lease: the next read renews the token it has.
+    tokio::time::sleep(std::time::Duration::from_millis(2300)).await;
+    let target = publish(&agent, "legacy-0", "default", "legacy", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&target, "password"), KV1_VALUE);
+    assert_eq!(logins(&agent).await, 1, "renewed, not logged in again");
+    let renewals = metric(
+        &agent,
+        "latchkey_backend_requests_total{provider=\"vault\",operation=\"renew\",result=\"success\"}",
+    )
+    .await;
+    assert_eq!(renewals, 1.0);
+    assert_no_leak(
+        &agent,
+        &[],
+        &[&secret_id, &bao.root_token, DB_V2, KV1_VALUE],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jwt_auth_with_the_pods_token_logs_in_once_per_service_account_for_50_pods() {
     let bao = bao().await;

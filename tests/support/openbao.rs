@@ -220,12 +220,22 @@ impl OpenBao {
 
     /// Enables AppRole at `approle` with role `role`; returns (role id, secret id).
     pub async fn approle(&self, role: &str, policies: &[&str]) -> (String, String) {
+        self.approle_with_ttl(role, policies, "1h").await
+    }
+
+    /// Like [`Self::approle`], with tokens that live `ttl` (renewable).
+    pub async fn approle_with_ttl(
+        &self,
+        role: &str,
+        policies: &[&str],
+        ttl: &str,
+    ) -> (String, String) {
         self.api("POST", "sys/auth/approle", Some(json!({"type": "approle"})))
             .await;
         self.api(
             "POST",
             &format!("auth/approle/role/{role}"),
-            Some(json!({"token_policies": policies, "token_ttl": "1h"})),
+            Some(json!({"token_policies": policies, "token_ttl": ttl})),
         )
         .await;
         let v = self

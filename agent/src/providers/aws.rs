@@ -67,6 +67,8 @@ const MAX_ATTEMPTS: u32 = 3;
 const MAX_CLIENTS: usize = 256;
 /// Most cached sessions; expired ones are dropped first.
 const MAX_SESSIONS: usize = 4096;
+/// How often sessions past their renewal time (whose pods are gone) are dropped.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// `BatchGetSecretValue` takes at most this many ids.
 const BATCH: usize = 20;
 /// How many times the first queued `get` lets its task run on before the queue is flushed: the
@@ -88,11 +90,26 @@ type ClientKey = (String, Option<String>, u64);
 pub struct SessionCache {
     hasher: RandomState,
     /// Temporary credentials by session key; the async mutex makes one login per key at a time.
-    sessions: Mutex<HashMap<String, SessionSlot>>,
+    sessions: Mutex<Sessions>,
     /// Secrets Manager clients by (region, endpoint, credentials fingerprint).
     clients: Mutex<HashMap<ClientKey, (Credentials, Client)>>,
     /// The agent's own SDK configuration (default chain) by region.
     agent: Mutex<HashMap<String, aws_config::SdkConfig>>,
+}
+
+/// The session slots and when they were last swept.
+#[derive(Default)]
+struct Sessions {
+    by_key: HashMap<String, SessionSlot>,
+    swept: Option<std::time::Instant>,
+}
+
+impl Sessions {
+    /// Drops every session that is no longer fresh, except those being logged into (locked).
+    fn drop_stale(&mut self) {
+        self.by_key
+            .retain(|_, s| s.try_lock().map(|c| fresh(c.as_ref())).unwrap_or(true));
+    }
 }
 
 impl SessionCache {
@@ -114,13 +131,21 @@ impl SessionCache {
     {
         let slot = {
             let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-            if sessions.len() >= MAX_SESSIONS && !sessions.contains_key(&key) {
-                sessions.retain(|_, s| s.try_lock().map(|c| fresh(c.as_ref())).unwrap_or(true));
-                if sessions.len() >= MAX_SESSIONS {
-                    sessions.clear();
+            let now = std::time::Instant::now();
+            if sessions
+                .swept
+                .is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY)
+            {
+                sessions.drop_stale();
+                sessions.swept = Some(now);
+            }
+            if sessions.by_key.len() >= MAX_SESSIONS && !sessions.by_key.contains_key(&key) {
+                sessions.drop_stale();
+                if sessions.by_key.len() >= MAX_SESSIONS {
+                    sessions.by_key.clear();
                 }
             }
-            Arc::clone(sessions.entry(key).or_default())
+            Arc::clone(sessions.by_key.entry(key).or_default())
         };
         let mut held = slot.lock().await;
         if let Some(c) = held.as_ref().filter(|c| fresh(Some(c))) {
@@ -908,5 +933,19 @@ mod tests {
         assert!(!fresh(Some(&soon)));
         assert!(fresh(Some(&later)));
         assert!(!fresh(None));
+
+        // A sweep keeps only sessions still worth reusing.
+        let mut sessions = Sessions::default();
+        for (key, creds) in [("soon", soon), ("later", later)] {
+            sessions
+                .by_key
+                .insert(key.into(), Arc::new(tokio::sync::Mutex::new(Some(creds))));
+        }
+        sessions
+            .by_key
+            .insert("empty".into(), SessionSlot::default());
+        sessions.drop_stale();
+        let kept: Vec<_> = sessions.by_key.keys().cloned().collect();
+        assert_eq!(kept, ["later"]);
     }
 }

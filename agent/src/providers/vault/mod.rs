@@ -30,7 +30,7 @@ use super::{BuildContext, FindQuery, Provider, ProviderError, RemoteKey, credent
 use crate::api::StoreKind;
 use crate::api::store::VaultProvider;
 use crate::secret::{SecretBytes, SecretString};
-use crate::telemetry::metrics::ProviderLabel;
+use crate::telemetry::metrics::{BackendLabels, ProviderLabel};
 
 /// How long one request to Vault may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,85 +54,169 @@ struct TokenKey {
     identity: String,
 }
 
+/// How often the token cache drops tokens that have expired (whose pods are gone).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 /// A login token and when to stop using it.
 struct CachedToken {
     token: SecretString,
+    /// When to renew it (or log in again): two thirds into its lease.
     refresh_at: Instant,
+    /// When Vault stops accepting it.
+    expires_at: Instant,
+    /// Its lease as granted; a renewal that grants much less (the role's max TTL is near)
+    /// is not worth keeping.
+    lease: Duration,
+    renewable: bool,
 }
 
 impl CachedToken {
     fn from_auth(auth: AuthInfo, now: Instant) -> Self {
         // Re-login once two thirds of the lifetime are over: well before Vault rejects it. A
         // token without a lifetime is reused for a bounded time only.
-        let reuse = match auth.lease_duration {
-            0 => MAX_TOKEN_REUSE,
-            secs => Duration::from_secs(secs) * 2 / 3,
+        let (lease, reuse) = match auth.lease_duration {
+            0 => (MAX_TOKEN_REUSE, MAX_TOKEN_REUSE),
+            secs => (Duration::from_secs(secs), Duration::from_secs(secs) * 2 / 3),
         };
         Self {
             token: SecretString::new(auth.client_token),
             refresh_at: now.checked_add(reuse).unwrap_or(now),
+            expires_at: now.checked_add(lease).unwrap_or(now),
+            lease,
+            renewable: auth.renewable && auth.lease_duration > 0,
         }
     }
 
     fn fresh(&self, now: Instant) -> bool {
         now < self.refresh_at
     }
+
+    fn expired(&self, now: Instant) -> bool {
+        now >= self.expires_at
+    }
+
+    /// Whether a renewal granting `auth` is worth keeping: at least half the lease of the
+    /// login. Near the role's max TTL Vault grants less and less; a new login is better then
+    /// than a renewal every few seconds.
+    fn keeps(&self, auth: &AuthInfo) -> bool {
+        auth.lease_duration > 0 && Duration::from_secs(auth.lease_duration) >= self.lease / 2
+    }
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<CachedToken>>>;
 
 /// Vault login tokens shared by every publish, with one login in flight per key.
-#[derive(Default)]
 pub struct TokenCache {
-    slots: Mutex<HashMap<TokenKey, Slot>>,
+    slots: Mutex<Slots>,
+}
+
+struct Slots {
+    by_key: HashMap<TokenKey, Slot>,
+    next_sweep: Instant,
+}
+
+impl Default for TokenCache {
+    fn default() -> Self {
+        Self {
+            slots: Mutex::new(Slots {
+                by_key: HashMap::new(),
+                next_sweep: Instant::now() + SWEEP_EVERY,
+            }),
+        }
+    }
+}
+
+/// How a cached token was obtained, for the caller's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Obtained {
+    Cached,
+    Renewed,
+    LoggedIn,
 }
 
 impl TokenCache {
     fn slot(&self, key: &TokenKey) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if slots.len() >= MAX_TOKENS && !slots.contains_key(key) {
-            let now = Instant::now();
+        let now = Instant::now();
+        if now >= slots.next_sweep {
+            // Tokens Vault no longer accepts are of no use: drop them (a slot being logged into
+            // is locked and kept).
+            slots.by_key.retain(|_, slot| {
+                slot.try_lock()
+                    .map(|t| t.as_ref().is_some_and(|t| !t.expired(now)))
+                    .unwrap_or(true)
+            });
+            slots.next_sweep = now + SWEEP_EVERY;
+        }
+        if slots.by_key.len() >= MAX_TOKENS && !slots.by_key.contains_key(key) {
             // A slot being logged into is locked: keep it; drop stale and empty ones.
-            slots.retain(|_, slot| {
+            slots.by_key.retain(|_, slot| {
                 slot.try_lock()
                     .map(|t| t.as_ref().is_some_and(|t| t.fresh(now)))
                     .unwrap_or(true)
             });
-            if slots.len() >= MAX_TOKENS {
-                slots.retain(|_, slot| slot.try_lock().is_err());
+            if slots.by_key.len() >= MAX_TOKENS {
+                slots.by_key.retain(|_, slot| slot.try_lock().is_err());
             }
         }
-        Arc::clone(slots.entry(key.clone()).or_default())
+        Arc::clone(slots.by_key.entry(key.clone()).or_default())
     }
 
     /// How many logins are cached (tests).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
     }
 
-    /// The cached token for `key`, or a fresh one from `login` (run once for concurrent callers).
-    async fn get_or_login<F, Fut>(
+    /// The cached token for `key`; when it is due, the same token renewed with `renew` (if
+    /// Vault allows), else a fresh one from `login`. Runs once for concurrent callers. Nothing
+    /// is revoked: other publishes may still be using a token.
+    async fn get<R, RFut, L, LFut>(
         &self,
         key: &TokenKey,
-        login: F,
-    ) -> Result<SecretString, ProviderError>
+        renew: R,
+        login: L,
+    ) -> Result<(SecretString, Obtained), ProviderError>
     where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<AuthInfo, ProviderError>>,
+        R: FnOnce(SecretString) -> RFut,
+        RFut: std::future::Future<Output = Result<AuthInfo, ProviderError>>,
+        L: FnOnce() -> LFut,
+        LFut: std::future::Future<Output = Result<AuthInfo, ProviderError>>,
     {
         let slot = self.slot(key);
         let mut guard = slot.lock().await;
-        if let Some(cached) = guard.as_ref()
-            && cached.fresh(Instant::now())
-        {
-            return Ok(cached.token.clone());
+        if let Some(cached) = guard.as_ref() {
+            let now = Instant::now();
+            if cached.fresh(now) {
+                return Ok((cached.token.clone(), Obtained::Cached));
+            }
+            if cached.renewable && !cached.expired(now) {
+                match renew(cached.token.clone()).await {
+                    Ok(mut auth) if cached.keeps(&auth) => {
+                        if auth.client_token.is_empty() {
+                            auth.client_token = cached.token.expose().to_string();
+                        }
+                        let renewed = CachedToken::from_auth(auth, Instant::now());
+                        let token = renewed.token.clone();
+                        *guard = Some(renewed);
+                        return Ok((token, Obtained::Renewed));
+                    }
+                    Ok(_) => tracing::debug!("Vault token near its max TTL; logging in again"),
+                    Err(error) => {
+                        tracing::debug!(%error, "renewing the Vault token failed; logging in again");
+                    }
+                }
+            }
         }
         let auth = login().await?;
         let cached = CachedToken::from_auth(auth, Instant::now());
         let token = cached.token.clone();
         *guard = Some(cached);
-        Ok(token)
+        Ok((token, Obtained::LoggedIn))
     }
 }
 
@@ -383,6 +467,21 @@ async fn authenticate(
             .get_or_create(&ProviderLabel { provider: "vault" })
             .inc();
     };
+    let renew = |token: SecretString| async move {
+        let mut renewing = client.clone();
+        renewing.set_token(token.expose());
+        let renewed = renewing.login(transport::RenewSelf).await;
+        ctx.env
+            .metrics
+            .backend_requests
+            .get_or_create(&BackendLabels {
+                provider: "vault",
+                operation: "renew",
+                result: if renewed.is_ok() { "success" } else { "error" },
+            })
+            .inc();
+        renewed.map_err(server_error)
+    };
     if let Some(role_auth) = auth.kubernetes.as_ref().or(auth.jwt.as_ref()) {
         let kubernetes = auth.kubernetes.is_some();
         let (method, default_mount) = if kubernetes {
@@ -399,7 +498,7 @@ async fn authenticate(
         let role = role_auth.role.as_str();
         let key = key(method, mount, role, pod_identity);
         return cache
-            .get_or_login(&key, || async {
+            .get(&key, renew, || async {
                 let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
                     ProviderError::Config(format!(
                         "kubelet passed no service-account token for audience {audience:?}: add \
@@ -427,7 +526,8 @@ async fn authenticate(
                 };
                 result.map_err(|e| login_error(e, method, mount, Some(role)))
             })
-            .await;
+            .await
+            .map(|(token, _)| token);
     }
     if let Some(app_role) = &auth.app_role {
         let mount = app_role
@@ -447,7 +547,7 @@ async fn authenticate(
         };
         let key = key("approle", mount, &app_role.role_id, identity);
         return cache
-            .get_or_login(&key, || async {
+            .get(&key, renew, || async {
                 let secret_id = credentials::read(ctx, &app_role.secret_ref).await?;
                 count_login();
                 let request = LoginWithApproleRequest::builder()
@@ -461,7 +561,8 @@ async fn authenticate(
                     .await
                     .map_err(|e| login_error(e, "approle", mount, None))
             })
-            .await;
+            .await
+            .map(|(token, _)| token);
     }
     Err(ProviderError::Config(
         "vault.auth needs one of tokenSecretRef, kubernetes, jwt, appRole".into(),
@@ -556,6 +657,11 @@ mod tests {
         }
     }
 
+    /// A renewal that must not happen.
+    async fn no_renewal(_: SecretString) -> Result<AuthInfo, ProviderError> {
+        panic!("renewed a fresh token")
+    }
+
     fn key(identity: &str) -> TokenKey {
         TokenKey {
             server: "http://vault".into(),
@@ -571,8 +677,8 @@ mod tests {
         let cache = TokenCache::default();
         let logins = std::sync::atomic::AtomicUsize::new(0);
         for _ in 0..3 {
-            let t = cache
-                .get_or_login(&key("shop/web"), || async {
+            let (t, _) = cache
+                .get(&key("shop/web"), no_renewal, || async {
                     logins.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     Ok(auth("t1", 3600))
                 })
@@ -581,8 +687,10 @@ mod tests {
             assert_eq!(t.expose(), "t1");
         }
         assert_eq!(logins.load(std::sync::atomic::Ordering::SeqCst), 1);
-        let other = cache
-            .get_or_login(&key("shop/other"), || async { Ok(auth("t2", 3600)) })
+        let (other, _) = cache
+            .get(&key("shop/other"), no_renewal, || async {
+                Ok(auth("t2", 3600))
+            })
             .await
             .unwrap();
         assert_eq!(other.expose(), "t2", "two identities never share a token");
@@ -602,12 +710,86 @@ mod tests {
         );
     }
 
+    /// Makes the cached token of `key` due, as if two thirds of its lease had passed.
+    async fn make_due(cache: &TokenCache, key: &TokenKey) {
+        let slot = cache.slot(key);
+        let mut held = slot.lock().await;
+        let token = held.as_mut().unwrap();
+        token.refresh_at = Instant::now();
+    }
+
+    #[tokio::test]
+    async fn a_due_token_is_renewed_not_replaced() {
+        let cache = TokenCache::default();
+        let k = key("shop/web");
+        let login = || async { Ok(auth("t1", 3600)) };
+        cache.get(&k, no_renewal, login).await.unwrap();
+        make_due(&cache, &k).await;
+        let (t, how) = cache
+            .get(
+                &k,
+                |token: SecretString| async move {
+                    assert_eq!(token.expose(), "t1", "renews the token it holds");
+                    Ok(auth("t1", 3600))
+                },
+                || async { panic!("logged in although the token could be renewed") },
+            )
+            .await
+            .unwrap();
+        assert_eq!((t.expose(), how), ("t1", Obtained::Renewed));
+        let (_, how) = cache.get(&k, no_renewal, login).await.unwrap();
+        assert_eq!(how, Obtained::Cached, "a renewed token is fresh again");
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_short_renewal_logs_in_again() {
+        let cache = TokenCache::default();
+        let k = key("shop/web");
+        cache
+            .get(&k, no_renewal, || async { Ok(auth("t1", 3600)) })
+            .await
+            .unwrap();
+        make_due(&cache, &k).await;
+        let (t, how) = cache
+            .get(
+                &k,
+                |_| async { Err(ProviderError::PermissionDenied("revoked".into())) },
+                || async { Ok(auth("t2", 3600)) },
+            )
+            .await
+            .unwrap();
+        assert_eq!((t.expose(), how), ("t2", Obtained::LoggedIn));
+        make_due(&cache, &k).await;
+        // Near the max TTL Vault grants a sliver: not worth keeping.
+        let (t, how) = cache
+            .get(
+                &k,
+                |_| async { Ok(auth("t2", 60)) },
+                || async { Ok(auth("t3", 3600)) },
+            )
+            .await
+            .unwrap();
+        assert_eq!((t.expose(), how), ("t3", Obtained::LoggedIn));
+    }
+
+    #[test]
+    fn tokens_without_a_lease_are_not_renewed() {
+        let now = Instant::now();
+        assert!(!CachedToken::from_auth(auth("t", 0), now).renewable);
+        let mut fixed = auth("t", 60);
+        fixed.renewable = false;
+        assert!(!CachedToken::from_auth(fixed, now).renewable);
+        let t = CachedToken::from_auth(auth("t", 30), now);
+        assert!(!t.expired(now + Duration::from_secs(29)));
+        assert!(t.expired(now + Duration::from_secs(30)));
+    }
+
     #[tokio::test]
     async fn the_cache_is_bounded() {
         let cache = TokenCache::default();
         for i in 0..MAX_TOKENS + 10 {
             cache
-                .get_or_login(&key(&format!("ns/sa-{i}")), || async {
+                .get(&key(&format!("ns/sa-{i}")), no_renewal, || async {
                     Ok(auth("t", 3600))
                 })
                 .await
@@ -620,14 +802,14 @@ mod tests {
     async fn a_failed_login_is_not_cached() {
         let cache = TokenCache::default();
         let err = cache
-            .get_or_login(&key("shop/web"), || async {
+            .get(&key("shop/web"), no_renewal, || async {
                 Err(ProviderError::PermissionDenied("no".into()))
             })
             .await
             .unwrap_err();
         assert!(matches!(err, ProviderError::PermissionDenied(_)));
-        let t = cache
-            .get_or_login(&key("shop/web"), || async { Ok(auth("t", 60)) })
+        let (t, _) = cache
+            .get(&key("shop/web"), no_renewal, || async { Ok(auth("t", 60)) })
             .await
             .unwrap();
         assert_eq!(t.expose(), "t");

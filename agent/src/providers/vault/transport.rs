@@ -26,7 +26,9 @@ pub fn is_too_large(e: &ClientError) -> bool {
     } if source.downcast_ref::<BodyTooLarge>().is_some())
 }
 
-/// A bounded HTTP client for one Vault server, with the token and namespace headers.
+/// A bounded HTTP client for one Vault server, with the token and namespace headers. Cheap to
+/// clone (the connection pool is shared).
+#[derive(Clone)]
 pub struct Transport {
     http: Bounded,
     middle: EndpointMiddleware,
@@ -95,6 +97,28 @@ impl Transport {
     }
 }
 
+/// `POST auth/token/renew-self`: extends the calling token's lease. Defined here because
+/// vaultrs' own request has a tab in its path.
+pub struct RenewSelf;
+
+impl Endpoint for RenewSelf {
+    type Response = ();
+    const REQUEST_BODY_TYPE: rustify::enums::RequestType = rustify::enums::RequestType::JSON;
+    const RESPONSE_BODY_TYPE: rustify::enums::ResponseType = rustify::enums::ResponseType::JSON;
+
+    fn path(&self) -> String {
+        "auth/token/renew-self".into()
+    }
+
+    fn method(&self) -> rustify::enums::RequestMethod {
+        rustify::enums::RequestMethod::POST
+    }
+
+    fn body(&self) -> Result<Option<Vec<u8>>, RestError> {
+        Ok(Some(b"{}".to_vec()))
+    }
+}
+
 /// Vault's `{"errors": [...]}` answer as vaultrs' API error, as vaultrs itself does.
 fn api_error(e: RestError) -> ClientError {
     if let RestError::ServerResponseError {
@@ -112,6 +136,7 @@ fn api_error(e: RestError) -> ClientError {
 }
 
 /// reqwest with a bounded body read.
+#[derive(Clone)]
 struct Bounded {
     http: reqwest::Client,
     base: String,
