@@ -348,7 +348,7 @@ async fn hostile_manifests_are_refused_or_bounded() {
         "forever",
         "fake",
         "SecretStore",
-        &format!("  refreshInterval: 300000000000y\n{data}"),
+        &format!("  refreshInterval: 300000000000h\n{data}"),
     );
     m += &es_yaml("shop", "dotdot", "../../secrets/x", "SecretStore", data);
     m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ClusterSecretStore\nmetadata: {name: not-in-nothing}\n\

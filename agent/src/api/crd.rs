@@ -21,6 +21,12 @@ pub fn render_all() -> Result<String, serde_norway::Error> {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1;
+    use kube::CustomResourceExt;
+    use serde_json::Value;
+
+    use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+
     /// The checked-in CRDs, regenerated with `latchkey crds > crds/latchkey-crds.yaml`.
     const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/latchkey-crds.yaml");
 
@@ -47,5 +53,134 @@ mod tests {
         }
         assert_eq!(text.matches("group: latchkey.dev").count(), 3);
         assert!(text.contains("scope: Cluster") && text.contains("scope: Namespaced"));
+    }
+
+    fn crds() -> [v1::CustomResourceDefinition; 3] {
+        [
+            SecretStore::crd(),
+            ClusterSecretStore::crd(),
+            ExternalSecret::crd(),
+        ]
+    }
+
+    /// The `openAPIV3Schema` of `crd`, as JSON.
+    fn schema(crd: &v1::CustomResourceDefinition) -> Value {
+        let version = &crd.spec.versions[0];
+        let schema = version.schema.as_ref().unwrap().open_api_v3_schema.as_ref();
+        serde_json::to_value(schema.unwrap()).unwrap()
+    }
+
+    #[test]
+    fn short_names_are_latchkey_s_own() {
+        // The External Secrets Operator's short names: a cluster may run both.
+        let eso = ["es", "ss", "css", "ces", "ps", "cps", "pes", "cpes"];
+        let mut seen = Vec::new();
+        for crd in crds() {
+            let names = &crd.spec.names;
+            let short = names.short_names.clone().unwrap_or_default();
+            assert!(!short.is_empty(), "{}: no short name", names.kind);
+            for name in short {
+                assert!(name.starts_with("lk"), "{}: {name}", names.kind);
+                assert!(!eso.contains(&name.as_str()), "{}: {name}", names.kind);
+                seen.push(name);
+            }
+            // `kubectl get latchkey` lists every kind.
+            assert_eq!(
+                names.categories.as_deref(),
+                Some(&["latchkey".to_string()][..]),
+                "{}",
+                names.kind
+            );
+        }
+        assert_eq!(seen, ["lkss", "lkcss", "lkes"]);
+    }
+
+    #[test]
+    fn printer_columns_point_at_fields_of_the_schema() {
+        // `[?(@.type=="Ready")]`: a filter over list items.
+        let filter = regex::Regex::new(r#"\[\?\(@\.[a-z]+=="[A-Za-z]+"\)\]"#).unwrap();
+        for crd in crds() {
+            let kind = &crd.spec.names.kind;
+            let schema = schema(&crd);
+            let columns = crd.spec.versions[0]
+                .additional_printer_columns
+                .clone()
+                .unwrap_or_default();
+            let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+            let want: &[&str] = if kind == "ExternalSecret" {
+                &[
+                    "Store",
+                    "Store Kind",
+                    "Refresh Interval",
+                    "Status",
+                    "Ready",
+                    "Age",
+                ]
+            } else {
+                &["Status", "Ready", "Age"]
+            };
+            assert_eq!(names, want, "{kind}");
+            for column in &columns {
+                let path = &column.json_path;
+                if path == ".metadata.creationTimestamp" {
+                    assert_eq!(column.type_, "date", "{kind} {path}");
+                    continue;
+                }
+                let plain = filter.replace_all(path, "[]");
+                let mut node = &schema;
+                for part in plain.trim_start_matches('.').split('.') {
+                    let field = part.trim_end_matches("[]");
+                    node = &node["properties"][field];
+                    assert!(node.is_object(), "{kind} {path}: no field {field}");
+                    if part.ends_with("[]") {
+                        assert_eq!(node["type"], "array", "{kind} {path}: {field}");
+                        node = &node["items"];
+                    }
+                }
+                assert_eq!(node["type"], "string", "{kind} {path}");
+                assert_eq!(column.type_, "string", "{kind} {path}");
+            }
+        }
+    }
+
+    #[test]
+    fn schemas_are_structural_so_unknown_fields_are_pruned() {
+        // With a structural schema and no x-kubernetes-preserve-unknown-fields, the API server
+        // drops fields the schema does not know (kubectl warns about them) instead of storing a
+        // misspelled field that the agent would then silently ignore.
+        fn check(kind: &str, path: &str, node: &Value) {
+            let fields = node.as_object().unwrap();
+            for keyword in [
+                "x-kubernetes-preserve-unknown-fields",
+                "x-kubernetes-embedded-resource",
+                "x-kubernetes-int-or-string",
+                "anyOf",
+                "oneOf",
+                "allOf",
+                "not",
+            ] {
+                assert!(!fields.contains_key(keyword), "{kind} {path}: {keyword}");
+            }
+            let type_ = node["type"].as_str();
+            assert!(type_.is_some(), "{kind} {path}: no type");
+            if let Some(properties) = node["properties"].as_object() {
+                for (name, sub) in properties {
+                    check(kind, &format!("{path}.{name}"), sub);
+                }
+            }
+            match &node["additionalProperties"] {
+                Value::Null => {}
+                sub @ Value::Object(_) => check(kind, &format!("{path}.*"), sub),
+                other => panic!("{kind} {path}: additionalProperties {other}"),
+            }
+            if type_ == Some("array") {
+                check(kind, &format!("{path}[]"), &node["items"]);
+            }
+        }
+        let text = super::render_all().unwrap();
+        assert!(!text.contains("x-kubernetes-preserve-unknown-fields"));
+        for crd in crds() {
+            check(&crd.spec.names.kind, "", &schema(&crd));
+        }
     }
 }

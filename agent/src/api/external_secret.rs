@@ -16,18 +16,32 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "ExternalSecret",
     namespaced,
-    shortname = "es",
+    // Not ESO's `es`: with both installed, `kubectl get es` would be ambiguous.
+    shortname = "lkes",
+    category = "latchkey",
     status = "ExternalSecretStatus",
-    printcolumn = r#"{"name":"Store","type":"string","jsonPath":".spec.secretStoreRef.name"}"#,
-    printcolumn = r#"{"name":"Refresh","type":"string","jsonPath":".spec.refreshInterval"}"#
+    printcolumn = r#"{"name": "Store", "type": "string", "jsonPath": ".spec.secretStoreRef.name"}"#,
+    printcolumn = r#"{"name": "Store Kind", "type": "string", "priority": 1,
+                      "jsonPath": ".spec.secretStoreRef.kind"}"#,
+    printcolumn = r#"{"name": "Refresh Interval", "type": "string",
+                      "jsonPath": ".spec.refreshInterval"}"#,
+    printcolumn = r#"{"name": "Status", "type": "string",
+                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string",
+                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = &crate::api::rules::DATA_OR_DATA_FROM)]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalSecretSpec {
     /// The store the remote references are resolved against.
     pub secret_store_ref: SecretStoreRef,
-    /// How often mounted files and mirrors are refreshed (e.g. `1h`); `0` fetches once.
+    /// How often mounted files and mirrors are refreshed (e.g. `1h`, at most `8760h`); `0`: once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_DURATION_LEN),
+        regex(pattern = crate::api::rules::DURATION.regex)
+    )]
     #[x_kube(validation = &crate::api::rules::REFRESH_INTERVAL_MAX)]
     pub refresh_interval: Option<String>,
     /// Individual remote values, one entry (file) each; each `secretKey` at most once.
@@ -46,6 +60,10 @@ pub struct ExternalSecretSpec {
     pub target: Option<Target>,
     /// Service account the mirror controller acts as (defaults to `default`); mounts use the pod's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
     pub service_account_name: Option<String>,
 }
 
@@ -54,6 +72,10 @@ pub struct ExternalSecretSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SecretStoreRef {
     /// Name of the store.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
     #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub name: String,
     /// `SecretStore` (default) or `ClusterSecretStore`.
@@ -84,8 +106,11 @@ impl std::fmt::Display for StoreKind {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalSecretData {
-    /// Entry name: the file name in the volume, the key in a mirrored Secret.
-    #[schemars(length(max = crate::api::rules::MAX_SECRET_KEY_LEN))]
+    /// Entry name: the file name (a relative path) in the volume, the key in a mirrored Secret.
+    #[schemars(
+        length(max = crate::api::rules::MAX_SECRET_KEY_LEN),
+        regex(pattern = crate::api::rules::FILE_PATH.regex)
+    )]
     #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub secret_key: String,
     /// Where the value comes from.
@@ -198,6 +223,10 @@ pub struct Target {
     pub files: Option<Files>,
     /// Name of the mirrored Secret (defaults to the ExternalSecret's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
     pub name: Option<String>,
     /// Whether and how a Kubernetes Secret is mirrored; `None` (default) means mount only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,7 +286,11 @@ pub struct Files {
 pub struct FileItem {
     /// Entry name.
     pub key: String,
-    /// Relative path in the volume.
+    /// Relative path in the volume; no segment is empty, `.` or starts with `..`.
+    #[schemars(
+        length(max = crate::api::rules::MAX_FILE_PATH_LEN),
+        regex(pattern = crate::api::rules::FILE_PATH.regex)
+    )]
     pub path: String,
     /// File mode (e.g. 0400), at most 0777.
     #[serde(

@@ -7,11 +7,20 @@
 //! empty`). The `rules_tests` module evaluates every rule of the generated CRDs with a CEL
 //! interpreter against sample objects and checks that the agent reaches the same verdict.
 //!
+//! Checks on a single string's shape are OpenAPI `pattern`s ([`Pattern`]) rather than CEL: the
+//! API server runs them without a CEL cost, on every version that serves the CRD. The agent
+//! matches the same regular expression and reports the pattern's `message`.
+//!
 //! The rules mirror the External Secrets Operator's webhook checks where Latchkey has the same
-//! fields. Every rule stays cheap for the API server's CEL cost budget: rules only test presence
-//! and sizes, and every list whose items carry a rule is bounded (`maxItems`).
+//! fields. Every rule stays cheap for the API server's CEL cost budget: rules test presence and
+//! sizes, the one regular expression in a rule runs over a short bounded string (`maxLength`), and
+//! every list whose items carry a rule is bounded (`maxItems`).
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use kube::core::Rule;
+use regex::Regex;
 
 /// One `x-kubernetes-validations` entry: a CEL expression over `self` and its failure message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +57,36 @@ pub const NOT_EMPTY: CelRule = CelRule {
 /// practice (`0` says so explicitly), and a bound keeps every deadline computation in range.
 pub const MAX_REFRESH_INTERVAL_SECS: u64 = 8760 * 3600;
 
+/// `maxLength` of `spec.refreshInterval`: far more than any sensible duration needs, and it bounds
+/// the CEL cost of [`REFRESH_INTERVAL_MAX`].
+pub const MAX_DURATION_LEN: usize = 64;
+
+/// The regular expression of [`DURATION`], a macro so that [`REFRESH_INTERVAL_MAX`] can embed it.
+macro_rules! duration_regex {
+    () => {
+        "^(0|([0-9]+([.][0-9]+)?(h|m|s|ms|us|µs)|[0-9]+ns)+)$"
+    };
+}
+
+/// The `pattern` of `spec.refreshInterval`: what both Go's `time.ParseDuration` (ESO's
+/// `metav1.Duration`, Kubernetes' CEL `duration()`) and the agent's parser (`humantime`) read the
+/// same way. Go alone takes signs, `.5h`, `5.h` and `μs` (Greek mu); `humantime` alone takes
+/// spaces, `d`, `w`, `M`, `y`, long unit names and fractional nanoseconds: all are refused.
+pub const DURATION: Pattern = Pattern {
+    regex: duration_regex!(),
+    message: "must be a duration such as 1h, 15m, 1h30m or 0 (units h, m, s, ms, us, ns)",
+};
+
 /// On `spec.refreshInterval` (Kubernetes' CEL `duration()` parses Go durations, as ESO's
-/// `metav1.Duration` does).
+/// `metav1.Duration` does). A value that is not a duration passes this rule and is left to the
+/// [`DURATION`] pattern: `duration()` would fail on it, which the API server reports as an
+/// evaluation error next to the pattern's own message.
 pub const REFRESH_INTERVAL_MAX: CelRule = CelRule {
-    rule: "duration(self) <= duration('8760h')",
+    rule: concat!(
+        "!self.matches('",
+        duration_regex!(),
+        "') || duration(self) <= duration('8760h')"
+    ),
     message: "must be at most 8760h (one year); use 0 to fetch once",
 };
 
@@ -107,6 +142,46 @@ pub const MAX_TEMPLATE_KEYS: usize = 100;
 /// `maxLength` of `spec.data[].secretKey` (the key length limit of a Kubernetes Secret).
 pub const MAX_SECRET_KEY_LEN: usize = 253;
 
+/// `maxLength` of `spec.target.files.items[].path` (the agent's limit counts bytes, see
+/// [`crate::volume::path::MAX_PATH_BYTES`]; a schema can only count characters).
+pub const MAX_FILE_PATH_LEN: usize = crate::volume::path::MAX_PATH_BYTES;
+
+/// One segment of [`FILE_PATH`]: not `/`, `\\` or a control character (`char::is_control`:
+/// U+0000..U+001F, U+007F..U+009F), and not starting with `..` or being `.`.
+macro_rules! path_segment {
+    () => {
+        r"[.]?[^./\\\x00-\x1f\x7f-\x9f][^/\\\x00-\x1f\x7f-\x9f]*"
+    };
+}
+
+/// The `pattern` of `spec.data[].secretKey` and `spec.target.files.items[].path`: the shape rules
+/// of [`crate::volume::FilePath`], which every file name passes before it is written. A segment is
+/// an optional `.` and then a character other than `.`, so `.`, `..` and anything starting with
+/// `..` (the volume writer's own `..data` names) never match; `/` only separates non-empty
+/// segments, at most 16 of them. `FilePath`'s byte limits (253 per segment, 1024 in all) are not
+/// here: a regular expression counts characters, and RE2 refuses the nested counts a per-segment
+/// limit would need; the agent enforces them when it writes the files.
+pub const FILE_PATH: Pattern = Pattern {
+    regex: concat!("^", path_segment!(), "(/", path_segment!(), "){0,15}$"),
+    message: "must be a relative file path: at most 16 segments separated by '/', none of them \
+              empty, '.' or starting with '..', and no backslash or control character",
+};
+
+// ---- Object names ---------------------------------------------------------------------------
+
+/// `maxLength` of an object name (a DNS subdomain, RFC 1123).
+pub const MAX_NAME_LEN: usize = 253;
+
+/// The `pattern` of the names of stores, Secrets and service accounts (`spec.secretStoreRef.name`,
+/// `spec.target.name`, `spec.serviceAccountName`, a store's credential `...SecretRef.name`): an
+/// RFC 1123 subdomain, as Kubernetes requires of their names and
+/// [`crate::identity::is_dns_subdomain`] checks. Names reach API request paths.
+pub const DNS_SUBDOMAIN: Pattern = Pattern {
+    regex: r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    message: "is not a valid Kubernetes name (lowercase letters, digits, '-' and '.', each \
+              '.'-separated part starting and ending with a letter or digit)",
+};
+
 // ---- SecretStore / ClusterSecretStore -------------------------------------------------------
 
 /// On `spec.provider` (ESO: "store must only have exactly one backend specified").
@@ -152,6 +227,41 @@ pub const VAULT_AUTH_ONE: CelRule = CelRule {
            (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) == 1",
     message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole",
 };
+
+// ---- Patterns -------------------------------------------------------------------------------
+
+/// An OpenAPI `pattern` and the agent's message for a string that does not match it.
+///
+/// OpenAPI names ECMA-262 for `pattern`, the API server runs Go's RE2, and the agent the `regex`
+/// crate, so a pattern only uses what all three read alike: literal characters, `\.`, `\\`,
+/// `\xHH`, classes of those and ranges, groups, `|`, `?`, `*`, `+` and `{m,n}`. It is anchored
+/// (`^...$`), as a `pattern` otherwise matches anywhere in the string. The API server reports a
+/// mismatch in its own words (`should match '<regex>'`); the agent reports `message`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pattern {
+    /// The regular expression.
+    pub regex: &'static str,
+    /// What the agent reports (after the field path) for a string that does not match.
+    pub message: &'static str,
+}
+
+/// Every [`Pattern`] of the API; the agent compiles these once.
+pub const PATTERNS: [&Pattern; 3] = [&FILE_PATH, &DURATION, &DNS_SUBDOMAIN];
+
+static COMPILED: LazyLock<HashMap<&'static str, Regex>> = LazyLock::new(|| {
+    PATTERNS
+        .iter()
+        .filter_map(|p| Some((p.regex, Regex::new(p.regex).ok()?)))
+        .collect()
+});
+
+impl Pattern {
+    /// Whether `s` matches. A pattern missing from [`PATTERNS`] or not compiling matches nothing,
+    /// so a mistake there fails closed (and the `rules_tests` samples catch it).
+    pub fn is_match(&self, s: &str) -> bool {
+        COMPILED.get(self.regex).is_some_and(|re| re.is_match(s))
+    }
+}
 
 // ---- Structural constraints (OpenAPI keywords, reported by the API server in its own words) --
 

@@ -2,22 +2,31 @@
 //!
 //! Every `x-kubernetes-validations` rule of the rendered CRDs is compiled and evaluated, at its
 //! place in the schema, with a CEL interpreter (as the API server would: `self` is the node's
-//! value, absent and null values are not validated), together with the structural keywords the
-//! agent mirrors (`maxItems`, `maxLength`, list-map keys). For each sample object the verdict must
-//! equal the one of `validate::*`, and a rejection must carry the same path and message. A rule
-//! that does not compile, does not return a bool, or is never broken by a sample fails the test.
+//! value, absent and null values are not validated), together with the keywords the agent mirrors
+//! (`pattern`, `maxItems`, `maxLength`, `maxProperties`, list-map keys). For each sample object
+//! the verdict must equal the one of `validate::*`, and a rejection must carry the same path and
+//! message. A rule that does not compile or does not return a bool, and a rule or pattern that no
+//! sample breaks, fail the test.
+//!
+//! The patterns are also checked against what the agent enforces where it uses the value: file
+//! paths against [`FilePath`], names against `is_dns_subdomain`, durations against Go's parser
+//! (Kubernetes' `duration()`, modelled by [`go_duration`]) and the agent's (`humantime`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use proptest::prelude::*;
+use regex::Regex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::crd::render_all;
 use super::external_secret::{ExternalSecret, StoreKind};
-use super::rules;
+use super::rules::{self, DNS_SUBDOMAIN, DURATION, FILE_PATH};
 use super::store::{ClusterSecretStore, SecretStore};
 use super::validate::{self, Invalid};
+use crate::volume::FilePath;
+use crate::volume::path::Reason;
 
 /// One failed check: the instance path (`spec.data[0].secretKey`) and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +38,90 @@ struct Failure {
 impl Failure {
     fn text(&self) -> String {
         format!("{}: {}", self.path, self.message)
+    }
+}
+
+/// The harness's stand-in for the API server's report of a rule that failed to evaluate
+/// (`<error> evaluating rule: <rule>`), such as `duration()` on a value Go cannot represent.
+const EVALUATION_ERROR: &str = "error evaluating rule";
+
+/// What a sample should get.
+#[derive(Debug, Clone)]
+enum Expect {
+    /// Both accept it.
+    Valid,
+    /// Both reject it, with this path and message.
+    Rejected(String),
+    /// Both reject it, in their own words.
+    RejectedAs {
+        /// The start of the agent's error.
+        agent: String,
+        /// One of the API server's errors.
+        crd: String,
+    },
+}
+
+fn rejected(text: impl Into<String>) -> Expect {
+    Expect::Rejected(text.into())
+}
+
+/// Go's `time.ParseDuration` (what Kubernetes' CEL `duration()` runs), in nanoseconds; `None`
+/// where Go returns an error.
+fn go_duration(text: &str) -> Option<i64> {
+    const UNITS: [(&str, u64); 8] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("\u{b5}s", 1_000),
+        ("\u{3bc}s", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+    ];
+    const LIMIT: u64 = 1 << 63;
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let (negative, mut s) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if s == "0" {
+        return Some(0);
+    }
+    if s.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    while !s.is_empty() {
+        let (int, rest) = s.split_at(digits(s));
+        let (frac, rest) = match rest.strip_prefix('.') {
+            Some(r) => r.split_at(digits(r)),
+            None => ("", rest),
+        };
+        if int.is_empty() && frac.is_empty() {
+            return None;
+        }
+        let (unit, rest) = rest.split_at(
+            rest.find(|c: char| c == '.' || c.is_ascii_digit())
+                .unwrap_or(rest.len()),
+        );
+        let &(_, scale) = UNITS.iter().find(|(u, _)| *u == unit)?;
+        let whole: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+        if whole > LIMIT / scale {
+            return None;
+        }
+        let mut v = whole * scale;
+        if !frac.is_empty() {
+            // Go scales the fraction in floating point too.
+            let f: f64 = format!("0.{frac}").parse().ok()?;
+            v += (f * scale as f64) as u64;
+        }
+        total = total.checked_add(v).filter(|t| *t <= LIMIT)?;
+        s = rest;
+    }
+    if negative {
+        Some((-i128::from(total)) as i64)
+    } else {
+        i64::try_from(total).ok()
     }
 }
 
@@ -100,12 +193,15 @@ fn evaluate(
             .unwrap_or_else(|e| panic!("{schema_path}: rule {text:?} does not compile: {e}"));
         let mut ctx = cel::Context::default();
         ctx.add_variable_from_value("self", to_cel(value));
-        // Kubernetes' `duration()`, as far as comparisons go: the seconds of a Go duration.
-        ctx.add_function("duration", |text: Arc<String>| -> i64 {
-            humantime::parse_duration(&text)
-                .unwrap_or_else(|e| panic!("duration({text:?}): {e}"))
-                .as_secs() as i64
-        })
+        // Kubernetes' `duration()`, as far as comparisons go: the nanoseconds of a Go duration.
+        ctx.add_function(
+            "duration",
+            |text: Arc<String>| -> Result<cel::Value, cel::ExecutionError> {
+                go_duration(&text).map(cel::Value::Int).ok_or_else(|| {
+                    cel::ExecutionError::function_error("duration", "invalid duration")
+                })
+            },
+        )
         .unwrap();
         match program.execute(&ctx) {
             Ok(cel::Value::Bool(true)) => {}
@@ -116,7 +212,29 @@ fn evaluate(
                     message: message.to_string(),
                 });
             }
+            Err(cel::ExecutionError::FunctionError { function, .. }) if function == "duration" => {
+                out.push(Failure {
+                    path: path.to_string(),
+                    message: EVALUATION_ERROR.to_string(),
+                });
+            }
             other => panic!("{path}: rule {text:?} gave {other:?}, not a bool"),
+        }
+    }
+    if let (Some(regex), Some(s)) = (schema["pattern"].as_str(), value.as_str()) {
+        let pattern = rules::PATTERNS
+            .iter()
+            .find(|p| p.regex == regex)
+            .unwrap_or_else(|| {
+                panic!("{schema_path}: pattern {regex:?} is not in rules::PATTERNS")
+            });
+        // The API server runs RE2, which reads the patterns' syntax as the `regex` crate does.
+        if !Regex::new(regex).unwrap().is_match(s) {
+            broken.insert((schema_path.to_string(), pattern_key(regex)));
+            out.push(Failure {
+                path: path.to_string(),
+                message: pattern.message.to_string(),
+            });
         }
     }
     if let (Some(max), Some(s)) = (schema["maxLength"].as_u64(), value.as_str())
@@ -173,14 +291,7 @@ fn evaluate(
             );
         }
     }
-    for keyword in [
-        "minimum",
-        "maximum",
-        "minLength",
-        "minItems",
-        "enum",
-        "pattern",
-    ] {
+    for keyword in ["minimum", "maximum", "minLength", "minItems", "enum"] {
         // The agent mirrors none of these: a sample that breaks one shows up as a disagreement.
         let broken_keyword = match (keyword, &schema[keyword]) {
             (_, Value::Null) => false,
@@ -231,8 +342,19 @@ fn evaluate(
     }
 }
 
-/// Every rule of a schema, as (schema path, rule text).
-fn all_rules(schema: &Value, schema_path: &str, out: &mut BTreeSet<(String, String)>) {
+/// How a `pattern` is recorded next to rule texts.
+fn pattern_key(regex: &str) -> String {
+    format!("pattern {regex}")
+}
+
+/// Every rule of a schema, as (schema path, rule text); with `patterns`, every `pattern` too (as
+/// [`pattern_key`]).
+fn all_rules(
+    schema: &Value,
+    schema_path: &str,
+    patterns: bool,
+    out: &mut BTreeSet<(String, String)>,
+) {
     for rule in schema["x-kubernetes-validations"]
         .as_array()
         .into_iter()
@@ -241,20 +363,24 @@ fn all_rules(schema: &Value, schema_path: &str, out: &mut BTreeSet<(String, Stri
         let text = rule["rule"].as_str().unwrap().to_string();
         out.insert((schema_path.to_string(), text));
     }
+    if let (true, Some(regex)) = (patterns, schema["pattern"].as_str()) {
+        out.insert((schema_path.to_string(), pattern_key(regex)));
+    }
     if let Some(props) = schema["properties"].as_object() {
         for (name, sub) in props {
-            all_rules(sub, &join(schema_path, name), out);
+            all_rules(sub, &join(schema_path, name), patterns, out);
         }
     }
     if schema["additionalProperties"].is_object() {
         all_rules(
             &schema["additionalProperties"],
             &join(schema_path, "*"),
+            patterns,
             out,
         );
     }
     if schema["items"].is_object() {
-        all_rules(&schema["items"], &format!("{schema_path}[]"), out);
+        all_rules(&schema["items"], &format!("{schema_path}[]"), patterns, out);
     }
 }
 
@@ -275,14 +401,14 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 /// Checks one sample against the CRD rules of `kind` and the agent, which must agree with each
-/// other and with `expect` (`None`: valid; `Some(text)`: rejected with this path and message).
+/// other and with `expect`.
 fn agree<T>(
     schemas: &HashMap<String, Value>,
     kind: &str,
     name: &str,
     object: Value,
     agent: impl Fn(&T) -> Result<(), Invalid>,
-    expect: Option<&str>,
+    expect: &Expect,
     broken: &mut BTreeSet<(String, String)>,
 ) where
     T: serde::de::DeserializeOwned + serde::Serialize,
@@ -295,26 +421,29 @@ fn agree<T>(
     let mut failures = Vec::new();
     evaluate(&schemas[kind], &stored, "", "", broken, &mut failures);
     let texts: Vec<String> = failures.iter().map(Failure::text).collect();
-    match (agent(&typed), expect) {
-        (Ok(()), None) => assert!(
-            failures.is_empty(),
-            "{kind} {name}: the agent accepts what the CRD rejects: {texts:?}"
-        ),
-        (Ok(()), Some(want)) => panic!("{kind} {name}: the agent accepts it; expected {want:?}"),
-        (Err(Invalid(got)), None) => {
+    let (got, want_agent, want_crd) = match (agent(&typed), expect) {
+        (Ok(()), Expect::Valid) => {
+            assert!(
+                failures.is_empty(),
+                "{kind} {name}: the agent accepts what the CRD rejects: {texts:?}"
+            );
+            return;
+        }
+        (Ok(()), want) => panic!("{kind} {name}: the agent accepts it; expected {want:?}"),
+        (Err(Invalid(got)), Expect::Valid) => {
             panic!("{kind} {name}: expected valid, the agent says {got:?} (CRD: {texts:?})")
         }
-        (Err(Invalid(got)), Some(want)) => {
-            assert!(
-                got.starts_with(want),
-                "{kind} {name}: the agent says {got:?}, expected {want:?}"
-            );
-            assert!(
-                texts.iter().any(|t| t == want),
-                "{kind} {name}: the CRD does not report {want:?}: {texts:?}"
-            );
-        }
-    }
+        (Err(Invalid(got)), Expect::Rejected(want)) => (got, want, want),
+        (Err(Invalid(got)), Expect::RejectedAs { agent, crd }) => (got, agent, crd),
+    };
+    assert!(
+        got.starts_with(want_agent.as_str()),
+        "{kind} {name}: the agent says {got:?}, expected {want_agent:?}"
+    );
+    assert!(
+        texts.iter().any(|t| t == want_crd),
+        "{kind} {name}: the CRD does not report {want_crd:?}: {texts:?}"
+    );
 }
 
 fn external_secret_base() -> Value {
@@ -335,16 +464,32 @@ fn data_items(n: usize) -> Value {
         .collect()
 }
 
-/// (name, merge patch over `external_secret_base`, expected rejection).
-fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
-    let some = |s: &str| Some(s.to_string());
+/// (name, merge patch over `external_secret_base`, expected verdict).
+fn external_secret_samples() -> Vec<(&'static str, Value, Expect)> {
+    let key = |k: &str| json!({"spec": {"data": [{"secretKey": k, "remoteRef": {"key": "r"}}]}});
+    let keys = |ks: &[&str]| -> Value {
+        ks.iter()
+            .map(|k| json!({"secretKey": k, "remoteRef": {"key": "r"}}))
+            .collect()
+    };
+    let bad_key = |what: &str| format!("spec.data[0].secretKey: {what}");
+    let item_path = |p: &str| {
+        json!({"spec": {"target": {"files": {"items": [
+            {"key": "password", "path": p}
+        ]}}}})
+    };
+    let refresh = |d: &str| json!({"spec": {"refreshInterval": d}});
+    let not_a_duration = format!("spec.refreshInterval: {}", DURATION.message);
+    let too_long_interval =
+        "spec.refreshInterval: must be at most 8760h (one year); use 0 to fetch once";
+    let sixteen = ["s"; 16].join("/");
     let mode_item = |mode: i64| {
         json!({"spec": {"target": {"files": {"items": [
             {"key": "password", "path": "db/password", "mode": mode}
         ]}}}})
     };
     vec![
-        ("base", json!({}), None),
+        ("base", json!({}), Expect::Valid),
         (
             "dataFrom only",
             json!({"spec": {"data": null, "dataFrom": [
@@ -352,64 +497,64 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
                 {"find": {"name": {"regexp": "^prod/"}}},
                 {"find": {"path": "prod/"}},
             ]}}),
-            None,
+            Expect::Valid,
         ),
         (
             "every policy pair that is allowed",
             json!({"spec": {"target": {"creationPolicy": "Owner", "deletionPolicy": "Delete"}}}),
-            None,
+            Expect::Valid,
         ),
         (
             "merge deletion with an orphan mirror",
             json!({"spec": {"target": {"creationPolicy": "Orphan", "deletionPolicy": "Merge"}}}),
-            None,
+            Expect::Valid,
         ),
         (
             "retain without a mirror",
             json!({"spec": {"target": {"deletionPolicy": "Retain"}}}),
-            None,
+            Expect::Valid,
         ),
         (
             "modes at the bounds",
             json!({"spec": {"target": {"files": {"defaultMode": 0, "items": [
                 {"key": "password", "path": "p", "mode": 0o777}
             ]}}}}),
-            None,
+            Expect::Valid,
         ),
         (
             "the longest secretKey",
             json!({"spec": {"data": [{"secretKey": "k".repeat(253), "remoteRef": {"key": "r"}}]}}),
-            None,
+            Expect::Valid,
         ),
         (
             "the most data entries",
             json!({"spec": {"data": data_items(rules::MAX_ITEMS)}}),
-            None,
+            Expect::Valid,
         ),
         (
             "empty store name",
             json!({"spec": {"secretStoreRef": {"name": ""}}}),
-            some("spec.secretStoreRef.name: must not be empty"),
+            rejected("spec.secretStoreRef.name: must not be empty"),
         ),
         (
             "no data at all",
             json!({"spec": {"data": null}}),
-            some("spec: data or dataFrom must have at least one entry"),
+            rejected("spec: data or dataFrom must have at least one entry"),
         ),
         (
             "empty data lists",
             json!({"spec": {"data": [], "dataFrom": []}}),
-            some("spec: data or dataFrom must have at least one entry"),
+            rejected("spec: data or dataFrom must have at least one entry"),
         ),
         (
             "empty secretKey",
             json!({"spec": {"data": [{"secretKey": "", "remoteRef": {"key": "r"}}]}}),
-            some("spec.data[0].secretKey: must not be empty"),
+            rejected("spec.data[0].secretKey: must not be empty"),
         ),
         (
             "secretKey too long",
             json!({"spec": {"data": [{"secretKey": "k".repeat(254), "remoteRef": {"key": "r"}}]}}),
-            some("spec.data[0].secretKey: must be at most 253 characters long"),
+            rejected("spec.data[0].secretKey: must be at most 253 characters long"),
         ),
         (
             "duplicate secretKey",
@@ -418,90 +563,90 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
                 {"secretKey": "b", "remoteRef": {"key": "r"}},
                 {"secretKey": "a", "remoteRef": {"key": "s"}},
             ]}}),
-            some("spec.data[2]: duplicates the secretKey of entry 0"),
+            rejected("spec.data[2]: duplicates the secretKey of entry 0"),
         ),
         (
             "too many data entries",
             json!({"spec": {"data": data_items(rules::MAX_ITEMS + 1)}}),
-            some("spec.data: must have at most 1000 items"),
+            rejected("spec.data: must have at most 1000 items"),
         ),
         (
             "empty remote key",
             json!({"spec": {"data": [{"secretKey": "k", "remoteRef": {"key": ""}}]}}),
-            some("spec.data[0].remoteRef.key: must not be empty"),
+            rejected("spec.data[0].remoteRef.key: must not be empty"),
         ),
         (
             "extract and find together",
             json!({"spec": {"dataFrom": [
                 {"extract": {"key": "a"}, "find": {"path": "p"}}
             ]}}),
-            some("spec.dataFrom[0]: must set exactly one of extract, find"),
+            rejected("spec.dataFrom[0]: must set exactly one of extract, find"),
         ),
         (
             "neither extract nor find",
             json!({"spec": {"dataFrom": [{"rewrite": []}]}}),
-            some("spec.dataFrom[0]: must set exactly one of extract, find"),
+            rejected("spec.dataFrom[0]: must set exactly one of extract, find"),
         ),
         (
             "empty extract key",
             json!({"spec": {"dataFrom": [{"extract": {"key": "a"}}, {"extract": {"key": ""}}]}}),
-            some("spec.dataFrom[1].extract.key: must not be empty"),
+            rejected("spec.dataFrom[1].extract.key: must not be empty"),
         ),
         (
             "find without criteria",
             json!({"spec": {"dataFrom": [{"find": {"decodingStrategy": "Auto"}}]}}),
-            some("spec.dataFrom[0].find: must set name or path"),
+            rejected("spec.dataFrom[0].find: must set name or path"),
         ),
         (
             "too many dataFrom entries",
             json!({"spec": {"dataFrom": (0..=rules::MAX_DATA_FROM)
                 .map(|_| json!({"extract": {"key": "a"}}))
                 .collect::<Value>()}}),
-            some("spec.dataFrom: must have at most 50 items"),
+            rejected("spec.dataFrom: must have at most 50 items"),
         ),
         (
             "refresh interval of a year",
             json!({"spec": {"refreshInterval": "8760h"}}),
-            None,
+            Expect::Valid,
         ),
         (
             "refresh interval beyond a year",
             json!({"spec": {"refreshInterval": "8761h"}}),
-            some("spec.refreshInterval: must be at most 8760h (one year); use 0 to fetch once"),
+            rejected("spec.refreshInterval: must be at most 8760h (one year); use 0 to fetch once"),
         ),
         (
             "too many rewrite steps",
             json!({"spec": {"dataFrom": [{"extract": {"key": "a"}, "rewrite": (0..=rules::MAX_REWRITES)
                 .map(|_| json!({"regexp": {"source": "^(.*)$", "target": "$1$1"}}))
                 .collect::<Value>()}]}}),
-            some("spec.dataFrom[0].rewrite: must have at most 16 items"),
+            rejected("spec.dataFrom[0].rewrite: must have at most 16 items"),
         ),
         (
             "too many template keys",
             json!({"spec": {"target": {"template": {"data": (0..=rules::MAX_TEMPLATE_KEYS)
                 .map(|i| (format!("k{i}"), json!("'x'")))
                 .collect::<serde_json::Map<String, Value>>()}}}}),
-            some("spec.target.template.data: must have at most 100 properties"),
+            rejected("spec.target.template.data: must have at most 100 properties"),
         ),
         (
             "delete without a mirror",
             json!({"spec": {"target": {"deletionPolicy": "Delete"}}}),
-            some("spec.target: deletionPolicy Delete requires creationPolicy Owner"),
+            rejected("spec.target: deletionPolicy Delete requires creationPolicy Owner"),
         ),
         (
             "delete with an orphan mirror",
             json!({"spec": {"target": {"creationPolicy": "Orphan", "deletionPolicy": "Delete"}}}),
-            some("spec.target: deletionPolicy Delete requires creationPolicy Owner"),
+            rejected("spec.target: deletionPolicy Delete requires creationPolicy Owner"),
         ),
         (
             "delete with a merged mirror",
             json!({"spec": {"target": {"creationPolicy": "Merge", "deletionPolicy": "Delete"}}}),
-            some("spec.target: deletionPolicy Delete requires creationPolicy Owner"),
+            rejected("spec.target: deletionPolicy Delete requires creationPolicy Owner"),
         ),
         (
             "merge deletion without a mirror",
             json!({"spec": {"target": {"creationPolicy": "None", "deletionPolicy": "Merge"}}}),
-            some(
+            rejected(
                 "spec.target: deletionPolicy Merge requires a mirrored Secret \
                  (creationPolicy Owner, Orphan or Merge)",
             ),
@@ -509,7 +654,7 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
         (
             "merge deletion with the default creation policy",
             json!({"spec": {"target": {"deletionPolicy": "Merge"}}}),
-            some(
+            rejected(
                 "spec.target: deletionPolicy Merge requires a mirrored Secret \
                  (creationPolicy Owner, Orphan or Merge)",
             ),
@@ -517,24 +662,231 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Option<String>)> {
         (
             "default mode above 0777",
             json!({"spec": {"target": {"files": {"defaultMode": 0o1000}}}}),
-            some("spec.target.files.defaultMode: must be a file mode between 0 and 0777 (511)"),
+            rejected("spec.target.files.defaultMode: must be a file mode between 0 and 0777 (511)"),
         ),
         (
             "negative default mode",
             json!({"spec": {"target": {"files": {"defaultMode": -1}}}}),
-            some("spec.target.files.defaultMode: must be a file mode between 0 and 0777 (511)"),
+            rejected("spec.target.files.defaultMode: must be a file mode between 0 and 0777 (511)"),
         ),
         (
             "item mode above 0777",
             mode_item(0o4755),
-            some("spec.target.files.items[0].mode: must be a file mode between 0 and 0777 (511)"),
+            rejected(
+                "spec.target.files.items[0].mode: must be a file mode between 0 and 0777 (511)",
+            ),
         ),
         (
             "too many file items",
             json!({"spec": {"target": {"files": {"items": (0..=rules::MAX_ITEMS)
                 .map(|i| json!({"key": "password", "path": format!("p{i}")}))
                 .collect::<Value>()}}}}),
-            some("spec.target.files.items: must have at most 1000 items"),
+            rejected("spec.target.files.items: must have at most 1000 items"),
+        ),
+        // File paths: `spec.data[].secretKey` and `spec.target.files.items[].path`.
+        (
+            "secretKeys that are nested, hidden or dotted",
+            json!({"spec": {"data": keys(&[
+                "db/url", ".hidden", "x..y", "a/.b", "ключ/値", &sixteen
+            ])}}),
+            Expect::Valid,
+        ),
+        (
+            "secretKey climbing out",
+            key("../x"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey climbing out further in",
+            key("a/../../x"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "absolute secretKey",
+            key("/etc/passwd"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with an empty segment",
+            key("a//b"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with a trailing slash",
+            key("a/"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey '.'",
+            key("."),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with a '.' segment",
+            key("a/./b"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey in the volume writer's names",
+            key("..data"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with a backslash",
+            key("a\\b"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with a newline",
+            key("a\nb"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with a C1 control character",
+            key("a\u{85}b"),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "secretKey with 17 segments",
+            key(&format!("{sixteen}/s")),
+            rejected(bad_key(FILE_PATH.message)),
+        ),
+        (
+            "file item path climbing out",
+            item_path("db/../../x"),
+            rejected(format!(
+                "spec.target.files.items[0].path: {}",
+                FILE_PATH.message
+            )),
+        ),
+        (
+            "the longest file item path",
+            item_path(&format!("{}/abcdefgh", vec!["p".repeat(253); 4].join("/"))),
+            Expect::Valid,
+        ),
+        (
+            "file item path too long",
+            item_path(&"p".repeat(rules::MAX_FILE_PATH_LEN + 1)),
+            rejected("spec.target.files.items[0].path: must be at most 1024 characters long"),
+        ),
+        // Durations: Go's and the agent's parser must both read them, alike.
+        ("refresh once", refresh("0"), Expect::Valid),
+        (
+            "refresh in hours and minutes",
+            refresh("1h30m"),
+            Expect::Valid,
+        ),
+        (
+            "refresh in a fraction of an hour",
+            refresh("1.5h"),
+            Expect::Valid,
+        ),
+        ("refresh in milliseconds", refresh("500ms"), Expect::Valid),
+        (
+            "refresh in micro signs",
+            refresh("250\u{b5}s"),
+            Expect::Valid,
+        ),
+        ("refresh in nanoseconds", refresh("100ns"), Expect::Valid),
+        (
+            "refresh bananas",
+            refresh("banana"),
+            rejected(&not_a_duration),
+        ),
+        ("refresh in days", refresh("1d"), rejected(&not_a_duration)),
+        ("refresh in years", refresh("1y"), rejected(&not_a_duration)),
+        (
+            "refresh without a unit",
+            refresh("30"),
+            rejected(&not_a_duration),
+        ),
+        (
+            "refresh with a space",
+            refresh("1h 30m"),
+            rejected(&not_a_duration),
+        ),
+        (
+            "refresh with a sign",
+            refresh("-1h"),
+            rejected(&not_a_duration),
+        ),
+        (
+            "refresh in Greek mu",
+            refresh("250\u{3bc}s"),
+            rejected(&not_a_duration),
+        ),
+        (
+            "refresh from a bare fraction",
+            refresh(".5h"),
+            rejected(&not_a_duration),
+        ),
+        (
+            "refresh in fractional nanoseconds",
+            refresh("1.5ns"),
+            rejected(&not_a_duration),
+        ),
+        (
+            "refresh interval too long a text",
+            refresh(&"1s".repeat(33)),
+            rejected("spec.refreshInterval: must be at most 64 characters long"),
+        ),
+        (
+            "refresh half a second beyond a year",
+            refresh("8760h0.5s"),
+            rejected(too_long_interval),
+        ),
+        (
+            // Go's duration() overflows int64 nanoseconds; the agent's parser reads it.
+            "refresh beyond what Go can count",
+            refresh("9999999999h"),
+            Expect::RejectedAs {
+                agent: too_long_interval.to_string(),
+                crd: format!("spec.refreshInterval: {EVALUATION_ERROR}"),
+            },
+        ),
+        // Names of stores, Secrets and service accounts.
+        (
+            "names with dots and dashes",
+            json!({"spec": {
+                "secretStoreRef": {"name": "aws-prod.eu-1"},
+                "serviceAccountName": "mirror",
+                "target": {"name": "db-creds.v2", "creationPolicy": "Owner"},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "store name with capitals",
+            json!({"spec": {"secretStoreRef": {"name": "Aws_Prod"}}}),
+            rejected(format!(
+                "spec.secretStoreRef.name: {}",
+                DNS_SUBDOMAIN.message
+            )),
+        ),
+        (
+            "store name climbing out",
+            json!({"spec": {"secretStoreRef": {"name": "../../secrets/x"}}}),
+            rejected(format!(
+                "spec.secretStoreRef.name: {}",
+                DNS_SUBDOMAIN.message
+            )),
+        ),
+        (
+            "store name too long",
+            json!({"spec": {"secretStoreRef": {"name": "a".repeat(254)}}}),
+            rejected("spec.secretStoreRef.name: must be at most 253 characters long"),
+        ),
+        (
+            "mirrored Secret name with a space",
+            json!({"spec": {"target": {"name": "db creds"}}}),
+            rejected(format!("spec.target.name: {}", DNS_SUBDOMAIN.message)),
+        ),
+        (
+            "service account name with a colon",
+            json!({"spec": {"serviceAccountName": "system:admin"}}),
+            rejected(format!(
+                "spec.serviceAccountName: {}",
+                DNS_SUBDOMAIN.message
+            )),
         ),
     ]
 }
@@ -552,85 +904,104 @@ fn store_base(kind: &str) -> Value {
     })
 }
 
-/// (name, `spec.provider` merge patch over the fake provider, expected rejection).
-fn provider_samples() -> Vec<(&'static str, Value, Option<&'static str>)> {
+/// (name, `spec.provider` merge patch over the fake provider, expected verdict).
+fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
     let secret = json!({"name": "creds", "key": "token"});
+    let bad_secret = json!({"name": "../creds", "key": "token"});
+    let bad_name = |at: &str| {
+        rejected(format!(
+            "spec.provider.{at}.name: {}",
+            DNS_SUBDOMAIN.message
+        ))
+    };
     let vault = |auth: Value| json!({"fake": null, "vault": {"server": "https://vault:8200", "auth": auth}});
     let aws = |auth: Value| json!({"fake": null, "aws": {"region": "eu-west-1", "auth": auth}});
     vec![
-        ("fake", json!({}), None),
-        ("kubernetes", json!({"fake": null, "kubernetes": {}}), None),
+        ("fake", json!({}), Expect::Valid),
+        (
+            "kubernetes",
+            json!({"fake": null, "kubernetes": {}}),
+            Expect::Valid,
+        ),
         (
             "aws without auth",
             json!({"fake": null, "aws": {"region": "eu-west-1"}}),
-            None,
+            Expect::Valid,
         ),
-        ("aws with empty auth", aws(json!({})), None),
-        ("aws jwt", aws(json!({"jwt": {}})), None),
+        ("aws with empty auth", aws(json!({})), Expect::Valid),
+        ("aws jwt", aws(json!({"jwt": {}})), Expect::Valid),
         (
             "aws agent identity",
             aws(json!({"agentIdentity": {}})),
-            None,
+            Expect::Valid,
         ),
         (
             "aws static keys",
             aws(json!({"secretRef": {
                 "accessKeyIDSecretRef": secret, "secretAccessKeySecretRef": secret
             }})),
-            None,
+            Expect::Valid,
         ),
         (
             "aws SecretsManager spelled out",
             json!({"fake": null, "aws": {"region": "eu-west-1", "service": "SecretsManager"}}),
-            None,
+            Expect::Valid,
         ),
         (
             "vault token",
             vault(json!({"tokenSecretRef": secret})),
-            None,
+            Expect::Valid,
         ),
         (
             "vault kubernetes",
             vault(json!({"kubernetes": {"role": "app"}})),
-            None,
+            Expect::Valid,
         ),
-        ("vault jwt", vault(json!({"jwt": {"role": "app"}})), None),
+        (
+            "vault jwt",
+            vault(json!({"jwt": {"role": "app"}})),
+            Expect::Valid,
+        ),
         (
             "vault approle",
             vault(json!({"appRole": {"roleId": "id", "secretRef": secret}})),
-            None,
+            Expect::Valid,
         ),
         (
             "vault kv v1",
             json!({"fake": null, "vault": {
                 "server": "https://vault:8200", "version": "v1", "auth": {"jwt": {"role": "app"}}
             }}),
-            None,
+            Expect::Valid,
         ),
         (
             "no provider",
             json!({"fake": null}),
-            Some("spec.provider: must set exactly one of aws, vault, kubernetes, fake"),
+            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake"),
         ),
         (
             "two providers",
             json!({"kubernetes": {}}),
-            Some("spec.provider: must set exactly one of aws, vault, kubernetes, fake"),
+            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake"),
         ),
         (
             "aws ParameterStore",
             json!({"fake": null, "aws": {"region": "eu-west-1", "service": "ParameterStore"}}),
-            Some("spec.provider.aws.service: must be SecretsManager (the only supported service)"),
+            rejected(
+                "spec.provider.aws.service: must be SecretsManager (the only supported service)",
+            ),
         ),
         (
             "aws with two auth methods",
             aws(json!({"jwt": {}, "agentIdentity": {}})),
-            Some("spec.provider.aws.auth: must set at most one of secretRef, jwt, agentIdentity"),
+            rejected(
+                "spec.provider.aws.auth: must set at most one of secretRef, jwt, agentIdentity",
+            ),
         ),
         (
             "vault without auth method",
             vault(json!({})),
-            Some(
+            rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
                  jwt, appRole",
             ),
@@ -638,7 +1009,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Option<&'static str>)> {
         (
             "vault with two auth methods",
             vault(json!({"kubernetes": {"role": "a"}, "tokenSecretRef": secret})),
-            Some(
+            rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
                  jwt, appRole",
             ),
@@ -648,7 +1019,48 @@ fn provider_samples() -> Vec<(&'static str, Value, Option<&'static str>)> {
             json!({"fake": null, "vault": {
                 "server": "https://vault:8200", "version": "v3", "auth": {"jwt": {"role": "app"}}
             }}),
-            Some("spec.provider.vault.version: must be v1 or v2"),
+            rejected("spec.provider.vault.version: must be v1 or v2"),
+        ),
+        (
+            "aws static keys with a session token",
+            aws(json!({"secretRef": {
+                "accessKeyIDSecretRef": secret, "secretAccessKeySecretRef": secret,
+                "sessionTokenSecretRef": {"name": "aws.session-1", "key": "t"},
+            }})),
+            Expect::Valid,
+        ),
+        (
+            "aws access key id in a badly named Secret",
+            aws(json!({"secretRef": {
+                "accessKeyIDSecretRef": bad_secret, "secretAccessKeySecretRef": secret
+            }})),
+            bad_name("aws.auth.secretRef.accessKeyIDSecretRef"),
+        ),
+        (
+            "aws secret access key in a badly named Secret",
+            aws(json!({"secretRef": {
+                "accessKeyIDSecretRef": secret,
+                "secretAccessKeySecretRef": {"name": "Creds", "key": "k"},
+            }})),
+            bad_name("aws.auth.secretRef.secretAccessKeySecretRef"),
+        ),
+        (
+            "aws session token in a badly named Secret",
+            aws(json!({"secretRef": {
+                "accessKeyIDSecretRef": secret, "secretAccessKeySecretRef": secret,
+                "sessionTokenSecretRef": {"name": "a_b", "key": "t"},
+            }})),
+            bad_name("aws.auth.secretRef.sessionTokenSecretRef"),
+        ),
+        (
+            "vault token in a badly named Secret",
+            vault(json!({"tokenSecretRef": {"name": "vault token", "key": "t"}})),
+            bad_name("vault.auth.tokenSecretRef"),
+        ),
+        (
+            "vault approle secret id in a badly named Secret",
+            vault(json!({"appRole": {"roleId": "id", "secretRef": {"name": "-x", "key": "k"}}})),
+            bad_name("vault.auth.appRole.secretRef"),
         ),
     ]
 }
@@ -666,18 +1078,18 @@ fn crd_rules_and_agent_agree_on_every_sample() {
             name,
             object,
             |es| validate::external_secret(&es.spec),
-            expect.as_deref(),
+            &expect,
             &mut broken,
         );
     }
     for (name, patch, expect) in provider_samples() {
         for kind in ["SecretStore", "ClusterSecretStore"] {
             let expect = match (kind, name) {
-                ("SecretStore", "aws agent identity") => Some(
+                ("SecretStore", "aws agent identity") => rejected(
                     "spec: provider.aws.auth.agentIdentity (the node agent's own AWS identity) \
                      is only allowed on a ClusterSecretStore",
                 ),
-                _ => expect,
+                _ => expect.clone(),
             };
             let mut object = store_base(kind);
             merge(&mut object["spec"]["provider"], &patch);
@@ -688,7 +1100,7 @@ fn crd_rules_and_agent_agree_on_every_sample() {
                     name,
                     object,
                     |s| validate::provider(&s.spec.provider, StoreKind::SecretStore).map(|_| ()),
-                    expect,
+                    &expect,
                     &mut broken,
                 );
             } else {
@@ -701,16 +1113,17 @@ fn crd_rules_and_agent_agree_on_every_sample() {
                         validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore)
                             .map(|_| ())
                     },
-                    expect,
+                    &expect,
                     &mut broken,
                 );
             }
         }
     }
-    // Every rule of every CRD was broken by some sample (a rule nobody breaks is untested).
+    // Every rule and pattern of every CRD was broken by some sample (one nobody breaks is
+    // untested).
     for (kind, schema) in &schemas {
         let mut every = BTreeSet::new();
-        all_rules(schema, "", &mut every);
+        all_rules(schema, "", true, &mut every);
         assert!(!every.is_empty(), "{kind} has no rules");
         let untested: Vec<_> = every.difference(&broken).collect();
         assert!(untested.is_empty(), "{kind}: no sample breaks {untested:?}");
@@ -743,7 +1156,7 @@ spec:
         "octal string mode",
         serde_json::to_value(&es).unwrap(),
         |es| validate::external_secret(&es.spec),
-        Some("spec.target.files.items[0].mode: must be a file mode between 0 and 0777 (511)"),
+        &rejected("spec.target.files.items[0].mode: must be a file mode between 0 and 0777 (511)"),
         &mut broken,
     );
     assert_eq!(broken.len(), 1, "{broken:?}");
@@ -751,11 +1164,12 @@ spec:
 
 #[test]
 fn rules_stay_cheap_for_the_api_server() {
-    // Rules only test presence and sizes, and no rule iterates a list: the API server's cost
-    // estimate then only grows with the bound of the lists above a rule, which are all bounded.
+    // Rules test presence and sizes, a regular expression only runs over a short bounded string,
+    // and no rule iterates a list: the API server's cost estimate then only grows with the bound
+    // of the lists above a rule, which are all bounded. (`pattern`s cost no CEL budget.)
     for (kind, schema) in schemas() {
         let mut every = BTreeSet::new();
-        all_rules(&schema, "", &mut every);
+        all_rules(&schema, "", false, &mut every);
         for (path, rule) in every {
             for macro_ in [".all(", ".exists(", ".exists_one(", ".map(", ".filter("] {
                 assert!(
@@ -778,6 +1192,211 @@ fn rules_stay_cheap_for_the_api_server() {
                 }
             }
             assert!(lists <= 1, "{kind} {path}: nested lists multiply the cost");
+            if rule.contains(".matches(") {
+                assert!(
+                    node["maxLength"].as_u64().is_some_and(|max| max <= 256),
+                    "{kind} {path}: {rule:?} runs a regular expression over an unbounded string"
+                );
+            }
         }
+    }
+}
+
+#[test]
+fn patterns_stay_in_the_syntax_every_reader_shares() {
+    let text = render_all().unwrap();
+    for pattern in rules::PATTERNS {
+        let re = pattern.regex;
+        assert!(Regex::new(re).is_ok(), "{re}: does not compile");
+        assert!(
+            pattern.is_match("0") || !pattern.is_match(""),
+            "{re}: not compiled"
+        );
+        // `pattern` matches anywhere unless anchored.
+        assert!(
+            re.starts_with('^') && re.ends_with('$'),
+            "{re}: not anchored"
+        );
+        assert!(
+            text.contains(&format!("pattern: {re}\n"))
+                || text.contains(&format!("pattern: '{re}'")),
+            "{re}: not used by any CRD"
+        );
+        let mut counted = 0;
+        let mut chars = re.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                // ECMA-262 and RE2 disagree on \d, \s, \w, \b, \p and friends.
+                '\\' => match chars.next() {
+                    Some('.' | '\\') => {}
+                    Some('x') => {
+                        let hex: String = chars.by_ref().take(2).collect();
+                        assert!(
+                            hex.len() == 2 && hex.chars().all(|h| h.is_ascii_hexdigit()),
+                            "{re}: \\x needs two hex digits"
+                        );
+                    }
+                    other => panic!("{re}: escape {other:?} is not read alike everywhere"),
+                },
+                // Lookaround, named and non-capturing groups and flags are not RE2 or not ECMA.
+                '(' => assert_ne!(chars.peek(), Some(&'?'), "{re}: (? group"),
+                '[' => assert_ne!(chars.peek(), Some(&':'), "{re}: POSIX class"),
+                '{' => {
+                    counted += 1;
+                    let body: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                    let (min, max) = body.split_once(',').expect("{m,n}");
+                    let (min, max): (u32, u32) = (min.parse().unwrap(), max.parse().unwrap());
+                    assert!(min <= max && max <= 1000, "{re}: RE2 counts up to 1000");
+                    assert_ne!(chars.peek(), Some(&'?'), "{re}: lazy repetition");
+                }
+                '*' | '+' | '?' => assert_ne!(chars.peek(), Some(&'?'), "{re}: lazy repetition"),
+                _ => {}
+            }
+        }
+        // RE2 refuses nested counts whose product exceeds 1000; one count cannot nest.
+        assert!(counted <= 1, "{re}: more than one counted repetition");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// The path pattern (with `maxLength`) admits exactly the shapes `FilePath` does; only its
+    /// byte limits are beyond a regular expression, and the agent keeps them when it writes.
+    #[test]
+    fn the_path_pattern_is_what_file_path_admits(
+        raw in prop_oneof![
+            hostile_path(),
+            "[a-z./]{0,40}",
+            // Around the segment count limit, with and without broken segments.
+            prop::collection::vec("[a-z][a-z.]{0,2}", 14..19).prop_map(|s| s.join("/")),
+            prop::collection::vec("[a-z.]{0,3}", 1..20).prop_map(|s| s.join("/")),
+            any::<String>(),
+        ],
+    ) {
+        let schema = FILE_PATH.is_match(&raw) && raw.chars().count() <= rules::MAX_FILE_PATH_LEN;
+        match FilePath::parse(&raw) {
+            Ok(_) => prop_assert!(schema, "{:?}: FilePath admits what the schema refuses", raw),
+            Err(e) if matches!(e.reason, Reason::SegmentTooLong(_) | Reason::TooLong(_)) => {}
+            Err(e) => {
+                prop_assert!(!schema, "{:?}: the schema admits what FilePath refuses: {}", raw, e)
+            }
+        }
+    }
+
+    /// The name pattern (with `maxLength`) is `is_dns_subdomain`, which the agent checks names
+    /// with before they reach a request path.
+    #[test]
+    fn the_name_pattern_is_is_dns_subdomain(
+        raw in prop_oneof![
+            "[a-z0-9.-]{0,12}",
+            "[a-zA-Z0-9._/ -]{0,8}",
+            "[a-z.]{250,256}",
+            any::<String>(),
+        ],
+    ) {
+        let schema = DNS_SUBDOMAIN.is_match(&raw) && raw.chars().count() <= rules::MAX_NAME_LEN;
+        prop_assert_eq!(schema, crate::identity::is_dns_subdomain(&raw), "{:?}", raw);
+    }
+
+    /// The duration pattern admits exactly what both Go (the API server's `duration()`) and
+    /// `humantime` (the agent's refresh schedule) parse, and both read it as the same duration
+    /// (`humantime` truncates a fraction of an hour to whole seconds). The pieces are too short to
+    /// overflow either parser; beyond that the pattern admits more than Go can count, and the
+    /// `duration()` rule fails on it (see the sample "refresh beyond what Go can count").
+    #[test]
+    fn the_duration_pattern_is_what_go_and_the_agent_both_read(text in duration_text()) {
+        let go = go_duration(&text);
+        let agent = humantime::parse_duration(&text);
+        let both = go.is_some_and(|ns| ns >= 0) && agent.is_ok();
+        let pattern = DURATION.is_match(&text);
+        prop_assert_eq!(pattern, both, "{:?}: Go {:?}, agent {:?}", text, go, agent);
+        if let (Some(go), Ok(agent)) = (go, agent) && both {
+            let diff = i128::from(go) - agent.as_nanos() as i128;
+            prop_assert!(diff.abs() < 1_000_000_000, "{:?}: Go {}ns, agent {:?}", text, go, agent);
+        }
+    }
+}
+
+/// Path-like strings built from pieces that hit every rule of [`FilePath`].
+fn hostile_path() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        Just("/".to_owned()),
+        Just(".".to_owned()),
+        Just("..".to_owned()),
+        Just("\0".to_owned()),
+        Just("\\".to_owned()),
+        Just("\n".to_owned()),
+        Just("\u{7f}".to_owned()),
+        Just("\u{85}".to_owned()),
+        Just("\u{a0}".to_owned()),
+        Just("\u{202e}".to_owned()),
+        Just("é".to_owned()),
+        Just("💥".to_owned()),
+        "[a-z]{1,4}",
+        "[a-z]{250,256}",
+        any::<char>().prop_map(String::from),
+    ];
+    prop::collection::vec(piece, 0..24).prop_map(|pieces| pieces.concat())
+}
+
+/// Duration-like strings: components (a number, a unit) from the forms where Go and `humantime`
+/// differ, sometimes with a sign or spaces.
+fn duration_text() -> impl Strategy<Value = String> {
+    let number = prop_oneof![
+        Just(""),
+        Just("0"),
+        Just("1"),
+        Just("15"),
+        Just("1.5"),
+        Just(".5"),
+        Just("5."),
+        Just("0.25"),
+    ];
+    let unit = prop_oneof![
+        Just(""),
+        Just("h"),
+        Just("m"),
+        Just("s"),
+        Just("ms"),
+        Just("us"),
+        Just("\u{b5}s"),
+        Just("\u{3bc}s"),
+        Just("ns"),
+        Just("d"),
+        Just("y"),
+        Just("M"),
+        Just("min"),
+        Just(" "),
+    ];
+    let sign = prop_oneof![Just(""), Just(""), Just("-"), Just("+"), Just(" ")];
+    (sign, prop::collection::vec((number, unit), 0..4)).prop_map(|(sign, parts)| {
+        let body: String = parts.into_iter().map(|(n, u)| format!("{n}{u}")).collect();
+        format!("{sign}{body}")
+    })
+}
+
+#[test]
+fn go_duration_reads_as_go_does() {
+    let h = 3_600_000_000_000;
+    for (text, want) in [
+        ("0", Some(0)),
+        ("1h30m", Some(h + h / 2)),
+        ("1.5h", Some(h + h / 2)),
+        (".5h", Some(h / 2)),
+        ("5.h", Some(5 * h)),
+        ("-1h", Some(-h)),
+        ("+1h", Some(h)),
+        ("1\u{3bc}s", Some(1_000)),
+        ("2562047h", Some(2_562_047 * h)),
+        ("2562048h", None),
+        ("1", None),
+        ("00", None),
+        ("1d", None),
+        (".", None),
+        ("", None),
+        ("1h 30m", None),
+    ] {
+        assert_eq!(go_duration(text), want, "{text:?}");
     }
 }

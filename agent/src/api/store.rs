@@ -15,8 +15,15 @@ use super::external_secret::Condition;
     version = "v1alpha1",
     kind = "SecretStore",
     namespaced,
-    shortname = "ss",
-    status = "StoreStatus"
+    // Not ESO's `ss`: with both installed, `kubectl get ss` would be ambiguous.
+    shortname = "lkss",
+    category = "latchkey",
+    status = "StoreStatus",
+    printcolumn = r#"{"name": "Status", "type": "string",
+                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string",
+                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = &crate::api::rules::AGENT_IDENTITY_CLUSTER_ONLY)]
 #[serde(rename_all = "camelCase")]
@@ -31,8 +38,15 @@ pub struct SecretStoreSpec {
     group = "latchkey.dev",
     version = "v1alpha1",
     kind = "ClusterSecretStore",
-    shortname = "css",
-    status = "StoreStatus"
+    // Not ESO's `css`: with both installed, `kubectl get css` would be ambiguous.
+    shortname = "lkcss",
+    category = "latchkey",
+    status = "StoreStatus",
+    printcolumn = r#"{"name": "Status", "type": "string",
+                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string",
+                      "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSecretStoreSpec {
@@ -105,6 +119,10 @@ pub struct StoreProvider {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct SecretKeySelector {
     /// Secret name.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
     pub name: String,
     /// Key in the Secret's data.
     pub key: String,

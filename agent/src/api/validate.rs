@@ -8,11 +8,12 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt::Display;
+use std::time::Duration;
 
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
-use super::rules::{self, CelRule};
-use super::store::{AwsProvider, StoreProvider, VaultProvider};
+use super::rules::{self, CelRule, Pattern};
+use super::store::{AwsProvider, SecretKeySelector, StoreProvider, VaultProvider};
 
 /// Why an object was rejected; the text names the field and never contains values.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -33,6 +34,11 @@ impl Invalid {
     /// `path` broke a structural constraint of the schema (`maxItems`, `maxLength`, ...).
     fn schema(path: impl Display, message: String) -> Self {
         Invalid(format!("{path}: {message}"))
+    }
+
+    /// `path` does not match `pattern`.
+    fn pattern(path: impl Display, pattern: &Pattern) -> Self {
+        Invalid(format!("{path}: {}", pattern.message))
     }
 }
 
@@ -133,6 +139,20 @@ fn aws(a: &AwsProvider) -> Result<(), Invalid> {
                 format_args!("found {}", methods.join(", ")),
             ));
         }
+        if let Some(keys) = &auth.secret_ref {
+            const AT: &str = "spec.provider.aws.auth.secretRef";
+            secret_name(
+                format_args!("{AT}.accessKeyIDSecretRef"),
+                &keys.access_key_id_secret_ref,
+            )?;
+            secret_name(
+                format_args!("{AT}.secretAccessKeySecretRef"),
+                &keys.secret_access_key_secret_ref,
+            )?;
+            if let Some(token) = &keys.session_token_secret_ref {
+                secret_name(format_args!("{AT}.sessionTokenSecretRef"), token)?;
+            }
+        }
     }
     Ok(())
 }
@@ -167,7 +187,21 @@ fn vault(v: &VaultProvider) -> Result<(), Invalid> {
             detail,
         ));
     }
+    if let Some(token) = &auth.token_secret_ref {
+        secret_name("spec.provider.vault.auth.tokenSecretRef", token)?;
+    }
+    if let Some(app_role) = &auth.app_role {
+        secret_name(
+            "spec.provider.vault.auth.appRole.secretRef",
+            &app_role.secret_ref,
+        )?;
+    }
     Ok(())
+}
+
+/// The `name` of the credential Secret `selector` (at `path`) points at.
+fn secret_name(path: impl Display, selector: &SecretKeySelector) -> Result<(), Invalid> {
+    name(format_args!("{path}.name"), &selector.name)
 }
 
 /// Checks that `name` is a valid Kubernetes object name (an RFC 1123 subdomain). Names reach API
@@ -195,20 +229,15 @@ fn set_names<'a>(options: &[(&'a str, bool)]) -> Vec<&'a str> {
 /// Checks an ExternalSecret spec for the rules the CRD schema also enforces.
 pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
     not_empty("spec.secretStoreRef.name", &spec.secret_store_ref.name)?;
+    name("spec.secretStoreRef.name", &spec.secret_store_ref.name)?;
     if spec.data.is_empty() && spec.data_from.is_empty() {
         return Err(Invalid::rule("spec", &rules::DATA_OR_DATA_FROM));
     }
-    // An unparsable interval is reported where it is parsed (the refresh schedule).
-    if let Some(Ok(interval)) = spec
-        .refresh_interval
-        .as_deref()
-        .map(humantime::parse_duration)
-        && interval.as_secs() > rules::MAX_REFRESH_INTERVAL_SECS
-    {
-        return Err(Invalid::rule(
-            "spec.refreshInterval",
-            &rules::REFRESH_INTERVAL_MAX,
-        ));
+    if let Some(interval) = &spec.refresh_interval {
+        refresh_interval(interval)?;
+    }
+    if let Some(account) = &spec.service_account_name {
+        name("spec.serviceAccountName", account)?;
     }
     max_items("spec.data", spec.data.len(), rules::MAX_ITEMS)?;
     max_items("spec.dataFrom", spec.data_from.len(), rules::MAX_DATA_FROM)?;
@@ -216,12 +245,12 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
     for (i, d) in spec.data.iter().enumerate() {
         let path = format!("spec.data[{i}].secretKey");
         not_empty(&path, &d.secret_key)?;
-        if d.secret_key.chars().count() > rules::MAX_SECRET_KEY_LEN {
-            return Err(Invalid::schema(
-                path,
-                rules::too_long(rules::MAX_SECRET_KEY_LEN),
-            ));
-        }
+        shaped(
+            &path,
+            &d.secret_key,
+            rules::MAX_SECRET_KEY_LEN,
+            &rules::FILE_PATH,
+        )?;
         match seen.entry(d.secret_key.as_str()) {
             Entry::Occupied(first) => {
                 return Err(Invalid::schema(
@@ -274,6 +303,9 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
         {
             return Err(Invalid::rule("spec.target", &rules::MERGE_NEEDS_MIRROR));
         }
+        if let Some(secret) = &t.name {
+            name("spec.target.name", secret)?;
+        }
         if let Some(f) = &t.files {
             files(f)?;
         }
@@ -289,14 +321,51 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// `spec.target.files`: modes within 0..=0777, and a bounded item list.
+/// `spec.refreshInterval`: a duration that Go and the agent's parser read alike, at most a year.
+fn refresh_interval(text: &str) -> Result<(), Invalid> {
+    const PATH: &str = "spec.refreshInterval";
+    shaped(PATH, text, rules::MAX_DURATION_LEN, &rules::DURATION)?;
+    // What still fails to parse (numbers beyond u64) is reported where it is parsed, by the
+    // refresh schedule; the API server's `duration()` fails on it too.
+    if let Ok(interval) = humantime::parse_duration(text)
+        && interval > Duration::from_secs(rules::MAX_REFRESH_INTERVAL_SECS)
+    {
+        return Err(Invalid::rule(PATH, &rules::REFRESH_INTERVAL_MAX));
+    }
+    Ok(())
+}
+
+/// `spec.target.files`: modes within 0..=0777, relative paths, and a bounded item list.
 fn files(f: &Files) -> Result<(), Invalid> {
     file_mode("spec.target.files.defaultMode", f.default_mode)?;
     max_items("spec.target.files.items", f.items.len(), rules::MAX_ITEMS)?;
     for (i, item) in f.items.iter().enumerate() {
+        shaped(
+            format_args!("spec.target.files.items[{i}].path"),
+            &item.path,
+            rules::MAX_FILE_PATH_LEN,
+            &rules::FILE_PATH,
+        )?;
         file_mode(format_args!("spec.target.files.items[{i}].mode"), item.mode)?;
     }
     Ok(())
+}
+
+/// A string whose schema has a `maxLength` (counted in characters, as the API server does) and a
+/// `pattern`.
+fn shaped(path: impl Display, s: &str, max_len: usize, pattern: &Pattern) -> Result<(), Invalid> {
+    if s.chars().count() > max_len {
+        return Err(Invalid::schema(path, rules::too_long(max_len)));
+    }
+    if !pattern.is_match(s) {
+        return Err(Invalid::pattern(path, pattern));
+    }
+    Ok(())
+}
+
+/// The name of a store, Secret or service account.
+fn name(path: impl Display, s: &str) -> Result<(), Invalid> {
+    shaped(path, s, rules::MAX_NAME_LEN, &rules::DNS_SUBDOMAIN)
 }
 
 fn file_mode(path: impl Display, mode: Option<i32>) -> Result<(), Invalid> {
@@ -392,6 +461,35 @@ mod tests {
                 .unwrap_err()
                 .0
                 .contains("requires creationPolicy Owner")
+        );
+    }
+
+    #[test]
+    fn paths_durations_and_names_are_checked_before_use() {
+        let mut s = es();
+        s.data[0].secret_key = "../x".into();
+        assert_eq!(
+            external_secret(&s).unwrap_err().0,
+            format!("spec.data[0].secretKey: {}", rules::FILE_PATH.message)
+        );
+
+        let mut s = es();
+        s.refresh_interval = Some("banana".into());
+        assert_eq!(
+            external_secret(&s).unwrap_err().0,
+            format!("spec.refreshInterval: {}", rules::DURATION.message)
+        );
+        s.refresh_interval = Some("1h30m".into());
+        assert_eq!(external_secret(&s), Ok(()));
+
+        let mut s = es();
+        s.target = Some(Target {
+            name: Some("Db_Creds".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            external_secret(&s).unwrap_err().0,
+            format!("spec.target.name: {}", rules::DNS_SUBDOMAIN.message)
         );
     }
 

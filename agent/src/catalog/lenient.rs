@@ -28,8 +28,9 @@ pub enum Lenient<K> {
     Usable(Arc<K>),
     /// An object whose body does not fit the agent's types.
     Unusable {
-        /// Its metadata (name, namespace, resourceVersion), read on its own.
-        metadata: ObjectMeta,
+        /// Its metadata (name, namespace, resourceVersion), read on its own; boxed, as it is
+        /// much larger than the usable variant.
+        metadata: Box<ObjectMeta>,
         /// Which field failed and why, without any value from the object.
         reason: String,
     },
@@ -46,7 +47,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
                 let metadata = value
                     .get("metadata")
                     .cloned()
-                    .and_then(|m| serde_json::from_value::<ObjectMeta>(m).ok())
+                    .and_then(|m| serde_json::from_value::<Box<ObjectMeta>>(m).ok())
                     .ok_or_else(|| serde::de::Error::custom("object without usable metadata"))?;
                 let path = err.path().to_string();
                 let reason = without_values(&err.into_inner().to_string());

@@ -105,6 +105,11 @@ const MAX_DESCRIBED: usize = 5;
 
 /// The reason for refusing a document with these unknown fields, or `None` if there are none.
 fn describe(kind: Kind, unknown: &[Vec<Step>]) -> Option<String> {
+    if unknown.is_empty() {
+        return None;
+    }
+    // Generated only for a document with a mistake: building the schema costs far more than
+    // reading the document.
     let schema = crd_schema(kind);
     let mut parts: Vec<String> = unknown
         .iter()
