@@ -52,6 +52,7 @@ cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
 # rot; measurements come from `cargo bench -p latchkey --bench publish` (docs/benchmarks.md).
 echo "==> benchmark harness (LATCHKEY_BENCH_QUICK=1)"
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench publish
+LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench template
 
 # --- Summary ----------------------------------------------------------------------------------
 # cargo prints one "test result" line per test binary, the last one for doc-tests (often 0):

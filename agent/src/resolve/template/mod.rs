@@ -59,7 +59,7 @@
 //! # Layout
 //!
 //! This module holds the public API and the flow: compile (`limits` before and after parsing,
-//! then `instrument`), evaluate against a `context` that charges a shared `budget`, and write the
+//! then `instrument`; compiled programs are kept by `programs`), evaluate against a `context` that charges a shared `budget`, and write the
 //! result out (`output`). The functions available to expressions are in `functions` and
 //! `format`; `errors` turns `cel` errors into messages without values.
 
@@ -71,6 +71,7 @@ mod functions;
 mod instrument;
 mod limits;
 mod output;
+mod programs;
 #[cfg(test)]
 mod tests;
 
@@ -185,7 +186,10 @@ fn apply_here(
     };
     let mut programs = Vec::with_capacity(template.data.len());
     for (key, source) in &template.data {
-        programs.push((key, compile(source).map_err(|reason| fail(key, reason))?));
+        programs.push((
+            key,
+            programs::get(source).map_err(|reason| fail(key, reason))?,
+        ));
     }
     let outputs = {
         let budget = Arc::new(Budget::default());
