@@ -2,8 +2,9 @@
 //! writes the values as files into a fresh tmpfs.
 //!
 //! Data flows one way: CSI request ([`csi`]) -> pod identity ([`identity`]) -> catalog binding
-//! ([`catalog`]) -> provider fetch ([`providers`]) -> resolution ([`resolve`]) -> volume
-//! ([`volume`]); [`publish`] strings the steps together.
+//! ([`catalog`]) -> fetch through the shared cache ([`fetch`], [`cache`]) from the providers
+//! ([`providers`]) -> resolution ([`resolve`]) -> volume ([`volume`]); [`publish`] strings the
+//! steps together.
 
 pub mod api;
 pub mod cache;
@@ -12,6 +13,7 @@ pub mod cmd;
 pub mod compute;
 pub mod csi;
 pub mod events;
+pub mod fetch;
 pub mod identity;
 pub mod providers;
 pub mod publish;

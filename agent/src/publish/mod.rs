@@ -1,6 +1,14 @@
-//! The publish path, gRPC-free: pod identity -> catalog binding -> provider fetch -> resolve ->
-//! volume. The CSI edge parses requests into [`PublishRequest`] and maps [`PublishError`] to a
-//! status code; everything in between lives here.
+//! Publishing: what a NodePublishVolume or NodeUnpublishVolume call does, gRPC-free. [`Publisher`]
+//! strings the steps together for one target: pod identity -> catalog binding -> fetch
+//! ([`crate::fetch`]) -> resolve -> volume, and owns the orchestration around them: one operation
+//! per target at a time (`locks`), when a mounted volume is next due ([`schedule`]), leaving a
+//! failing backend alone ([`backoff`]), rendering on the compute pool, cleaning up after a panic,
+//! and Events on the pod.
+//!
+//! Not for reading values (cache, providers and the fetch budget are [`crate::fetch`]'s, which
+//! callers without a pod share), not for what values become (see [`crate::resolve`]) and not for
+//! CSI types: the CSI edge parses requests into [`PublishRequest`] and maps [`PublishError`] to a
+//! status code.
 
 pub mod backoff;
 mod locks;
@@ -13,16 +21,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use crate::api::validate::Invalid;
-use crate::cache::{CacheKey, CacheLimits, ValueCache};
+use crate::cache::CacheLimits;
 use crate::catalog::{BindingError, Catalog, bind};
 use crate::compute::{ComputeError, Pool};
 use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
+use crate::fetch::{FetchError, Fetcher, Source};
 use crate::identity::PodInfo;
-use crate::providers::{self, Provider, ProviderError, RemoteKey};
+use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
 use crate::volume::{Unpublished, VolumeError, VolumeFile, Volumes};
 use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
@@ -101,25 +109,20 @@ pub enum PublishError {
     Internal(String),
 }
 
-/// The bytes one publish may still fetch; shared by its concurrent fetches.
-struct FetchBudget {
-    limit: u64,
-    taken: std::sync::atomic::AtomicU64,
-}
-
-impl FetchBudget {
-    fn new(limit: u64) -> Self {
-        Self {
-            limit,
-            taken: Default::default(),
+impl From<FetchError> for PublishError {
+    fn from(e: FetchError) -> Self {
+        match e {
+            FetchError::Provider { ctx, key, source } => Self::Provider { ctx, key, source },
+            // `fetch_budget` derives the limit from the volume size, so the message names the flag.
+            FetchError::OverBudget { ctx, what, limit } => Self::Resolve(ResolveError::Bound {
+                ctx,
+                reason: format!(
+                    "{what} takes the values fetched for this volume beyond {limit} bytes (4x \
+                     --volume-size-limit)"
+                ),
+            }),
+            FetchError::Internal(message) => Self::Internal(message),
         }
-    }
-
-    /// Takes `bytes`; false once the total exceeds the limit.
-    fn take(&self, bytes: usize) -> bool {
-        let bytes = bytes as u64;
-        let before = self.taken.fetch_add(bytes, Ordering::Relaxed);
-        before.saturating_add(bytes) <= self.limit
     }
 }
 
@@ -139,12 +142,11 @@ enum Attempt {
 pub struct Publisher {
     catalog: Arc<dyn Catalog>,
     volumes: Arc<Volumes>,
-    providers: providers::Env,
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
     schedule: Schedule,
     backoff: backoff::Backoff,
-    cache: ValueCache,
+    fetcher: Fetcher,
     compute: Pool,
 }
 
@@ -160,14 +162,13 @@ impl Publisher {
         compute: Pool,
     ) -> Self {
         Self {
-            cache: ValueCache::new(cache_limits, Arc::clone(&providers.metrics)),
             catalog,
             volumes: Arc::new(volumes),
-            providers,
             events,
             locks: locks::TargetLocks::default(),
             schedule: Schedule::default(),
             backoff: backoff::Backoff::default(),
+            fetcher: Fetcher::new(providers, cache_limits),
             compute,
         }
     }
@@ -303,7 +304,7 @@ impl Publisher {
         Ok(published)
     }
 
-    /// Identity -> binding -> fetch -> files. No side effects.
+    /// Identity -> binding -> fetch -> files. No side effects beyond the backoff state.
     /// Sets `retry` to the wait until the next allowed backend attempt when the (store, identity)
     /// is backing off.
     async fn resolve(
@@ -328,112 +329,33 @@ impl Publisher {
             store_kind: binding.store_kind,
             store_name: binding.store_name.clone(),
         };
-        let provider_err = |key: Option<RemoteKey>, source| PublishError::Provider {
-            ctx: ctx.boxed(),
-            key,
-            source,
-        };
-        // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
-        let spec =
-            crate::api::validate::provider(&binding.provider, binding.store_kind).map_err(|e| {
-                PublishError::Internal(format!("{ctx}: store re-validation failed: {e}"))
-            })?;
-        // Built on the first cache miss only: a warm publish never constructs a client.
-        let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
-        let provider = || async {
-            provider
-                .get_or_try_init(|| {
-                    let ctx = providers::BuildContext {
-                        env: &self.providers,
-                        pod: &req.pod,
-                        store_kind: binding.store_kind,
-                    };
-                    async move { providers::build(spec, &ctx).await }
-                })
-                .await
-                .cloned()
-        };
-        let store = store_identity(&binding);
-        // Pods of one service account share a fetch; two identities never share a value.
-        let identity = format!("{}/{}", req.pod.namespace, req.pod.service_account);
-        let spec = &binding.external_secret.spec;
-        let plan = resolve::plan(&ctx, spec)?;
+        let source = Source::new(&ctx, &binding, &req.pod)?;
+        let plan = resolve::plan(&ctx, &binding.external_secret.spec)?;
         // A backend that keeps failing is left alone until its backoff delay has passed.
+        let (store, identity) = (source.store(), source.identity());
         let started = Instant::now();
-        if let Some(off) = self.backoff.check(&store, &identity, started) {
+        if let Some(off) = self.backoff.check(store, identity, started) {
             let wait = off.next.saturating_duration_since(started);
             *retry = Some(wait);
-            return Err(provider_err(
-                None,
-                ProviderError::Unavailable(format!(
+            return Err(PublishError::Provider {
+                ctx: ctx.boxed(),
+                key: None,
+                source: ProviderError::Unavailable(format!(
                     "backing off after {} failed attempt(s) as service account {identity}; \
                      next attempt in {:.1}s",
                     off.failures,
                     wait.as_secs_f64()
                 )),
-            ));
+            });
         }
-        // Everything fetched for one publish shares one byte budget, checked as values arrive.
-        let budget = FetchBudget::new(self.fetch_budget());
-        let over_budget = |what: &str| {
-            PublishError::Resolve(ResolveError::Bound {
-                ctx: ctx.boxed(),
-                reason: format!(
-                    "{what} takes the values fetched for this volume beyond {} bytes (4x \
-                     --volume-size-limit)",
-                    budget.limit
-                ),
-            })
-        };
-        let fetched = async {
-            let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
-                let cache_key = CacheKey {
-                    store: store.clone(),
-                    identity: identity.clone(),
-                    key: key.clone(),
-                };
-                async {
-                    let fetch = || async { provider().await?.get(&key).await };
-                    let value = self
-                        .cache
-                        .get_or_fetch(cache_key, refresh.max_age(), fetch)
-                        .await
-                        .map_err(|e| provider_err(Some(key.clone()), e))?;
-                    if !budget.take(value.len()) {
-                        return Err(over_budget(&key.to_string()));
-                    }
-                    Ok::<_, PublishError>((key, value))
-                }
-            }))
-            .await?;
-            let mut fetched: Fetched = values.into_iter().collect();
-            // Identical searches are run once and their result shared.
-            let mut done: Vec<(&providers::FindQuery, usize)> = Vec::new();
-            for (index, query) in &plan.finds {
-                if let Some((_, first)) = done.iter().find(|(q, _)| q.same_as(query)) {
-                    fetched.share_found(*first, *index);
-                    continue;
-                }
-                let found = provider()
-                    .await
-                    .map_err(|e| provider_err(None, e))?
-                    .find(query)
-                    .await
-                    .map_err(|e| provider_err(None, e))?;
-                let bytes = found.iter().map(|(n, v)| n.len() + v.len()).sum();
-                if !budget.take(bytes) {
-                    return Err(over_budget(&format!("spec.dataFrom[{index}].find")));
-                }
-                fetched.insert_found(*index, found);
-                done.push((query, *index));
-            }
-            Ok::<_, PublishError>(fetched)
-        }
-        .await;
+        let fetched = self
+            .fetcher
+            .fetch(&source, plan, refresh.max_age(), self.fetch_budget())
+            .await;
         match &fetched {
-            Ok(_) => self.backoff.succeeded(&store, &identity),
-            Err(PublishError::Provider { source, .. }) if backoff::is_transient(source) => {
-                *retry = Some(self.backoff.failed(&store, &identity, Instant::now()));
+            Ok(_) => self.backoff.succeeded(store, identity),
+            Err(FetchError::Provider { source, .. }) if backoff::is_transient(source) => {
+                *retry = Some(self.backoff.failed(store, identity, Instant::now()));
             }
             Err(_) => {}
         }
@@ -518,88 +440,37 @@ impl Publisher {
     }
 }
 
-/// Names a store for cache keys: kind, namespace and name, plus a hash of its provider block,
-/// so an edited store never serves values fetched under its old settings.
-fn store_identity(binding: &crate::catalog::Binding) -> String {
-    use std::hash::Hasher;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    // Streamed into the hasher: a fake store's spec holds values, which must not be copied into
-    // an ordinary (non-zeroizing) buffer on every publish. Writing to a hasher cannot fail.
-    let _ = serde_json::to_writer(HashWriter(&mut hasher), &binding.provider);
-    // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
-    let namespace = match binding.store_kind {
-        crate::api::StoreKind::SecretStore => binding.namespace.as_str(),
-        crate::api::StoreKind::ClusterSecretStore => "",
-    };
-    format!(
-        "{}/{namespace}/{}#{:016x}",
-        binding.store_kind,
-        binding.store_name,
-        hasher.finish()
-    )
-}
-
-/// Feeds written bytes to a hasher, so a value can be hashed through its serialization.
-struct HashWriter<'a, H: std::hash::Hasher>(&'a mut H);
-
-impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.write(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use crate::api::store::{FakeEntry, FakeProvider, StoreProvider};
-    use crate::api::{ExternalSecret, StoreKind};
-    use crate::catalog::Binding;
-
-    fn binding(kind: StoreKind, value: &str) -> Binding {
-        let es: ExternalSecret =
-            serde_json::from_str(r#"{"apiVersion":"latchkey.dev/v1alpha1","kind":"ExternalSecret",
-              "metadata":{"name":"es","namespace":"shop"},
-              "spec":{"secretStoreRef":{"name":"s"},"data":[{"secretKey":"k","remoteRef":{"key":"k"}}]}}"#)
-                .unwrap();
-        Binding {
-            namespace: "shop".into(),
-            external_secret: Arc::new(es),
-            store_kind: kind,
-            store_name: "s".into(),
-            provider: StoreProvider {
-                fake: Some(FakeProvider {
-                    data: vec![FakeEntry {
-                        key: "k".into(),
-                        value: value.into(),
-                        version: None,
-                    }],
-                    latency: None,
-                }),
-                ..Default::default()
-            },
-        }
-    }
+    use super::PublishError;
+    use crate::api::StoreKind;
+    use crate::fetch::FetchError;
+    use crate::resolve::{Context, ResolveError};
 
     #[test]
-    fn store_identity_follows_the_spec_and_not_the_pod_namespace_for_cluster_stores() {
-        let a = super::store_identity(&binding(StoreKind::SecretStore, "v1"));
-        assert_eq!(
-            a,
-            super::store_identity(&binding(StoreKind::SecretStore, "v1"))
+    fn an_exceeded_fetch_budget_is_a_bound_that_names_the_volume_size_flag() {
+        let ctx = Context {
+            namespace: "shop".into(),
+            external_secret: "es".into(),
+            store_kind: StoreKind::SecretStore,
+            store_name: "s".into(),
+        };
+        let e = PublishError::from(FetchError::OverBudget {
+            ctx: ctx.boxed(),
+            what: "spec.dataFrom[0].find".into(),
+            limit: 64,
+        });
+        assert!(
+            matches!(e, PublishError::Resolve(ResolveError::Bound { .. })),
+            "{e:?}"
         );
-        assert_ne!(
-            a,
-            super::store_identity(&binding(StoreKind::SecretStore, "v2"))
+        let message = e.to_string();
+        assert!(
+            message.ends_with(
+                "spec.dataFrom[0].find takes the values fetched for this volume beyond 64 bytes \
+                 (4x --volume-size-limit)"
+            ),
+            "{message}"
         );
-        assert!(a.starts_with("SecretStore/shop/s#"), "{a}");
-        assert!(!a.contains("v1"), "the identity never carries a value: {a}");
-        let c = super::store_identity(&binding(StoreKind::ClusterSecretStore, "v1"));
-        assert!(c.starts_with("ClusterSecretStore//s#"), "{c}");
     }
 }

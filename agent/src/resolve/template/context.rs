@@ -13,8 +13,9 @@ use cel::common::value::{CowVal, Val};
 use cel::{ExecutionError, FunctionContext};
 
 use super::TemplatePod;
+use super::args::text_arg;
 use super::budget::Budget;
-use super::functions::{CompiledPattern, ENV, text_arg};
+use super::functions::{CompiledPattern, ENV};
 use super::instrument::{CHARGE, MATCHES};
 use crate::secret::SecretBytes;
 

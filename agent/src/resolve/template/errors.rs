@@ -3,13 +3,13 @@
 //! names, never a runtime value.
 //!
 //! Not for the errors of the functions registered here (they build value-free messages
-//! themselves, see `functions`), nor for bounds (see `limits` and `budget`).
+//! themselves, see `args`), nor for bounds (see `limits` and `budget`). The names of those
+//! functions come in as an argument of [`describe`] rather than an import, so that the functions
+//! can build on this module without a cycle.
 
 use std::collections::HashSet;
 
 use cel::{ExecutionError, ParseErrors, Value};
-
-use super::functions::OWN_FUNCTIONS;
 
 /// The message for an expression that does not parse: the parser's first messages (which quote
 /// the expression, never a value), with their positions.
@@ -96,8 +96,15 @@ fn value_type(v: &Value) -> String {
     v.type_of().to_string()
 }
 
-/// A fixed description of a `cel` error: its messages may embed runtime values.
-pub(super) fn describe(e: &ExecutionError, names: &HashSet<String>, has_pod: bool) -> String {
+/// A fixed description of a `cel` error: its messages may embed runtime values. `names` are the
+/// expression's own names, which may be repeated; the messages of `own_functions` are value-free
+/// and shown as they are.
+pub(super) fn describe(
+    e: &ExecutionError,
+    names: &HashSet<String>,
+    own_functions: &[&str],
+    has_pod: bool,
+) -> String {
     let named = |n: &str| names.contains(n);
     match e {
         ExecutionError::UndeclaredReference(n) if n.as_str() == "pod" && !has_pod => {
@@ -164,7 +171,7 @@ pub(super) fn describe(e: &ExecutionError, names: &HashSet<String>, has_pod: boo
             value_type(i)
         ),
         ExecutionError::FunctionError { function, message }
-            if OWN_FUNCTIONS.contains(&function.as_str()) =>
+            if own_functions.contains(&function.as_str()) =>
         {
             format!("{function}: {message}")
         }
@@ -190,13 +197,14 @@ pub(super) fn describe(e: &ExecutionError, names: &HashSet<String>, has_pod: boo
 
 #[cfg(test)]
 mod tests {
-    use super::super::functions::ENV;
     use super::*;
 
+    /// The message of an expression that does not parse, through the same compile step as
+    /// templates.
     fn parse_reason(source: &str) -> String {
-        match ENV.parser().parse(source) {
+        match super::super::compile(source) {
             Ok(_) => panic!("{source} parses"),
-            Err(e) => parse_error(&e),
+            Err(reason) => reason,
         }
     }
 

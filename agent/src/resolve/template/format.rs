@@ -7,8 +7,8 @@ use cel::ExecutionError;
 use cel::common::types::{CelBytes, CelDouble, CelInt, CelMap, CelNull, CelString, CelUInt};
 use cel::common::value::{CowVal, Val};
 
+use super::args::{fail, string_result, text_arg, too_large};
 use super::errors::type_name;
-use super::functions::{fail, string_result, text_arg, too_large};
 use super::output::{double_text, key_text, scalar_text};
 use super::{MAX_VALUE_BYTES, MAX_VALUE_DEPTH};
 

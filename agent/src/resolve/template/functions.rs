@@ -1,10 +1,12 @@
 //! The functions templates may call beyond the CEL standard library and the encoders extension:
 //! `json.parse`, `base64.encode` of a string, the string helpers (`lowerAscii`, `upperAscii`,
 //! `trim`, `replace`, `split`, `join`) and the bounded `matches`, their registration in the
-//! environment [`ENV`], and the helpers they share. Each checks its result size before building
-//! it; their error messages are fixed texts (plus type names and limits), never values.
+//! environment [`ENV`], and [`OWN_FUNCTIONS`], the names whose errors may be shown as they are.
+//! Each checks its result size before building it; their error messages are fixed texts (plus
+//! type names and limits), never values.
 //!
-//! Not for `format` (see `format`), nor for binding `matches` to a budget (see `context`).
+//! Not for `format` (see `format`), nor for the helpers the functions share (see `args`), nor for
+//! binding `matches` to a budget (see `context`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -18,8 +20,8 @@ use cel::common::types::{
 use cel::common::value::{CowVal, Val};
 use cel::{Env, ExecutionError};
 
+use super::args::{fail, string_result, text_arg, too_large};
 use super::budget::Budget;
-use super::errors::type_name;
 use super::format::format;
 use super::{ELEMENT_COST, MAX_VALUE_BYTES};
 
@@ -30,7 +32,8 @@ const REGEX_SIZE_LIMIT: usize = 256 << 10;
 /// searching: the worst case of a search is proportional to both.
 const REGEX_STATES_PER_UNIT: u64 = 16;
 
-/// Functions registered here; their error messages never contain values.
+/// Functions registered here; their error messages never contain values, so `errors` may show
+/// them as they are.
 pub(super) const OWN_FUNCTIONS: [&str; 10] = [
     "matches",
     "format",
@@ -168,35 +171,6 @@ impl CompiledPattern {
         budget.spend((text.len() as u64).saturating_mul(self.cost_per_byte))?;
         Ok(self.regex.is_match(text))
     }
-}
-
-pub(super) fn fail(function: &str, message: impl Into<String>) -> ExecutionError {
-    ExecutionError::function_error(function, message.into())
-}
-
-pub(super) fn too_large(function: &str) -> ExecutionError {
-    fail(
-        function,
-        format!("the result would be larger than {MAX_VALUE_BYTES} bytes"),
-    )
-}
-
-pub(super) fn text_arg<'a>(function: &str, v: &'a dyn Val) -> Result<&'a str, ExecutionError> {
-    v.downcast_ref::<CelString>()
-        .map(|s| s.inner())
-        .ok_or_else(|| {
-            fail(
-                function,
-                format!(
-                    "expected a string, got a {}",
-                    type_name(v.get_type().name())
-                ),
-            )
-        })
-}
-
-pub(super) fn string_result<'b, 'v>(s: String) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::owned(CelString::from(s)))
 }
 
 /// `json.parse(string | bytes)`.

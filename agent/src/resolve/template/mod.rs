@@ -58,11 +58,17 @@
 //!
 //! # Layout
 //!
-//! This module holds the public API and the flow: compile (`limits` before and after parsing,
-//! then `instrument`; compiled programs are kept by `programs`), evaluate against a `context` that charges a shared `budget`, and write the
-//! result out (`output`). The functions available to expressions are in `functions` and
-//! `format`; `errors` turns `cel` errors into messages without values.
+//! This module holds the public API, the bounds and the flow: compile (`limits` before and after
+//! parsing, then `instrument`; compiled programs are kept by `programs`), evaluate against a
+//! `context` that charges a shared `budget`, and write the result out (`output`). The functions
+//! available to expressions are in `functions` and `format`, and the helpers they share in
+//! `args`; `errors` turns `cel` errors into messages without values.
+//!
+//! Dependencies between these flow one way: `errors` uses none of them; `args` and `output` use
+//! `errors`; `format` uses those three; `functions` uses `format`, `args` and `budget`; `context`
+//! uses `functions`. Children read the bounds from this module.
 
+mod args;
 mod budget;
 mod context;
 mod errors;
@@ -84,7 +90,7 @@ use cel::common::ast::IdedExpr;
 use self::budget::{Budget, Stop};
 use self::context::cel_context;
 use self::errors::{describe, parse_error};
-use self::functions::ENV;
+use self::functions::{ENV, OWN_FUNCTIONS};
 use self::instrument::Position;
 use super::{Context, ResolveError};
 use crate::api::external_secret::{Template, TemplateMergePolicy};
@@ -279,7 +285,7 @@ fn evaluate(
             );
         }
     }
-    let value = result.map_err(|e| describe(&e, &program.names, has_pod))?;
+    let value = result.map_err(|e| describe(&e, &program.names, &OWN_FUNCTIONS, has_pod))?;
     let bytes = output::output(value.as_ref())?;
     if bytes.len() as u64 > MAX_VALUE_BYTES {
         return Err(format!(

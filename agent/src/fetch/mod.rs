@@ -1,0 +1,312 @@
+//! Fetching: the values an ExternalSecret's [`Plan`] asks for, read from its store as one
+//! identity. [`Fetcher`] goes through the shared [`ValueCache`] (pods of one service account share
+//! a read, concurrent reads of one key share one backend call), builds the store's provider only
+//! on a cache miss, runs identical `dataFrom.find` searches once, and stops once the values exceed
+//! the caller's byte budget. Errors name the ExternalSecret, store and remote key, never a value.
+//!
+//! Shared by every caller that needs an ExternalSecret's values: the publish path, and a caller
+//! with no pod (the mirror controller) that brings its own identity. Not for binding (see
+//! [`crate::catalog`]), not for deciding *whether* or *when* to call a backend (backoff and
+//! refresh schedules are the caller's, keyed by [`Source::store`] and [`Source::identity`]), and
+//! not for turning values into entries or files (see [`crate::resolve`]). No CSI, no volumes, no
+//! Events.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use crate::api::StoreKind;
+use crate::api::validate::ProviderSpec;
+use crate::cache::{CacheKey, CacheLimits, ValueCache};
+use crate::catalog::Binding;
+use crate::identity::PodInfo;
+use crate::providers::{self, FindQuery, Provider, ProviderError, RemoteKey};
+use crate::resolve::{Context, Fetched, Plan};
+
+/// Why values could not be fetched. Messages name namespace, ExternalSecret, store and remote key
+/// where they apply, and never contain values or tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The backend did not deliver a value.
+    #[error("{ctx}{}: {source}", key.as_ref().map(|k| format!(", {k}")).unwrap_or_default())]
+    Provider {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// The key being fetched, if the failure is about one.
+        key: Option<RemoteKey>,
+        /// Cause.
+        source: ProviderError,
+    },
+    /// The values fetched so far exceed the caller's byte budget.
+    #[error("{ctx}: {what} takes the fetched values beyond {limit} bytes")]
+    OverBudget {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// The remote key or `find` whose result went over.
+        what: String,
+        /// The budget, in bytes.
+        limit: u64,
+    },
+    /// The store no longer validates although its binding did (a bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Where values come from and as whom: a bound store and the identity its requests are made as.
+pub struct Source<'a> {
+    ctx: &'a Context,
+    spec: ProviderSpec<'a>,
+    store_kind: StoreKind,
+    pod: &'a PodInfo,
+    store: String,
+    identity: String,
+}
+
+impl<'a> Source<'a> {
+    /// The store of `binding`, read as `pod` (a caller with no pod brings the identity it acts
+    /// as); `ctx` names the objects in errors.
+    pub fn new(
+        ctx: &'a Context,
+        binding: &'a Binding,
+        pod: &'a PodInfo,
+    ) -> Result<Self, FetchError> {
+        // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
+        let spec = crate::api::validate::provider(&binding.provider, binding.store_kind)
+            .map_err(|e| FetchError::Internal(format!("{ctx}: store re-validation failed: {e}")))?;
+        Ok(Self {
+            ctx,
+            spec,
+            store_kind: binding.store_kind,
+            pod,
+            store: store_identity(binding),
+            // Pods of one service account share a fetch; two identities never share a value.
+            identity: format!("{}/{}", pod.namespace, pod.service_account),
+        })
+    }
+
+    /// Names the store in cache and backoff keys: changes whenever its provider block does.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// The auth identity (`namespace/serviceaccount`) in cache and backoff keys.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn error(&self, key: Option<RemoteKey>, source: ProviderError) -> FetchError {
+        FetchError::Provider {
+            ctx: self.ctx.boxed(),
+            key,
+            source,
+        }
+    }
+}
+
+/// Reads values through the cache shared by all of the agent's callers.
+pub struct Fetcher {
+    cache: ValueCache,
+    providers: providers::Env,
+}
+
+impl Fetcher {
+    /// A fetcher building providers in `providers` and caching values within `cache_limits`.
+    pub fn new(providers: providers::Env, cache_limits: CacheLimits) -> Self {
+        Self {
+            cache: ValueCache::new(cache_limits, Arc::clone(&providers.metrics)),
+            providers,
+        }
+    }
+
+    /// Fetches what `plan` asks for from `source`. Cached values older than `max_age` are read
+    /// again; everything fetched shares `budget` bytes, checked as values arrive.
+    pub async fn fetch(
+        &self,
+        source: &Source<'_>,
+        plan: Plan,
+        max_age: Option<Duration>,
+        budget: u64,
+    ) -> Result<Fetched, FetchError> {
+        // Built on the first cache miss only: a warm fetch never constructs a client.
+        let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
+        let provider = || async {
+            provider
+                .get_or_try_init(|| {
+                    let ctx = providers::BuildContext {
+                        env: &self.providers,
+                        pod: source.pod,
+                        store_kind: source.store_kind,
+                    };
+                    async move { providers::build(source.spec, &ctx).await }
+                })
+                .await
+                .cloned()
+        };
+        let budget = Budget::new(budget);
+        let over_budget = |what: String| FetchError::OverBudget {
+            ctx: source.ctx.boxed(),
+            what,
+            limit: budget.limit,
+        };
+        let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
+            let cache_key = CacheKey {
+                store: source.store.clone(),
+                identity: source.identity.clone(),
+                key: key.clone(),
+            };
+            async {
+                let fetch = || async { provider().await?.get(&key).await };
+                let value = self
+                    .cache
+                    .get_or_fetch(cache_key, max_age, fetch)
+                    .await
+                    .map_err(|e| source.error(Some(key.clone()), e))?;
+                if !budget.take(value.len()) {
+                    return Err(over_budget(key.to_string()));
+                }
+                Ok((key, value))
+            }
+        }))
+        .await?;
+        let mut fetched: Fetched = values.into_iter().collect();
+        // Identical searches are run once and their result shared.
+        let mut done: Vec<(&FindQuery, usize)> = Vec::new();
+        for (index, query) in &plan.finds {
+            if let Some((_, first)) = done.iter().find(|(q, _)| q.same_as(query)) {
+                fetched.share_found(*first, *index);
+                continue;
+            }
+            let found = provider()
+                .await
+                .map_err(|e| source.error(None, e))?
+                .find(query)
+                .await
+                .map_err(|e| source.error(None, e))?;
+            let bytes = found.iter().map(|(n, v)| n.len() + v.len()).sum();
+            if !budget.take(bytes) {
+                return Err(over_budget(format!("spec.dataFrom[{index}].find")));
+            }
+            fetched.insert_found(*index, found);
+            done.push((query, *index));
+        }
+        Ok(fetched)
+    }
+}
+
+/// The bytes one fetch may still take; shared by its concurrent reads.
+struct Budget {
+    limit: u64,
+    taken: AtomicU64,
+}
+
+impl Budget {
+    fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            taken: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `bytes`; false once the total exceeds the limit.
+    fn take(&self, bytes: usize) -> bool {
+        let bytes = bytes as u64;
+        let before = self.taken.fetch_add(bytes, Ordering::Relaxed);
+        before.saturating_add(bytes) <= self.limit
+    }
+}
+
+/// Names a store for cache keys: kind, namespace and name, plus a hash of its provider block,
+/// so an edited store never serves values fetched under its old settings.
+fn store_identity(binding: &Binding) -> String {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    // Streamed into the hasher: a fake store's spec holds values, which must not be copied into
+    // an ordinary (non-zeroizing) buffer on every publish. Writing to a hasher cannot fail.
+    let _ = serde_json::to_writer(HashWriter(&mut hasher), &binding.provider);
+    // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
+    let namespace = match binding.store_kind {
+        StoreKind::SecretStore => binding.namespace.as_str(),
+        StoreKind::ClusterSecretStore => "",
+    };
+    format!(
+        "{}/{namespace}/{}#{:016x}",
+        binding.store_kind,
+        binding.store_name,
+        hasher.finish()
+    )
+}
+
+/// Feeds written bytes to a hasher, so a value can be hashed through its serialization.
+struct HashWriter<'a, H: std::hash::Hasher>(&'a mut H);
+
+impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::api::store::{FakeEntry, FakeProvider, StoreProvider};
+    use crate::api::{ExternalSecret, StoreKind};
+    use crate::catalog::Binding;
+
+    fn binding(kind: StoreKind, value: &str) -> Binding {
+        let es: ExternalSecret =
+            serde_json::from_str(r#"{"apiVersion":"latchkey.dev/v1alpha1","kind":"ExternalSecret",
+              "metadata":{"name":"es","namespace":"shop"},
+              "spec":{"secretStoreRef":{"name":"s"},"data":[{"secretKey":"k","remoteRef":{"key":"k"}}]}}"#)
+                .unwrap();
+        Binding {
+            namespace: "shop".into(),
+            external_secret: Arc::new(es),
+            store_kind: kind,
+            store_name: "s".into(),
+            provider: StoreProvider {
+                fake: Some(FakeProvider {
+                    data: vec![FakeEntry {
+                        key: "k".into(),
+                        value: value.into(),
+                        version: None,
+                    }],
+                    latency: None,
+                }),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn store_identity_follows_the_spec_and_not_the_pod_namespace_for_cluster_stores() {
+        let a = super::store_identity(&binding(StoreKind::SecretStore, "v1"));
+        assert_eq!(
+            a,
+            super::store_identity(&binding(StoreKind::SecretStore, "v1"))
+        );
+        assert_ne!(
+            a,
+            super::store_identity(&binding(StoreKind::SecretStore, "v2"))
+        );
+        assert!(a.starts_with("SecretStore/shop/s#"), "{a}");
+        assert!(!a.contains("v1"), "the identity never carries a value: {a}");
+        let c = super::store_identity(&binding(StoreKind::ClusterSecretStore, "v1"));
+        assert!(c.starts_with("ClusterSecretStore//s#"), "{c}");
+    }
+
+    #[test]
+    fn the_budget_is_shared_and_refuses_once_exceeded() {
+        let budget = super::Budget::new(10);
+        assert!(budget.take(6));
+        assert!(budget.take(4));
+        assert!(!budget.take(1));
+    }
+}
