@@ -337,6 +337,12 @@ pub fn entries(
     };
     for (index, d) in spec.data_from.iter().enumerate() {
         in_time()?;
+        // A source repeated later yields the very same entries, which the later copy overwrites:
+        // only the last of identical sources is rendered (50 copies of one `find` would
+        // otherwise copy all its values 50 times).
+        if spec.data_from[index + 1..].contains(d) {
+            continue;
+        }
         if let Some(e) = &d.extract {
             let (key, raw) = value(e)?;
             let raw = decode::apply(ctx, &key, e.decoding_strategy, raw)?;
@@ -582,6 +588,27 @@ mod tests {
                 ("user".into(), "root".into()),
             ]
         );
+    }
+
+    #[test]
+    fn repeated_sources_render_as_one_and_order_still_decides() {
+        let f = fetched(&[
+            ("first", r#"{"host":"h1","port":5432}"#),
+            ("second", r#"{"host":"h2"}"#),
+        ]);
+        let render = |sources: Vec<DataFrom>| {
+            text(&entries(&ctx(), &spec(vec![], sources), &f, None).unwrap())
+        };
+        let once = render(vec![extract("second", vec![]), extract("first", vec![])]);
+        let repeated = render(vec![
+            extract("first", vec![]),
+            extract("second", vec![]),
+            extract("first", vec![]),
+            extract("second", vec![]),
+            extract("first", vec![]),
+        ]);
+        assert_eq!(repeated, once, "the last copy of each source decides");
+        assert_eq!(once[0], ("host".to_string(), "h1".to_string()));
     }
 
     #[test]
