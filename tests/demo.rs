@@ -21,6 +21,27 @@ fn demo(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs the demo in `dir` under `unshare` with `unshare_args`; it must succeed. Returns stdout.
+/// unshare (util-linux) is required: the test fails rather than skips without it.
+fn unshared_demo(dir: &std::path::Path, unshare_args: &[&str], demo_args: &[&str]) -> String {
+    let out = Command::new("unshare")
+        .args(unshare_args)
+        .arg("--")
+        .arg(support::BIN)
+        .arg("demo")
+        .args(demo_args)
+        .current_dir(dir)
+        .output()
+        .expect("unshare (util-linux) is needed for this test");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn demo_publishes_shows_masked_files_and_cleans_up() {
     support::require_root();
@@ -67,21 +88,8 @@ fn demo_as_non_root_falls_back_to_a_plain_directory_and_says_so() {
     support::require_root();
     // A new user namespace without a uid mapping runs the demo as the overflow user (nobody)
     // with no mount privilege, whether the test itself runs as real root or in a namespace.
-    // unshare (util-linux) is required; the test fails rather than skips without it.
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new("unshare")
-        .args(["--user", "--"])
-        .arg(support::BIN)
-        .arg("demo")
-        .current_dir(dir.path())
-        .output()
-        .expect("unshare (util-linux) is needed for this test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = unshared_demo(dir.path(), &["--user"], &[]);
     assert!(stdout.contains("not running as root"), "{stdout}");
     assert!(
         stdout.contains("unshare --user --map-root-user --mount"),
@@ -144,18 +152,10 @@ fn demo_in_a_read_only_directory_suggests_a_writable_dir() {
 fn demo_in_a_user_namespace_mounts_a_real_tmpfs_and_keep_says_what_stays() {
     support::require_root();
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "--"])
-        .arg(support::BIN)
-        .args(["demo", "--keep"])
-        .current_dir(dir.path())
-        .output()
-        .expect("unshare (util-linux) is needed for this test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = unshared_demo(
+        dir.path(),
+        &["--user", "--map-root-user", "--mount"],
+        &["--keep"],
     );
     assert!(
         stdout.contains("tmpfs") && !stdout.contains("not running as root"),

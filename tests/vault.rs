@@ -117,6 +117,17 @@ fn credential_secret(name: &str, key: &str, value: &str) -> String {
     )
 }
 
+/// The stores with AppRole auth and the credential Secret holding `secret_id`.
+fn approle_manifests(bao: &OpenBao, role_id: &str, secret_id: &str) -> String {
+    manifests(
+        bao,
+        &format!(
+            "{{appRole: {{roleId: {role_id}, secretRef: {{name: approle, key: secret-id}}}}}}"
+        ),
+        &credential_secret("approle", "secret-id", secret_id),
+    )
+}
+
 /// Publishes `external_secret` for pod `pod` of service account `sa`, with `jwt` as its token for
 /// the `vault` audience. Returns the target.
 async fn publish(
@@ -220,13 +231,7 @@ async fn token_auth_reads_kv_v2_and_v1_with_versions_properties_and_find() {
 async fn approle_auth_logs_in_once_per_store_credential() {
     let bao = bao().await;
     let (role_id, secret_id) = bao.approle("app", &["read"]).await;
-    let m = manifests(
-        &bao,
-        &format!(
-            "{{appRole: {{roleId: {role_id}, secretRef: {{name: approle, key: secret-id}}}}}}"
-        ),
-        &credential_secret("approle", "secret-id", &secret_id),
-    );
+    let m = approle_manifests(&bao, &role_id, &secret_id);
     let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
     assert_reads(&agent, "default", None).await;
     assert_eq!(
@@ -262,13 +267,7 @@ async fn approle_auth_logs_in_once_per_store_credential() {
 async fn a_due_token_is_renewed_instead_of_logging_in_again() {
     let bao = bao().await;
     let (role_id, secret_id) = bao.approle_with_ttl("app", &["read"], "3s").await;
-    let m = manifests(
-        &bao,
-        &format!(
-            "{{appRole: {{roleId: {role_id}, secretRef: {{name: approle, key: secret-id}}}}}}"
-        ),
-        &credential_secret("approle", "secret-id", &secret_id),
-    );
+    let m = approle_manifests(&bao, &role_id, &secret_id);
     let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
     let target = publish(&agent, "app-0", "default", "app", None)
         .await

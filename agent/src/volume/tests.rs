@@ -483,29 +483,24 @@ fn files_and_links_as_targets_are_refused_and_left_alone() {
         let elsewhere = parent.join("elsewhere");
         someone_elses_directory(&elsewhere);
 
+        let refused = || {
+            for err in [
+                f.volumes.unpublish(&f.target).unwrap_err(),
+                f.volumes
+                    .publish(&f.target, &[file("a", "1")], None)
+                    .unwrap_err(),
+            ] {
+                assert!(matches!(err, VolumeError::NotADirectory { .. }), "{err:?}");
+                assert_eq!(err.class(), ErrorClass::FailedPrecondition);
+            }
+        };
         fs::write(&f.target, b"a file").unwrap();
-        for err in [
-            f.volumes.unpublish(&f.target).unwrap_err(),
-            f.volumes
-                .publish(&f.target, &[file("a", "1")], None)
-                .unwrap_err(),
-        ] {
-            assert!(matches!(err, VolumeError::NotADirectory { .. }), "{err:?}");
-            assert_eq!(err.class(), ErrorClass::FailedPrecondition);
-        }
+        refused();
         assert_eq!(fs::read(&f.target).unwrap(), b"a file");
 
         fs::remove_file(&f.target).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &f.target).unwrap();
-        for err in [
-            f.volumes.unpublish(&f.target).unwrap_err(),
-            f.volumes
-                .publish(&f.target, &[file("a", "1")], None)
-                .unwrap_err(),
-        ] {
-            assert!(matches!(err, VolumeError::NotADirectory { .. }), "{err:?}");
-            assert_eq!(err.class(), ErrorClass::FailedPrecondition);
-        }
+        refused();
         assert_eq!(fs::read_link(&f.target).unwrap(), elsewhere);
         assert_intact(&elsewhere);
         assert_eq!(mountinfo::find(&elsewhere).unwrap(), None);
