@@ -39,7 +39,7 @@ pub struct KubernetesCatalog {
     external_secrets: Store<Lenient<ExternalSecret>>,
     secret_stores: Store<Lenient<SecretStore>>,
     cluster_secret_stores: Store<Lenient<ClusterSecretStore>>,
-    namespaces: Store<Namespace>,
+    namespaces: Store<Lenient<Namespace>>,
     synced: Arc<AtomicUsize>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -70,7 +70,7 @@ impl KubernetesCatalog {
         );
         let namespaces = reflect(
             Api::all(client.clone()),
-            Unusable::never(),
+            unusable("Namespace"),
             &synced,
             &mut tasks,
         );
@@ -97,16 +97,16 @@ impl Drop for KubernetesCatalog {
 /// Starts a reflector for one kind: a task driving the watch, and one counting it as synced
 /// after its first complete list.
 fn reflect<K>(
-    api: Api<K>,
+    api: Api<Lenient<K>>,
     mut unusable: Unusable,
     synced: &Arc<AtomicUsize>,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> Store<K>
+) -> Store<Lenient<K>>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + MaybeUnusable + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    let (reader, writer) = reflector::store::<K>();
+    let (reader, writer) = reflector::store::<Lenient<K>>();
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     tasks.push(tokio::spawn(async move {
@@ -128,27 +128,6 @@ where
         }
     }));
     reader
-}
-
-/// What the catalog needs to know of an object it may not be able to read.
-trait MaybeUnusable {
-    /// Why the object cannot be used, or `None` when it can.
-    fn unusable_reason(&self) -> Option<&str>;
-}
-
-impl<K> MaybeUnusable for Lenient<K> {
-    fn unusable_reason(&self) -> Option<&str> {
-        match self {
-            Lenient::Usable(_) => None,
-            Lenient::Unusable { reason, .. } => Some(reason),
-        }
-    }
-}
-
-impl MaybeUnusable for Namespace {
-    fn unusable_reason(&self) -> Option<&str> {
-        None
-    }
 }
 
 /// Counts and logs the unusable objects of one kind as watch events arrive: each is logged once
@@ -175,17 +154,7 @@ impl Unusable {
         }
     }
 
-    /// For kinds that always deserialize (built-in Kubernetes types).
-    fn never() -> Self {
-        Self {
-            kind: "",
-            gauge: Gauge::default(),
-            known: HashMap::new(),
-            relisting: None,
-        }
-    }
-
-    fn observe<K: Resource + MaybeUnusable>(&mut self, event: &watcher::Event<K>) {
+    fn observe<K: Resource + Clone>(&mut self, event: &watcher::Event<Lenient<K>>) {
         match event {
             watcher::Event::Init => self.relisting = Some(HashMap::new()),
             watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
@@ -204,9 +173,9 @@ impl Unusable {
             .set(i64::try_from(self.known.len()).unwrap_or(i64::MAX));
     }
 
-    fn apply<K: Resource + MaybeUnusable>(&mut self, object: &K) {
+    fn apply<K: Resource + Clone>(&mut self, object: &Lenient<K>) {
         let key = key(object);
-        let Some(reason) = object.unusable_reason() else {
+        let Lenient::Unusable { reason, .. } = object else {
             self.known.remove(&key);
             return;
         };
@@ -343,7 +312,7 @@ impl Catalog for KubernetesCatalog {
         namespace: &str,
     ) -> Result<BTreeMap<String, String>, CatalogError> {
         let api = Api::all(self.client.clone());
-        let ns = cached_or_get(&self.namespaces, api, None, namespace).await?;
+        let ns = usable_or_get(&self.namespaces, api, None, namespace).await?;
         let mut labels = ns
             .and_then(|n| n.metadata.labels.clone())
             .unwrap_or_default();

@@ -54,10 +54,10 @@ pub struct ProviderLabel {
     pub provider: &'static str,
 }
 
-/// A single `kind` label (a Latchkey kind).
+/// A single `kind` label (a kind the catalog watches).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// `ExternalSecret`, `SecretStore` or `ClusterSecretStore`.
+    /// `ExternalSecret`, `SecretStore`, `ClusterSecretStore` or `Namespace`.
     pub kind: &'static str,
 }
 
@@ -182,7 +182,12 @@ impl Metrics {
             "Objects the agent cannot read (they do not match its schema), by kind; skipped",
             m.catalog_unusable.clone(),
         );
-        for kind in ["ExternalSecret", "SecretStore", "ClusterSecretStore"] {
+        for kind in [
+            "ExternalSecret",
+            "SecretStore",
+            "ClusterSecretStore",
+            "Namespace",
+        ] {
             drop(m.catalog_unusable.get_or_create(&KindLabel { kind }));
         }
         // Providers that log in are a closed set: expose their series from the start, at zero,

@@ -133,8 +133,8 @@ impl Volumes {
         dirs::check_target(target)?;
         // Everything that can be rejected without touching the disk is rejected first.
         let payload = writer::check(files, self.config.size_limit)?;
-        match self.inspect(target)? {
-            Target::Absent => {}
+        let created = match self.inspect(target)? {
+            Target::Absent => dirs::create_target(target)?,
             Target::NotADirectory => return Err(not_a_directory(target)),
             Target::OurMount => return Err(already_published(target)),
             Target::ForeignMount(entry) => return Err(not_ours(entry)),
@@ -143,9 +143,10 @@ impl Volumes {
                     return Err(already_published(target));
                 }
                 dirs::require_empty(target)?;
+                // Somebody else's (kubelet's) directory: never ours to remove on failure.
+                dirs::Created::default()
             }
-        }
-        let created = dirs::create_target(target)?;
+        };
 
         let mounted = match self.config.backend {
             Backend::Tmpfs => {

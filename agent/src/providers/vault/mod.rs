@@ -206,9 +206,12 @@ impl TokenCache {
                         return Ok((token, Obtained::Renewed));
                     }
                     Ok(_) => tracing::debug!("Vault token near its max TTL; logging in again"),
-                    Err(error) => {
-                        tracing::debug!(%error, "renewing the Vault token failed; logging in again");
-                    }
+                    // Only the kind: the server's own words come from a server the token was
+                    // just sent to, which may be a tenant's.
+                    Err(error) => tracing::debug!(
+                        error_kind = error.kind(),
+                        "renewing the Vault token failed; logging in again"
+                    ),
                 }
             }
         }
@@ -470,17 +473,23 @@ async fn authenticate(
     let renew = |token: SecretString| async move {
         let mut renewing = client.clone();
         renewing.set_token(token.expose());
-        let renewed = renewing.login(transport::RenewSelf).await;
+        let renewed = renewing
+            .login(transport::RenewSelf)
+            .await
+            .map_err(server_error);
         ctx.env
             .metrics
             .backend_requests
             .get_or_create(&BackendLabels {
                 provider: "vault",
                 operation: "renew",
-                result: if renewed.is_ok() { "success" } else { "error" },
+                result: renewed
+                    .as_ref()
+                    .err()
+                    .map_or("success", ProviderError::kind),
             })
             .inc();
-        renewed.map_err(server_error)
+        renewed
     };
     if let Some(role_auth) = auth.kubernetes.as_ref().or(auth.jwt.as_ref()) {
         let kubernetes = auth.kubernetes.is_some();
