@@ -41,6 +41,7 @@ fn template(unique: Option<usize>) -> Template {
             .map(|(key, source)| (key.to_string(), source.replace("{n}", &n)))
             .collect(),
         merge_policy: None,
+        ..Default::default()
     }
 }
 

@@ -15,6 +15,7 @@ pub mod csi;
 pub mod events;
 pub mod fetch;
 pub mod identity;
+pub mod mirror;
 pub mod providers;
 pub mod publish;
 pub mod resolve;

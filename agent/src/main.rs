@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Serve the CSI Identity and Node services to kubelet on a unix socket.
     Node(cmd::node::NodeArgs),
+    /// Mirror ExternalSecrets that ask for it (`creationPolicy`) into Kubernetes Secrets.
+    Controller(cmd::controller::ControllerArgs),
     /// Send NodePublishVolume as kubelet would (debugging, tests).
     Publish(cmd::kubelet::PublishArgs),
     /// Send NodeUnpublishVolume as kubelet would.
@@ -61,6 +63,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => {
             init_logging(cli.log_format, "info");
             cmd::node::run(args).await
+        }
+        Command::Controller(args) => {
+            init_logging(cli.log_format, "info");
+            cmd::controller::run(args).await
         }
         Command::Publish(args) => cmd::kubelet::publish(args).await,
         Command::Unpublish(args) => cmd::kubelet::unpublish(args).await,

@@ -65,6 +65,22 @@ pub struct ExternalSecretSpec {
         regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
     )]
     pub service_account_name: Option<String>,
+    /// When the mirror controller refreshes a mirrored Secret: `Periodic` (default, every
+    /// `refreshInterval`), `OnChange` (only when the spec changes), `CreatedOnce`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_policy: Option<RefreshPolicy>,
+}
+
+/// When a mirrored Secret is refreshed, as in ESO.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RefreshPolicy {
+    /// Every `refreshInterval`.
+    #[default]
+    Periodic,
+    /// Only when the ExternalSecret's spec (its generation) changes.
+    OnChange,
+    /// Written once; never refreshed (a deleted Secret is written again).
+    CreatedOnce,
 }
 
 /// Points at a SecretStore (same namespace) or a ClusterSecretStore.
@@ -251,6 +267,24 @@ pub struct Template {
     /// entries plus the template keys, which override them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_policy: Option<TemplateMergePolicy>,
+    /// `type` of a mirrored Secret (default `Opaque`); unused by mounts.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::api::rules::MAX_NAME_LEN))]
+    pub type_: Option<String>,
+    /// Labels and annotations of a mirrored Secret; unused by mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMetadata>,
+}
+
+/// Metadata given to a mirrored Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct TemplateMetadata {
+    /// Labels added to the Secret.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to the Secret.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// How template output combines with the resolved entries, as in ESO.
@@ -338,6 +372,19 @@ pub struct ExternalSecretStatus {
     /// When the values were last fetched (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refresh_time: Option<String>,
+    /// The `metadata.generation` of the ExternalSecret the mirrored Secret was last written for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_resource_version: Option<String>,
+    /// The mirrored Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<SecretBinding>,
+}
+
+/// Names the Secret an ExternalSecret is mirrored into.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct SecretBinding {
+    /// Secret name, in the ExternalSecret's namespace.
+    pub name: String,
 }
 
 /// A status condition.

@@ -412,6 +412,7 @@ mod tests {
             data_from: vec![],
             target: None,
             service_account_name: None,
+            refresh_policy: None,
         }
     }
 

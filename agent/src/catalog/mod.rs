@@ -4,7 +4,7 @@
 
 pub mod binding;
 pub mod kubernetes;
-mod lenient;
+pub mod lenient;
 pub mod manifests;
 mod strict;
 
@@ -18,6 +18,7 @@ use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 pub use binding::{Binding, BindingError, bind};
 pub use kubernetes::KubernetesCatalog;
+pub use lenient::Lenient;
 pub use manifests::{ManifestCatalog, ManifestError};
 
 /// Failure to reach the object source itself (not "object missing", which is `Ok(None)`).

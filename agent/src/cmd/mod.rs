@@ -1,6 +1,7 @@
 //! The `latchkey` subcommands. Each file parses its flags and wires library pieces together;
 //! no domain logic lives here.
 
+pub mod controller;
 pub mod demo;
 pub mod kubelet;
 pub mod node;

@@ -155,7 +155,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
 /// Fails with one line saying what to do when there is obviously no Kubernetes API to read
 /// from: not in a pod, and no kubeconfig where kube looks for one. (kube's own error repeats
 /// the missing file three times and names neither `--manifests` nor KUBECONFIG.)
-fn no_api_server_hint() -> anyhow::Result<()> {
+pub(crate) fn no_api_server_hint() -> anyhow::Result<()> {
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let kubeconfig = match std::env::var_os("KUBECONFIG") {
         Some(paths) => std::env::split_paths(&paths).any(|p| p.is_file()),

@@ -1,5 +1,5 @@
 //! Kubernetes Events on the pod a volume is for, so a failed mount explains itself in
-//! `kubectl describe pod`. Messages are the publish errors' texts, which never contain values.
+//! `kubectl describe pod`, and on the ExternalSecrets the mirror controller writes for. Messages are the publish errors' texts, which never contain values.
 //! Recording is fire-and-forget: a slow API server never delays kubelet. Repeats are aggregated
 //! as kubelet's own FailedMount is: one Event object per pod and reason whose `count` grows
 //! (kubelet retries a failing mount every few seconds, and a new object per attempt floods the
@@ -96,23 +96,75 @@ impl KubeEvents {
 
 impl PodEvents for KubeEvents {
     fn warn(&self, pod: &PodInfo, reason: &'static str, message: &str) {
-        let event = pod_event(pod, reason, message, &self.node);
+        let action = if reason == REFRESH_FAILED {
+            "Refresh"
+        } else {
+            "NodePublishVolume"
+        };
+        self.record(&EventTarget::pod(pod), WARNING, reason, action, message);
+    }
+}
+
+/// `type` of an Event that reports a failure.
+pub const WARNING: &str = "Warning";
+/// `type` of an Event that reports progress.
+pub const NORMAL: &str = "Normal";
+
+/// The object an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventTarget {
+    /// `apiVersion` of the object.
+    pub api_version: &'static str,
+    /// `kind` of the object.
+    pub kind: &'static str,
+    /// Namespace (Events live in the object's namespace).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, so a recreated object starts a new series.
+    pub uid: String,
+}
+
+impl EventTarget {
+    /// The pod a volume is for.
+    pub fn pod(pod: &PodInfo) -> Self {
+        Self {
+            api_version: "v1",
+            kind: "Pod",
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        }
+    }
+}
+
+impl KubeEvents {
+    /// Records an Event on `target` (in the background), aggregated per object and reason.
+    pub fn record(
+        &self,
+        target: &EventTarget,
+        type_: &'static str,
+        reason: &'static str,
+        action: &'static str,
+        message: &str,
+    ) {
+        let event = object_event(target, type_, reason, action, message, &self.node);
         let slot = self.slot((
-            pod.namespace.clone(),
-            pod.name.clone(),
-            pod.uid.clone(),
+            target.namespace.clone(),
+            target.name.clone(),
+            target.uid.clone(),
             reason,
         ));
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &target.namespace);
+        let (namespace, name, kind) = (target.namespace.clone(), target.name.clone(), target.kind);
         tokio::spawn(async move {
             let recorded = tokio::time::timeout(RECORD_TIMEOUT, record(&api, &slot, event));
             match recorded.await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
-                    warn!(%namespace, pod = %name, reason, %error, "cannot record event")
+                    warn!(%namespace, %kind, %name, reason, %error, "cannot record event")
                 }
-                Err(_) => warn!(%namespace, pod = %name, reason, "recording event timed out"),
+                Err(_) => warn!(%namespace, %kind, %name, reason, "recording event timed out"),
             }
         });
     }
@@ -155,7 +207,31 @@ async fn record(api: &Api<Event>, slot: &Slot, event: Event) -> Result<(), kube:
 }
 
 /// The Event kubelet's own volume plugins would write for the pod.
-pub fn pod_event(pod: &PodInfo, reason: &str, message: &str, node: &str) -> Event {
+pub fn pod_event(pod: &PodInfo, reason: &'static str, message: &str, node: &str) -> Event {
+    let action = if reason == REFRESH_FAILED {
+        "Refresh"
+    } else {
+        "NodePublishVolume"
+    };
+    object_event(
+        &EventTarget::pod(pod),
+        WARNING,
+        reason,
+        action,
+        message,
+        node,
+    )
+}
+
+/// An Event about `target`, reported by `instance` (a node, or a controller replica).
+fn object_event(
+    target: &EventTarget,
+    type_: &'static str,
+    reason: &'static str,
+    action: &'static str,
+    message: &str,
+    instance: &str,
+) -> Event {
     let now = Timestamp::now();
     let mut message = message.to_string();
     if message.len() > MAX_MESSAGE {
@@ -168,38 +244,31 @@ pub fn pod_event(pod: &PodInfo, reason: &str, message: &str, node: &str) -> Even
     Event {
         metadata: ObjectMeta {
             // The API server rejects generateName collisions rarely; a timestamp keeps names unique.
-            name: Some(format!("{}.{:x}", pod.name, now.as_nanosecond())),
-            namespace: Some(pod.namespace.clone()),
+            name: Some(format!("{}.{:x}", target.name, now.as_nanosecond())),
+            namespace: Some(target.namespace.clone()),
             ..Default::default()
         },
         involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(pod.name.clone()),
-            namespace: Some(pod.namespace.clone()),
-            uid: Some(pod.uid.clone()),
+            api_version: Some(target.api_version.into()),
+            kind: Some(target.kind.into()),
+            name: Some(target.name.clone()),
+            namespace: Some(target.namespace.clone()),
+            uid: Some(target.uid.clone()),
             ..Default::default()
         },
         reason: Some(reason.into()),
         message: Some(message),
-        type_: Some("Warning".into()),
+        type_: Some(type_.into()),
         count: Some(1),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
-        action: Some(
-            if reason == REFRESH_FAILED {
-                "Refresh"
-            } else {
-                "NodePublishVolume"
-            }
-            .into(),
-        ),
+        action: Some(action.into()),
         reporting_component: Some(crate::csi::DRIVER_NAME.into()),
-        reporting_instance: Some(node.into()),
+        reporting_instance: Some(instance.into()),
         source: Some(EventSource {
             component: Some(crate::csi::DRIVER_NAME.into()),
-            host: Some(node.into()),
+            host: Some(instance.into()),
         }),
         ..Default::default()
     }

@@ -74,6 +74,13 @@ impl PodTokens {
         Ok(Self { by_audience })
     }
 
+    /// Tokens obtained some other way than from kubelet (the mirror controller mints them).
+    pub fn from_tokens(tokens: impl IntoIterator<Item = (String, ServiceAccountToken)>) -> Self {
+        Self {
+            by_audience: tokens.into_iter().collect(),
+        }
+    }
+
     /// The token for `audience`, if kubelet provided one.
     pub fn for_audience(&self, audience: &str) -> Option<&ServiceAccountToken> {
         self.by_audience.get(audience)

@@ -1,6 +1,7 @@
 //! Backends that hold secret values. One trait; one file (or folder) per provider. Providers know
 //! their backend and nothing of CSI, volumes or ExternalSecrets.
 
+pub mod audiences;
 pub mod aws;
 pub mod credentials;
 pub mod fake;

@@ -505,6 +505,7 @@ mod tests {
             data_from,
             target: None,
             service_account_name: None,
+            refresh_policy: None,
         }
     }
 

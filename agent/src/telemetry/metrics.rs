@@ -88,6 +88,16 @@ pub struct Metrics {
     pub logins: Family<ProviderLabel, Counter>,
     /// Objects in the catalog that do not deserialize, by kind.
     pub catalog_unusable: Family<KindLabel, Gauge>,
+    /// Mirror reconciles by result (`synced`, `unchanged`, `error`, `conflict`, `deleted`).
+    pub mirror_syncs: Family<ResultLabel, Counter>,
+    /// Mirror reconcile latency.
+    pub mirror_sync_duration: Histogram,
+    /// Mirror reconciles running now (the controller's work in progress).
+    pub mirror_in_flight: Gauge,
+    /// ExternalSecrets whose next reconcile is scheduled (the controller's queue).
+    pub mirror_queued: Gauge,
+    /// 1 while this mirror controller replica is the leader.
+    pub mirror_leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -119,6 +129,11 @@ impl Metrics {
             cache_joins: Counter::default(),
             logins: Family::default(),
             catalog_unusable: Family::default(),
+            mirror_syncs: Family::default(),
+            mirror_sync_duration: latency_histogram(),
+            mirror_in_flight: Gauge::default(),
+            mirror_queued: Gauge::default(),
+            mirror_leader: Gauge::default(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`; the encoder appends it.
@@ -181,6 +196,31 @@ impl Metrics {
             "latchkey_catalog_unusable_objects",
             "Objects the agent cannot read (they do not match its schema), by kind; skipped",
             m.catalog_unusable.clone(),
+        );
+        registry.register(
+            "latchkey_mirror_syncs",
+            "Mirror controller reconciles by result",
+            m.mirror_syncs.clone(),
+        );
+        registry.register(
+            "latchkey_mirror_sync_duration_seconds",
+            "Mirror controller reconcile latency",
+            m.mirror_sync_duration.clone(),
+        );
+        registry.register(
+            "latchkey_mirror_reconciles_in_flight",
+            "Mirror controller reconciles running now",
+            m.mirror_in_flight.clone(),
+        );
+        registry.register(
+            "latchkey_mirror_queued",
+            "ExternalSecrets with a scheduled mirror reconcile (the work queue)",
+            m.mirror_queued.clone(),
+        );
+        registry.register(
+            "latchkey_mirror_leader",
+            "1 while this mirror controller replica leads",
+            m.mirror_leader.clone(),
         );
         for kind in [
             "ExternalSecret",

@@ -65,6 +65,7 @@ fn template(data: &[(&str, &str)], merge_policy: Option<TemplateMergePolicy>) ->
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         merge_policy,
+        ..Default::default()
     }
 }
 
@@ -737,6 +738,7 @@ fn entries_applies_templates_end_to_end() {
             ..Default::default()
         }),
         service_account_name: None,
+        refresh_policy: None,
     };
     let fetched: super::super::Fetched = [
         ("prod/db", r#"{"password":"hunter2-e2e"}"#),

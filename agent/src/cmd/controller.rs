@@ -1,0 +1,188 @@
+//! `latchkey controller`: mirrors ExternalSecrets that ask for it into Kubernetes Secrets, with
+//! leader election, metrics and health endpoints.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::cache::CacheLimits;
+use crate::catalog::{Catalog, KubernetesCatalog};
+use crate::events::KubeEvents;
+use crate::fetch::Fetcher;
+use crate::mirror::leader::{Elector, Leadership, Timing};
+use crate::mirror::reconcile::{Parts, Reconciler};
+use crate::mirror::{self, Scope};
+use crate::providers;
+use crate::telemetry::Metrics;
+use crate::telemetry::http::{self, Readiness};
+
+/// Flags of `latchkey controller`.
+#[derive(Debug, clap::Args)]
+pub struct ControllerArgs {
+    /// Serve only ExternalSecrets of this namespace (repeatable); default: all namespaces.
+    #[arg(long = "namespace")]
+    pub namespaces: Vec<String>,
+    /// Serve only ExternalSecrets matching this label selector (`team=shop`), so several
+    /// instances can split a large cluster.
+    #[arg(long)]
+    pub selector: Option<String>,
+    /// Elect a leader on a Lease so that replicas do not write at the same time.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, default_value = "latchkey-controller")]
+    pub leader_elect_lease: String,
+    /// How long a lease holds without renewal, as the other replicas see it.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps writing without a successful renewal.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// Pause between attempts to acquire or renew the lease.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// The controller's own namespace: its Lease, and ClusterSecretStores' credential Secrets.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "latchkey")]
+    pub pod_namespace: String,
+    /// This replica's name in the Lease (defaults to the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Reconcile and log what would be written (names and keys, never values) without writing
+    /// Secrets, statuses or Events.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Reconciles run at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u16,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint; `none` disables it.
+    #[arg(long, default_value = ":9809")]
+    pub metrics_addr: String,
+    /// Most values the shared cache holds.
+    #[arg(long, default_value_t = CacheLimits::default().max_entries)]
+    pub cache_max_entries: usize,
+    /// Most bytes of values the shared cache holds.
+    #[arg(long, default_value = "64Mi", value_parser = super::parse_size)]
+    pub cache_max_bytes: u64,
+    /// Longest one ExternalSecret may spend rendering its values.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub compute_timeout: Duration,
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    super::node::no_api_server_hint()?;
+    let metrics = Arc::new(Metrics::new());
+    let config = kube::Config::infer()
+        .await
+        .context("finding the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    let client =
+        kube::Client::try_from(config.clone()).context("connecting to the Kubernetes API")?;
+    let catalog: Arc<dyn Catalog> = Arc::new(KubernetesCatalog::start(client.clone(), &metrics));
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("latchkey-{:x}", fastrand::u64(..)));
+
+    let (stop, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        super::node::shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stopping.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let (leadership, elector) = if args.leader_elect {
+        let timing = Timing {
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        };
+        anyhow::ensure!(
+            timing.renew_deadline < timing.lease_duration,
+            "--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration"
+        );
+        let (elector, leadership) = Elector::new(
+            client.clone(),
+            &args.pod_namespace,
+            &args.leader_elect_lease,
+            &identity,
+            timing,
+        );
+        (leadership, Some(tokio::spawn(elector.run(stopped()))))
+    } else {
+        (Leadership::always(), None)
+    };
+
+    let fetcher = Fetcher::new(
+        providers::Env {
+            metrics: Arc::clone(&metrics),
+            kube: Some(config),
+            catalog: Arc::clone(&catalog),
+            agent_namespace: args.pod_namespace.clone(),
+            aws_sessions: Default::default(),
+            vault_tokens: Default::default(),
+        },
+        CacheLimits {
+            max_entries: args.cache_max_entries,
+            max_bytes: args.cache_max_bytes,
+            ..CacheLimits::default()
+        },
+    );
+    let reconciler = Arc::new(Reconciler::new(Parts {
+        client: client.clone(),
+        catalog: Arc::clone(&catalog),
+        fetcher,
+        compute: crate::compute::Pool::for_this_machine(args.compute_timeout)
+            .context("starting the compute threads")?,
+        leadership: leadership.clone(),
+        metrics: Arc::clone(&metrics),
+        events: (!args.dry_run).then(|| KubeEvents::new(client.clone(), &identity)),
+        dry_run: args.dry_run,
+    }));
+
+    let synced = Arc::clone(&catalog);
+    let readiness = Arc::new(Readiness::new(move || synced.is_synced()));
+    let http_task = if args.metrics_addr == "none" {
+        None
+    } else {
+        let addr = http::parse_addr(&args.metrics_addr).map_err(anyhow::Error::msg)?;
+        let (bound, serve) = http::bind(
+            addr,
+            Arc::clone(&metrics),
+            Arc::clone(&readiness),
+            stopped(),
+        )
+        .await
+        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+        info!(%bound, "serving /metrics, /healthz, /readyz");
+        Some(tokio::spawn(serve))
+    };
+    readiness.set_serving(true);
+    info!(
+        %identity, leader_elect = args.leader_elect, dry_run = args.dry_run,
+        namespaces = ?args.namespaces, "mirror controller started"
+    );
+    let scope = Scope {
+        namespaces: args.namespaces,
+        selector: args.selector,
+        concurrency: args.concurrency.max(1),
+    };
+    mirror::run(client, scope, reconciler, leadership, metrics, stopped()).await;
+    readiness.set_serving(false);
+    if let Some(elector) = elector {
+        elector.await.context("leader election task")?;
+    }
+    if let Some(task) = http_task {
+        task.await.context("metrics endpoint task")??;
+    }
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! The mirror controller: ExternalSecrets whose `spec.target.creationPolicy` asks for it are
+//! written into Kubernetes Secrets, for workloads that can only read Secrets. ExternalSecrets left
+//! at `creationPolicy: None` are mount-only and never touched.
+//!
+//! It shares the node agent's binding, tenancy, fetch path, value cache and providers; it has no
+//! pod, so it acts as each ExternalSecret's `spec.serviceAccountName` with tokens it mints
+//! ([`tokens`]). Secrets it writes are watched by metadata only (a label selects them), so no
+//! Secret value of the cluster is held in its memory. Only the replica holding the Lease
+//! ([`leader`]) runs the controllers, and every write checks that it still does.
+
+pub mod desired;
+pub mod leader;
+pub mod reconcile;
+pub mod status;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt, future};
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tracing::{debug, warn};
+
+use crate::api::ExternalSecret;
+use crate::catalog::Lenient;
+use leader::Leadership;
+use reconcile::{MirrorError, Reconciler};
+
+/// Which ExternalSecrets one controller process serves.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// Namespaces to serve; empty: all.
+    pub namespaces: Vec<String>,
+    /// Label selector on ExternalSecrets (`team=shop`), to split a cluster between instances.
+    pub selector: Option<String>,
+    /// Reconciles run at once.
+    pub concurrency: u16,
+}
+
+/// Runs the controllers while this replica leads, until `stop` completes.
+pub async fn run(
+    client: Client,
+    scope: Scope,
+    reconciler: Arc<Reconciler>,
+    mut leadership: Leadership,
+    metrics: Arc<crate::telemetry::Metrics>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let stop = Box::pin(stop).shared();
+    loop {
+        tokio::select! {
+            _ = stop.clone() => return,
+            _ = leadership.wait_for(true) => {}
+        }
+        metrics.mirror_leader.set(1);
+        let mut lost = leadership.clone();
+        let lost = async move { lost.wait_for(false).await };
+        let ended = future::select(Box::pin(lost), stop.clone())
+            .map(|_| ())
+            .shared();
+        let namespaces: Vec<Option<String>> = if scope.namespaces.is_empty() {
+            vec![None]
+        } else {
+            scope.namespaces.iter().cloned().map(Some).collect()
+        };
+        let runs = namespaces.into_iter().map(|namespace| {
+            controller(&client, namespace.as_deref(), &scope)
+                .graceful_shutdown_on(ended.clone())
+                .run(
+                    |es, r: Arc<Reconciler>| r.reconcile(es),
+                    error_policy,
+                    Arc::clone(&reconciler),
+                )
+                .for_each(|result| {
+                    if let Err(error) = result {
+                        debug!(%error, "reconcile not run");
+                    }
+                    future::ready(())
+                })
+        });
+        future::join_all(runs).await;
+        metrics.mirror_leader.set(0);
+    }
+}
+
+/// One controller over the ExternalSecrets of `namespace` (all when `None`), triggered also by
+/// changes to the Secrets it wrote, seen by metadata only.
+fn controller(
+    client: &Client,
+    namespace: Option<&str>,
+    scope: &Scope,
+) -> Controller<Lenient<ExternalSecret>> {
+    let (externals, secrets): (Api<Lenient<ExternalSecret>>, Api<PartialObjectMeta<Secret>>) =
+        match namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+    let mut selected = watcher::Config::default();
+    if let Some(selector) = &scope.selector {
+        selected = selected.labels(selector);
+    }
+    let managed = watcher::Config::default().labels(&format!("{}=true", desired::MANAGED_LABEL));
+    Controller::new(externals, selected)
+        .with_config(ControllerConfig::default().concurrency(scope.concurrency))
+        // `PartialObjectMeta` makes the watch metadata-only: no Secret value is ever sent here.
+        .watches(secrets, managed, |secret| {
+            // The annotation names the ExternalSecret, in the Secret's own namespace.
+            let namespace = secret.metadata.namespace.clone()?;
+            let name = secret
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(desired::EXTERNAL_SECRET_ANNOTATION)?
+                .clone();
+            Some(ObjectRef::new(&name).within(&namespace))
+        })
+}
+
+/// A reconcile that failed outright (the API server did not answer): retried after a pause; the
+/// Secret and status are as they were.
+fn error_policy(
+    es: Arc<Lenient<ExternalSecret>>,
+    error: &MirrorError,
+    _: Arc<Reconciler>,
+) -> Action {
+    let name = kube::ResourceExt::name_any(&*es);
+    warn!(external_secret = %name, %error, "reconcile failed; retrying");
+    Action::requeue(reconcile::RETRY_FLOOR)
+}

@@ -1,0 +1,798 @@
+//! One reconcile of one ExternalSecret: decide whether its values are due, read them through
+//! the agent's own binding, fetch and resolution paths as its service account, and make the
+//! Secret match with one server-side apply, or leave it untouched when nothing changed, the
+//! Secret is not ours, or anything failed. The outcome goes to the status, an Event and metrics.
+//!
+//! Never deletes or empties a Secret on an error: only `deletionPolicy` Delete or Merge, when the
+//! backend says the remote value does not exist, removes what this controller wrote.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::{Api, Client};
+use tracing::{debug, info, warn};
+
+use super::desired::{self, DesiredError, EXTERNAL_SECRET_ANNOTATION, FIELD_MANAGER};
+use super::leader::Leadership;
+use super::status::{self, Outcome, Reason};
+use super::tokens::TokenMinter;
+use crate::api::ExternalSecret;
+use crate::api::external_secret::{CreationPolicy, DeletionPolicy, RefreshPolicy};
+use crate::catalog::{Catalog, Lenient, bind};
+use crate::compute::Pool;
+use crate::events::{EventTarget, KubeEvents, NORMAL, WARNING};
+use crate::fetch::{FetchError, Fetcher, Source};
+use crate::identity::PodInfo;
+use crate::providers::ProviderError;
+use crate::providers::audiences::token_audiences;
+use crate::publish::backoff::{self, Backoff};
+use crate::publish::schedule::Refresh;
+use crate::resolve::{self, Context};
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::ResultLabel;
+
+/// Shortest wait before retrying a failed ExternalSecret; doubled per failure in a row, up to its
+/// refresh interval, so a broken one never costs more backend calls than a healthy one.
+pub const RETRY_FLOOR: Duration = Duration::from_secs(5);
+/// Largest share by which a periodic refresh is delayed, so ExternalSecrets created together do
+/// not refresh in step.
+const REFRESH_JITTER: f64 = 0.1;
+/// Service account an ExternalSecret acts as when it names none (as in ESO's examples).
+const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
+/// A reconcile that could not even be attempted (the controller retries it with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    /// The API server failed a request the controller itself needs.
+    #[error("namespace \"{namespace}\", ExternalSecret \"{name}\": {reason}")]
+    Api {
+        /// Namespace.
+        namespace: String,
+        /// ExternalSecret.
+        name: String,
+        /// What failed (a Status message; no values).
+        reason: String,
+    },
+}
+
+/// What the controller remembers per ExternalSecret.
+#[derive(Default)]
+struct Progress {
+    failures: u32,
+    next_refresh: Option<Instant>,
+}
+
+/// The Secret this controller last wrote, as the API server returned it.
+#[derive(Clone)]
+struct Written {
+    resource_version: String,
+}
+
+/// Shared state of every reconcile.
+pub struct Reconciler {
+    client: Client,
+    catalog: Arc<dyn Catalog>,
+    fetcher: Fetcher,
+    compute: Pool,
+    tokens: TokenMinter,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    events: Option<KubeEvents>,
+    dry_run: bool,
+    backoff: Backoff,
+    progress: Mutex<HashMap<(String, String), Progress>>,
+    written: Mutex<HashMap<(String, String), Written>>,
+}
+
+/// The parts a [`Reconciler`] is made of.
+pub struct Parts {
+    /// API client (the controller's own identity: Secrets, status, Events, TokenRequests).
+    pub client: Client,
+    /// Stores, ExternalSecrets and Namespaces, as the node agent reads them.
+    pub catalog: Arc<dyn Catalog>,
+    /// The shared value cache and providers.
+    pub fetcher: Fetcher,
+    /// Threads for templates and other heavy rendering.
+    pub compute: Pool,
+    /// Whether this replica may write.
+    pub leadership: Leadership,
+    /// Where metrics go.
+    pub metrics: Arc<Metrics>,
+    /// Events on ExternalSecrets (`None`: none are written).
+    pub events: Option<KubeEvents>,
+    /// Log what would be written instead of writing.
+    pub dry_run: bool,
+}
+
+impl Reconciler {
+    /// A reconciler over `parts`.
+    pub fn new(parts: Parts) -> Self {
+        Self {
+            tokens: TokenMinter::new(parts.client.clone()),
+            client: parts.client,
+            catalog: parts.catalog,
+            fetcher: parts.fetcher,
+            compute: parts.compute,
+            leadership: parts.leadership,
+            metrics: parts.metrics,
+            events: parts.events,
+            dry_run: parts.dry_run,
+            backoff: Backoff::default(),
+            progress: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reconciles one ExternalSecret and says when to look at it again.
+    pub async fn reconcile(
+        self: Arc<Self>,
+        object: Arc<Lenient<ExternalSecret>>,
+    ) -> Result<Action, MirrorError> {
+        let started = Instant::now();
+        self.metrics.mirror_in_flight.inc();
+        let result = self.reconcile_object(&object).await;
+        self.metrics.mirror_in_flight.dec();
+        self.metrics
+            .mirror_sync_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.mirror_queued.set(self.queued() as i64);
+        result
+    }
+
+    async fn reconcile_object(
+        &self,
+        object: &Lenient<ExternalSecret>,
+    ) -> Result<Action, MirrorError> {
+        let es = match object {
+            Lenient::Usable(es) => Arc::clone(es),
+            Lenient::Unusable { metadata, reason } => {
+                let namespace = metadata.namespace.clone().unwrap_or_default();
+                let name = metadata.name.clone().unwrap_or_default();
+                warn!(%namespace, external_secret = %name, %reason, "ExternalSecret cannot be read");
+                return Ok(Action::await_change());
+            }
+        };
+        let policy = creation_policy(&es);
+        let namespace = es.metadata.namespace.clone().unwrap_or_default();
+        let name = es.metadata.name.clone().unwrap_or_default();
+        if policy == CreationPolicy::None {
+            // Mount only: this controller never touches it.
+            self.forget(&namespace, &name);
+            return Ok(Action::await_change());
+        }
+        let (outcome, label) = self.sync(&es, policy, &namespace, &name).await?;
+        self.metrics
+            .mirror_syncs
+            .get_or_create(&ResultLabel { result: label })
+            .inc();
+        let requeue = self.schedule(&es, &namespace, &name, &outcome);
+        self.report(&es, &namespace, &name, &outcome, label).await?;
+        Ok(match requeue {
+            Some(after) => Action::requeue(after),
+            None => Action::await_change(),
+        })
+    }
+
+    /// Brings the Secret in line; the outcome and a short result label for metrics.
+    async fn sync(
+        &self,
+        es: &ExternalSecret,
+        policy: CreationPolicy,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(Outcome, &'static str), MirrorError> {
+        let target = desired::target_name(es);
+        let generation = es.metadata.generation.unwrap_or(0);
+        let fail = |reason: Reason, message: String| {
+            (
+                Outcome {
+                    reason,
+                    message,
+                    refreshed: false,
+                    synced_generation: None,
+                    secret: target.clone(),
+                },
+                match reason {
+                    Reason::SecretConflict => "conflict",
+                    _ => "error",
+                },
+            )
+        };
+        let prefix = format!("namespace \"{namespace}\", ExternalSecret \"{name}\"");
+        if let Err(e) = crate::api::validate::object_name("spec.target.name", &target) {
+            return Ok(fail(Reason::InvalidTarget, format!("{prefix}: {e}")));
+        }
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let existing = secrets.get_metadata_opt(&target).await.map_err(|e| {
+            self.api_error(namespace, name, &format!("reading Secret {target:?}"), e)
+        })?;
+        let ours = existing.as_ref().is_some_and(|m| written_for(m, name));
+        // A Secret that is not ours is refused before any backend call.
+        match (&existing, policy) {
+            (Some(m), CreationPolicy::Owner | CreationPolicy::Orphan) if !ours => {
+                return Ok(fail(
+                    Reason::SecretConflict,
+                    format!(
+                        "{prefix}: Secret {target:?} exists and was not written for this \
+                         ExternalSecret{}; it is left untouched (delete it, or use \
+                         creationPolicy Merge)",
+                        owner_hint(m)
+                    ),
+                ));
+            }
+            (Some(m), CreationPolicy::Merge)
+                if m.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(EXTERNAL_SECRET_ANNOTATION))
+                    .is_some_and(|other| other != name) =>
+            {
+                return Ok(fail(
+                    Reason::SecretConflict,
+                    format!(
+                        "{prefix}: Secret {target:?} is already merged into by another \
+                         ExternalSecret{}",
+                        owner_hint(m)
+                    ),
+                ));
+            }
+            (None, CreationPolicy::Merge) => {
+                return Ok(fail(
+                    Reason::SecretMissing,
+                    format!(
+                        "{prefix}: creationPolicy Merge needs an existing Secret {target:?} to \
+                         merge into; create it, or use creationPolicy Owner"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        let key = (namespace.to_string(), target.clone());
+        let drift = match (&existing, self.written(&key)) {
+            (Some(m), Some(w)) => {
+                m.metadata.resource_version.as_deref() != Some(&w.resource_version)
+            }
+            _ => true,
+        };
+        let refresh = match Refresh::parse(es.spec.refresh_interval.as_deref()) {
+            Ok(r) => r,
+            Err(reason) => {
+                return Ok(fail(
+                    Reason::SecretSyncedError,
+                    format!("{prefix}: {reason}"),
+                ));
+            }
+        };
+        let synced = es
+            .status
+            .as_ref()
+            .and_then(|s| s.synced_resource_version.as_deref())
+            .and_then(|g| g.parse::<i64>().ok());
+        let spec_changed = synced != Some(generation);
+        let (due, drift) = match es.spec.refresh_policy.unwrap_or_default() {
+            RefreshPolicy::Periodic => (spec_changed || self.refresh_due(namespace, name), drift),
+            RefreshPolicy::OnChange => (spec_changed, drift),
+            // Written once: only a deleted Secret is written again.
+            RefreshPolicy::CreatedOnce => (synced.is_none(), existing.is_none()),
+        };
+        if !due && !drift {
+            return Ok((
+                Outcome {
+                    reason: Reason::SecretSynced,
+                    message: synced_message(&target),
+                    refreshed: false,
+                    synced_generation: Some(generation),
+                    secret: target.clone(),
+                },
+                "unchanged",
+            ));
+        }
+        // Not due: only the Secret drifted, and any cached value will do to repair it.
+        let max_age = if due { refresh.max_age() } else { None };
+
+        let binding = match bind(&*self.catalog, namespace, name).await {
+            Ok(b) => b,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, e.to_string())),
+        };
+        let cx = Context {
+            namespace: namespace.to_string(),
+            external_secret: name.to_string(),
+            store_kind: binding.store_kind,
+            store_name: binding.store_name.clone(),
+        };
+        let spec = match crate::api::validate::provider(&binding.provider, binding.store_kind) {
+            Ok(s) => s,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
+        };
+        let service_account = es
+            .spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_string());
+        let audiences = token_audiences(spec, binding.store_kind);
+        let tokens = match self
+            .tokens
+            .tokens(namespace, &service_account, &audiences)
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
+        };
+        let identity = PodInfo {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: String::new(),
+            service_account,
+            tokens,
+        };
+        let source = match Source::new(&cx, &binding, &identity) {
+            Ok(s) => s,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, e.to_string())),
+        };
+        let plan = match resolve::plan(&cx, &es.spec) {
+            Ok(p) => p,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, e.to_string())),
+        };
+        let now = Instant::now();
+        if let Some(off) = self.backoff.check(source.store(), source.identity(), now) {
+            let wait = off.next.saturating_duration_since(now);
+            return Ok(fail(
+                Reason::SecretSyncedError,
+                format!(
+                    "{cx}: backing off after {} failed attempt(s) as service account {}; next \
+                     attempt in {:.1}s; the Secret is kept as it is",
+                    off.failures,
+                    source.identity(),
+                    wait.as_secs_f64()
+                ),
+            ));
+        }
+        let budget = (desired::MAX_SECRET_BYTES as u64).saturating_mul(4);
+        let fetched = self.fetcher.fetch(&source, plan, max_age, budget).await;
+        match &fetched {
+            Ok(_) => self.backoff.succeeded(source.store(), source.identity()),
+            Err(FetchError::Provider { source: e, .. }) if backoff::is_transient(e) => {
+                self.backoff
+                    .failed(source.store(), source.identity(), Instant::now());
+            }
+            Err(_) => {}
+        }
+        let fetched = match fetched {
+            Ok(f) => f,
+            Err(FetchError::Provider {
+                source: ProviderError::NotFound,
+                key,
+                ..
+            }) => {
+                let what = key.map(|k| format!(", {k}")).unwrap_or_default();
+                return self
+                    .remote_gone(
+                        es,
+                        policy,
+                        &secrets,
+                        existing.as_ref(),
+                        &target,
+                        &format!("{cx}{what}"),
+                    )
+                    .await
+                    .map(|o| {
+                        let label = if o.reason == Reason::SecretDeleted {
+                            "deleted"
+                        } else {
+                            "error"
+                        };
+                        (o, label)
+                    });
+            }
+            Err(e) => {
+                return Ok(fail(
+                    Reason::SecretSyncedError,
+                    format!("{e}; the Secret is kept as it is"),
+                ));
+            }
+        };
+        let entries = match self.render(&cx, es, fetched).await {
+            Ok(e) => e,
+            Err(message) => return Ok(fail(Reason::TemplateError, message)),
+        };
+        let wanted = match desired::secret(es, policy, Some(&entries)) {
+            Ok(d) => d,
+            Err(e @ DesiredError::InvalidKey(_)) => {
+                return Ok(fail(Reason::InvalidTarget, format!("{cx}: {e}")));
+            }
+            Err(e @ DesiredError::TooLarge(_)) => {
+                return Ok(fail(Reason::SecretTooLarge, format!("{cx}: {e}")));
+            }
+        };
+        let same_hash = existing
+            .as_ref()
+            .and_then(|m| m.metadata.annotations.as_ref())
+            .and_then(|a| a.get(desired::DATA_HASH_ANNOTATION))
+            .is_some_and(|h| *h == wanted.hash);
+        let synced_outcome = |label| {
+            (
+                Outcome {
+                    reason: Reason::SecretSynced,
+                    message: synced_message(&target),
+                    refreshed: due,
+                    synced_generation: Some(generation),
+                    secret: target.clone(),
+                },
+                label,
+            )
+        };
+        if same_hash && !drift {
+            return Ok(synced_outcome("unchanged"));
+        }
+        match self.apply(&secrets, &key, &wanted).await {
+            Ok(()) => {}
+            Err(outcome) => return Ok(fail(outcome.0, format!("{cx}: {}", outcome.1))),
+        }
+        info!(
+            %namespace, external_secret = %name, secret = %target, keys = ?wanted.keys,
+            dry_run = self.dry_run, "Secret written"
+        );
+        Ok(synced_outcome("synced"))
+    }
+
+    /// The backend says a remote value does not exist: apply `deletionPolicy`.
+    async fn remote_gone(
+        &self,
+        es: &ExternalSecret,
+        policy: CreationPolicy,
+        secrets: &Api<Secret>,
+        existing: Option<&PartialObjectMeta<Secret>>,
+        target: &str,
+        what: &str,
+    ) -> Result<Outcome, MirrorError> {
+        let namespace = es.metadata.namespace.clone().unwrap_or_default();
+        let name = es.metadata.name.clone().unwrap_or_default();
+        let outcome = |reason, message| Outcome {
+            reason,
+            message,
+            refreshed: false,
+            synced_generation: None,
+            secret: target.to_string(),
+        };
+        let deletion = es
+            .spec
+            .target
+            .as_ref()
+            .and_then(|t| t.deletion_policy)
+            .unwrap_or_default();
+        let ours = existing.is_some_and(|m| written_for(m, &name));
+        match deletion {
+            DeletionPolicy::Retain => Ok(outcome(
+                Reason::SecretSyncedError,
+                format!(
+                    "{what}: not found in the backend; the Secret is kept (deletionPolicy Retain)"
+                ),
+            )),
+            DeletionPolicy::Delete => {
+                if ours && self.may_write() {
+                    if self.dry_run {
+                        info!(%namespace, external_secret = %name, secret = %target, "dry run: would delete the Secret");
+                    } else {
+                        match secrets.delete(target, &DeleteParams::default()).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(s)) if s.code == 404 => {}
+                            Err(e) => {
+                                return Err(self.api_error(
+                                    &namespace,
+                                    &name,
+                                    "deleting the Secret",
+                                    e,
+                                ));
+                            }
+                        }
+                        self.forget_written(&namespace, target);
+                    }
+                }
+                Ok(outcome(
+                    Reason::SecretDeleted,
+                    format!(
+                        "{what}: not found in the backend; Secret {target:?} deleted (deletionPolicy Delete)"
+                    ),
+                ))
+            }
+            DeletionPolicy::Merge => {
+                if existing.is_some() {
+                    let wanted =
+                        desired::secret(es, policy, None).map_err(|e| MirrorError::Api {
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        })?;
+                    let key = (namespace.clone(), target.to_string());
+                    if let Err((reason, message)) = self.apply(secrets, &key, &wanted).await {
+                        return Ok(outcome(reason, format!("{what}: {message}")));
+                    }
+                }
+                Ok(outcome(
+                    Reason::SecretDeleted,
+                    format!(
+                        "{what}: not found in the backend; the keys Latchkey wrote were removed \
+                         from Secret {target:?} (deletionPolicy Merge)"
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Server-side apply of `wanted`, taking back fields others changed (drift repair).
+    async fn apply(
+        &self,
+        secrets: &Api<Secret>,
+        key: &(String, String),
+        wanted: &desired::Desired,
+    ) -> Result<(), (Reason, String)> {
+        if !self.may_write() {
+            return Err((
+                Reason::SecretSyncedError,
+                "this replica lost leadership before writing; the leader will".into(),
+            ));
+        }
+        if self.dry_run {
+            info!(namespace = %key.0, secret = %wanted.name, keys = ?wanted.keys, "dry run: would apply the Secret");
+            return Ok(());
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match secrets
+            .patch(&wanted.name, &params, &Patch::Apply(&wanted.body))
+            .await
+        {
+            Ok(written) => {
+                if let Some(rv) = written.metadata.resource_version {
+                    self.remember_written(key.clone(), rv);
+                }
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("immutable") => Err((
+                Reason::SecretImmutable,
+                format!(
+                    "Secret {:?} is immutable and its values changed; delete it to let Latchkey \
+                     write the new values",
+                    wanted.name
+                ),
+            )),
+            Err(kube::Error::Api(s)) if s.code == 422 => Err((
+                Reason::InvalidTarget,
+                format!(
+                    "the API server refused Secret {:?}: {}",
+                    wanted.name, s.message
+                ),
+            )),
+            Err(e) => Err((
+                Reason::SecretSyncedError,
+                format!("cannot write Secret {:?}: {}", wanted.name, describe(&e)),
+            )),
+        }
+    }
+
+    /// The fetched values as Secret entries: on the compute pool unless trivially small.
+    async fn render(
+        &self,
+        cx: &Context,
+        es: &ExternalSecret,
+        fetched: resolve::Fetched,
+    ) -> Result<std::collections::BTreeMap<String, crate::secret::SecretBytes>, String> {
+        if resolve::is_light(&es.spec, &fetched) {
+            return resolve::entries(cx, &es.spec, &fetched, None).map_err(|e| e.to_string());
+        }
+        let spec = es.spec.clone();
+        let owned = cx.clone();
+        self.compute
+            .run(&cx.namespace, move || {
+                resolve::entries(&owned, &spec, &fetched, None).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| format!("{cx}: {e}"))?
+    }
+
+    /// Writes the outcome to the status (when it changed) and as an Event.
+    async fn report(
+        &self,
+        es: &ExternalSecret,
+        namespace: &str,
+        name: &str,
+        outcome: &Outcome,
+        label: &str,
+    ) -> Result<(), MirrorError> {
+        let Some(next) = status::next(es.status.as_ref(), outcome) else {
+            return Ok(());
+        };
+        if !outcome.reason.is_ready() {
+            warn!(%namespace, external_secret = %name, reason = outcome.reason.as_str(), message = %outcome.message, "mirror failed");
+        }
+        if self.dry_run || !self.may_write() {
+            debug!(%namespace, external_secret = %name, "status not written (dry run or not leader)");
+            return Ok(());
+        }
+        let previous = es
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .and_then(|c| c.reason.clone());
+        let api: Api<ExternalSecret> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({ "status": next });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // Deleted meanwhile: nothing to report on.
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(self.api_error(namespace, name, "writing the status", e)),
+        }
+        let changed = previous.as_deref() != Some(outcome.reason.as_str());
+        if let Some(events) = &self.events
+            && (changed || label == "synced")
+        {
+            let target = EventTarget {
+                api_version: "latchkey.dev/v1alpha1",
+                kind: "ExternalSecret",
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uid: es.metadata.uid.clone().unwrap_or_default(),
+            };
+            let type_ = if outcome.reason.is_ready() {
+                NORMAL
+            } else {
+                WARNING
+            };
+            events.record(
+                &target,
+                type_,
+                outcome.reason.as_str(),
+                "Mirror",
+                &outcome.message,
+            );
+        }
+        Ok(())
+    }
+
+    /// When to reconcile again, and the bookkeeping of failures and refreshes.
+    fn schedule(
+        &self,
+        es: &ExternalSecret,
+        namespace: &str,
+        name: &str,
+        outcome: &Outcome,
+    ) -> Option<Duration> {
+        let interval = Refresh::parse(es.spec.refresh_interval.as_deref())
+            .ok()
+            .and_then(Refresh::max_age);
+        let periodic = es.spec.refresh_policy.unwrap_or_default() == RefreshPolicy::Periodic;
+        let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = progress
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default();
+        let now = Instant::now();
+        if outcome.reason.is_ready() || outcome.reason == Reason::SecretDeleted {
+            entry.failures = 0;
+            if outcome.refreshed {
+                entry.next_refresh = interval
+                    .filter(|_| periodic)
+                    .map(|i| now + i.mul_f64(1.0 + fastrand::f64() * REFRESH_JITTER));
+            }
+            return entry
+                .next_refresh
+                .filter(|_| periodic)
+                .map(|t| t.saturating_duration_since(now));
+        }
+        entry.failures = entry.failures.saturating_add(1);
+        let exponent = entry.failures.saturating_sub(1).min(20);
+        let cap = interval.unwrap_or(backoff::MAX_DELAY).max(RETRY_FLOOR);
+        let delay = RETRY_FLOOR.saturating_mul(1 << exponent).min(cap);
+        Some(delay.mul_f64(1.0 - fastrand::f64() * backoff::JITTER))
+    }
+
+    fn refresh_due(&self, namespace: &str, name: &str) -> bool {
+        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        progress
+            .get(&(namespace.to_string(), name.to_string()))
+            .and_then(|p| p.next_refresh)
+            .is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn queued(&self) -> usize {
+        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        progress
+            .values()
+            .filter(|p| p.next_refresh.is_some() || p.failures > 0)
+            .count()
+    }
+
+    fn forget(&self, namespace: &str, name: &str) {
+        let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        progress.remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    fn written(&self, key: &(String, String)) -> Option<Written> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.get(key).cloned()
+    }
+
+    fn remember_written(&self, key: (String, String), resource_version: String) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.insert(key, Written { resource_version });
+    }
+
+    fn forget_written(&self, namespace: &str, target: &str) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.remove(&(namespace.to_string(), target.to_string()));
+    }
+
+    /// Checked right before every write: a replica whose lease may have lapsed writes nothing.
+    fn may_write(&self) -> bool {
+        self.leadership.is_leader()
+    }
+
+    fn api_error(&self, namespace: &str, name: &str, what: &str, e: kube::Error) -> MirrorError {
+        MirrorError::Api {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            reason: format!("{what}: {}", describe(&e)),
+        }
+    }
+}
+
+/// The creation policy, `None` when absent.
+pub fn creation_policy(es: &ExternalSecret) -> CreationPolicy {
+    es.spec
+        .target
+        .as_ref()
+        .and_then(|t| t.creation_policy)
+        .unwrap_or_default()
+}
+
+/// Whether `secret` carries this controller's mark for the ExternalSecret `name`.
+fn written_for(secret: &PartialObjectMeta<Secret>, name: &str) -> bool {
+    let labelled = secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(desired::MANAGED_LABEL))
+        .is_some_and(|v| v == "true");
+    let annotated = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXTERNAL_SECRET_ANNOTATION))
+        .is_some_and(|v| v == name);
+    labelled && annotated
+}
+
+/// Who else manages a Secret, for conflict messages.
+fn owner_hint(secret: &PartialObjectMeta<Secret>) -> String {
+    let managers: Vec<&str> = secret
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.as_deref())
+        .filter(|m| *m != FIELD_MANAGER)
+        .collect();
+    if managers.is_empty() {
+        String::new()
+    } else {
+        format!(" (managed by {})", managers.join(", "))
+    }
+}
+
+fn synced_message(target: &str) -> String {
+    format!("Secret {target:?} is up to date")
+}
+
+/// A kube error without anything but the API server's Status message.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,196 @@
+//! Service-account tokens for the mirror controller, which has no pod: minted through the
+//! TokenRequest API as an ExternalSecret's `spec.serviceAccountName`, for exactly the audiences
+//! its store needs, valid for 10 minutes (the API server's minimum) and reused until 80% of
+//! their life has passed. Tokens never reach logs, errors or `Debug` output.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use crate::identity::{PodTokens, ServiceAccountToken};
+use crate::secret::SecretString;
+
+/// Lifetime asked for: the shortest the API server grants.
+pub const TOKEN_LIFETIME: Duration = Duration::from_secs(600);
+/// Share of a token's life after which a new one is minted.
+const REUSE_FRACTION: f64 = 0.8;
+/// Most tokens remembered; past it expired ones are swept, then the oldest dropped.
+const MAX_TOKENS: usize = 4096;
+
+/// Why a token could not be minted. Never contains a token.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The API server refused or failed the TokenRequest.
+    #[error(
+        "cannot mint a token for service account {namespace}/{service_account} (audience \
+         {audience:?}): {reason}"
+    )]
+    Refused {
+        /// Namespace of the service account.
+        namespace: String,
+        /// The service account.
+        service_account: String,
+        /// Audience asked for (`""`: the API server's).
+        audience: String,
+        /// What the API server said (its Status message, which holds no token).
+        reason: String,
+        /// Whether trying again later may work (5xx, 429, connection errors).
+        transient: bool,
+    },
+}
+
+impl TokenError {
+    /// True when a later attempt may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TokenError::Refused { transient, .. } => *transient,
+        }
+    }
+}
+
+type Key = (String, String, String);
+
+struct Minted {
+    token: ServiceAccountToken,
+    renew_at: Instant,
+}
+
+/// Mints and caches tokens per (namespace, service account, audience).
+pub struct TokenMinter {
+    client: Client,
+    cache: Mutex<HashMap<Key, Minted>>,
+}
+
+impl TokenMinter {
+    /// A minter calling the API server through `client` (which needs `create` on
+    /// `serviceaccounts/token` in the namespaces it serves).
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The tokens of `namespace/service_account` for `audiences`, minted when not cached.
+    pub async fn tokens(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audiences: &[String],
+    ) -> Result<PodTokens, TokenError> {
+        let mut out = Vec::with_capacity(audiences.len());
+        for audience in audiences {
+            let token = self.token(namespace, service_account, audience).await?;
+            out.push((audience.clone(), token));
+        }
+        Ok(PodTokens::from_tokens(out))
+    }
+
+    async fn token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audience: &str,
+    ) -> Result<ServiceAccountToken, TokenError> {
+        let key = (
+            namespace.to_string(),
+            service_account.to_string(),
+            audience.to_string(),
+        );
+        if let Some(token) = self.cached(&key) {
+            return Ok(token);
+        }
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                // No audience: the API server's own.
+                audiences: if audience.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![audience.to_string()]
+                },
+                expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
+                bound_object_ref: None,
+            },
+            ..Default::default()
+        };
+        let asked = Instant::now();
+        let refused = |reason: String, transient: bool| TokenError::Refused {
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+            audience: audience.to_string(),
+            reason,
+            transient,
+        };
+        let response = api
+            .create_token_request(service_account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(status) => {
+                    let transient = status.code == 429 || status.code >= 500;
+                    refused(format!("{} ({})", status.message, status.code), transient)
+                }
+                other => refused(other.to_string(), true),
+            })?;
+        let status = response
+            .status
+            .filter(|s| !s.token.is_empty())
+            .ok_or_else(|| refused("the API server returned no token".into(), true))?;
+        // The API server may grant a different lifetime than asked; reuse by what it granted.
+        let granted = status
+            .expiration_timestamp
+            .0
+            .duration_since(k8s_openapi::jiff::Timestamp::now())
+            .try_into()
+            .unwrap_or(TOKEN_LIFETIME)
+            .min(TOKEN_LIFETIME * 6);
+        let token = ServiceAccountToken {
+            token: SecretString::new(status.token),
+            expiration: Some(status.expiration_timestamp.0.to_string()),
+        };
+        self.remember(
+            key,
+            Minted {
+                token: token.clone(),
+                renew_at: asked + granted.mul_f64(REUSE_FRACTION),
+            },
+        );
+        Ok(token)
+    }
+
+    fn cached(&self, key: &Key) -> Option<ServiceAccountToken> {
+        // Each critical section is one map operation: a poisoned lock still holds a whole map.
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .get(key)
+            .filter(|m| Instant::now() < m.renew_at)
+            .map(|m| m.token.clone())
+    }
+
+    fn remember(&self, key: Key, minted: Minted) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= MAX_TOKENS && !cache.contains_key(&key) {
+            let now = Instant::now();
+            cache.retain(|_, m| now < m.renew_at);
+            if cache.len() >= MAX_TOKENS
+                && let Some(oldest) = cache
+                    .iter()
+                    .min_by_key(|(_, m)| m.renew_at)
+                    .map(|(k, _)| k.clone())
+            {
+                cache.remove(&oldest);
+            }
+        }
+        cache.insert(key, minted);
+    }
+
+    /// Tokens currently cached (for tests and metrics).
+    pub fn cached_count(&self) -> usize {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}

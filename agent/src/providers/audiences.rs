@@ -1,0 +1,102 @@
+//! Which service-account token audiences a store's provider asks the caller's identity for. The
+//! node agent gets these tokens from kubelet (the CSIDriver's `tokenRequests`); the mirror
+//! controller, which has no pod, mints exactly these through the TokenRequest API and no others.
+
+use crate::api::StoreKind;
+use crate::api::validate::ProviderSpec;
+
+/// The audiences of the tokens `spec` will look up in [`crate::identity::PodTokens`] (`""` is
+/// the API server's own audience), in a stable order without duplicates.
+pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<String> {
+    // A SecretStore's credential Secrets are read as the caller, with an API-server token
+    // (see `credentials::read`).
+    let credentials_as_caller = store_kind == StoreKind::SecretStore;
+    let api_server = || String::new();
+    let mut out = Vec::new();
+    match spec {
+        ProviderSpec::Aws(aws) => {
+            let auth = aws.auth.as_ref();
+            if let Some(jwt) = auth.and_then(|a| a.jwt.as_ref()) {
+                out.push(
+                    jwt.audience
+                        .clone()
+                        .unwrap_or_else(|| super::aws::DEFAULT_AUDIENCE.to_string()),
+                );
+            }
+            if auth.is_some_and(|a| a.secret_ref.is_some()) && credentials_as_caller {
+                out.push(api_server());
+            }
+        }
+        ProviderSpec::Vault(vault) => {
+            let auth = &vault.auth;
+            for role in [&auth.kubernetes, &auth.jwt].into_iter().flatten() {
+                out.push(role.audience.clone().unwrap_or_default());
+            }
+            let secret_ref = auth.token_secret_ref.is_some() || auth.app_role.is_some();
+            if secret_ref && credentials_as_caller {
+                out.push(api_server());
+            }
+        }
+        ProviderSpec::Kubernetes(k) => out.push(k.audience.clone().unwrap_or_default()),
+        ProviderSpec::Fake(_) => {}
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::store::*;
+
+    fn aws(auth: AwsAuth) -> AwsProvider {
+        AwsProvider {
+            service: "SecretsManager".into(),
+            region: "eu-west-1".into(),
+            endpoint: None,
+            role: None,
+            auth: Some(auth),
+        }
+    }
+
+    #[test]
+    fn each_auth_method_asks_for_its_own_audience_only() {
+        let jwt = aws(AwsAuth {
+            jwt: Some(AwsJwtAuth { audience: None }),
+            ..Default::default()
+        });
+        assert_eq!(
+            token_audiences(ProviderSpec::Aws(&jwt), StoreKind::SecretStore),
+            ["sts.amazonaws.com"]
+        );
+        let keys = aws(AwsAuth {
+            secret_ref: Some(AwsSecretRef {
+                access_key_id_secret_ref: SecretKeySelector::default(),
+                secret_access_key_secret_ref: SecretKeySelector::default(),
+                session_token_secret_ref: None,
+            }),
+            ..Default::default()
+        });
+        assert_eq!(
+            token_audiences(ProviderSpec::Aws(&keys), StoreKind::SecretStore),
+            [""]
+        );
+        // A ClusterSecretStore's credentials are the agent's to read: no token of the caller.
+        assert!(
+            token_audiences(ProviderSpec::Aws(&keys), StoreKind::ClusterSecretStore).is_empty()
+        );
+        let k8s = KubernetesProvider {
+            audience: Some("api".into()),
+        };
+        assert_eq!(
+            token_audiences(
+                ProviderSpec::Kubernetes(&k8s),
+                StoreKind::ClusterSecretStore
+            ),
+            ["api"]
+        );
+        let fake = FakeProvider::default();
+        assert!(token_audiences(ProviderSpec::Fake(&fake), StoreKind::SecretStore).is_empty());
+    }
+}
