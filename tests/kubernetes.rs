@@ -19,7 +19,7 @@ const INTRUDER_TOKEN: &str = "eyJ.intruder-pod-token-e2e.sig";
 const PASSWORD: &str = "hunter2-k8s-provider-e2e";
 
 /// A cluster with namespaces `shop` (team a) and `other` (team b), the agent's permissions from
-/// daemonset/rbac.yaml, and one pod service account (`shop/web`) allowed to read its Secret.
+/// daemonset/base/rbac.yaml, and one pod service account (`shop/web`) allowed to read its Secret.
 async fn cluster() -> FakeApiServer {
     let s = FakeApiServer::start().await;
     s.add_identity(AGENT_TOKEN, Identity::Agent);

@@ -284,7 +284,7 @@ impl Reconciler {
             return Ok((
                 Outcome {
                     reason: Reason::SecretSynced,
-                    message: synced_message(&target),
+                    message: synced_message(namespace, name, &target),
                     refreshed: false,
                     synced_generation: Some(generation),
                     secret: target.clone(),
@@ -418,7 +418,7 @@ impl Reconciler {
             (
                 Outcome {
                     reason: Reason::SecretSynced,
-                    message: synced_message(&target),
+                    message: synced_message(namespace, name, &target),
                     refreshed: due,
                     synced_generation: Some(generation),
                     secret: target.clone(),
@@ -785,8 +785,8 @@ fn owner_hint(secret: &PartialObjectMeta<Secret>) -> String {
     }
 }
 
-fn synced_message(target: &str) -> String {
-    format!("Secret {target:?} is up to date")
+fn synced_message(namespace: &str, name: &str, target: &str) -> String {
+    format!("namespace \"{namespace}\", ExternalSecret \"{name}\": Secret {target:?} is up to date")
 }
 
 /// A kube error without anything but the API server's Status message.

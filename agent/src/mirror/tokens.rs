@@ -4,7 +4,7 @@
 //! their life has passed. Tokens never reach logs, errors or `Debug` output.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -64,6 +64,9 @@ struct Minted {
 pub struct TokenMinter {
     client: Client,
     cache: Mutex<HashMap<Key, Minted>>,
+    /// One mint at a time per key: ExternalSecrets of one service account reconciled together
+    /// share one TokenRequest.
+    minting: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl TokenMinter {
@@ -73,6 +76,7 @@ impl TokenMinter {
         Self {
             client,
             cache: Mutex::new(HashMap::new()),
+            minting: Mutex::new(HashMap::new()),
         }
     }
 
@@ -105,6 +109,28 @@ impl TokenMinter {
         if let Some(token) = self.cached(&key) {
             return Ok(token);
         }
+        let gate = {
+            let mut minting = self.minting.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(minting.entry(key.clone()).or_default())
+        };
+        let minted = {
+            let _turn = gate.lock().await;
+            // Whoever held the gate before may have minted it meanwhile.
+            match self.cached(&key) {
+                Some(token) => Ok(token),
+                None => self.mint(&key).await,
+            }
+        };
+        let mut minting = self.minting.lock().unwrap_or_else(|p| p.into_inner());
+        // The map holds only keys being minted: the last one out removes its gate.
+        if Arc::strong_count(&gate) <= 2 {
+            minting.remove(&key);
+        }
+        minted
+    }
+
+    async fn mint(&self, key: &Key) -> Result<ServiceAccountToken, TokenError> {
+        let (namespace, service_account, audience) = (&key.0, &key.1, &key.2);
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         let request = TokenRequest {
             spec: TokenRequestSpec {
@@ -154,7 +180,7 @@ impl TokenMinter {
             expiration: Some(status.expiration_timestamp.0.to_string()),
         };
         self.remember(
-            key,
+            key.clone(),
             Minted {
                 token: token.clone(),
                 renew_at: asked + granted.mul_f64(REUSE_FRACTION),

@@ -1,0 +1,524 @@
+//! End to end: the real `latchkey controller` against the fake API server mirrors ExternalSecrets
+//! that ask for it into Secrets, repairs drift, refuses Secrets that are not its own, applies the
+//! deletion policies only when the remote value is gone, and writes only while it leads.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use support::apiserver::{API_AUDIENCE, FakeApiServer, Identity};
+use support::controller::ControllerProcess;
+
+const CONTROLLER_TOKEN: &str = "controller-token-e2e";
+const OTHER_REPLICA_TOKEN: &str = "controller-token-e2e-b";
+const PASSWORD: &str = "mirror-e2e-hunter2";
+const ROTATED: &str = "mirror-e2e-rotated-7";
+
+fn controller_identity(name: &str) -> Identity {
+    Identity::service_account("latchkey", name)
+}
+
+/// What `daemonset/` grants the controller: read Latchkey objects and Namespaces, write the
+/// status of ExternalSecrets, Secrets, Events, Leases in its namespace, and mint tokens.
+fn allow_controller(s: &FakeApiServer, who: Identity) {
+    for verb in ["get", "list", "watch"] {
+        for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
+            s.allow(who.clone(), verb, "latchkey.dev", resource, None);
+        }
+        s.allow(who.clone(), verb, "", "namespaces", None);
+        s.allow(who.clone(), verb, "", "secrets", None);
+    }
+    for verb in ["create", "patch", "delete"] {
+        s.allow(who.clone(), verb, "", "secrets", None);
+    }
+    s.allow(
+        who.clone(),
+        "patch",
+        "latchkey.dev",
+        "externalsecrets/status",
+        None,
+    );
+    for verb in ["create", "patch"] {
+        s.allow(who.clone(), verb, "", "events", None);
+    }
+    s.allow(who.clone(), "create", "", "serviceaccounts/token", None);
+    for verb in ["get", "create", "update"] {
+        s.allow(
+            who.clone(),
+            verb,
+            "coordination.k8s.io",
+            "leases",
+            Some("latchkey"),
+        );
+    }
+}
+
+fn fake_store(value: &str) -> Value {
+    json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+    "metadata": {"name": "vault-like", "namespace": "shop"},
+    "spec": {"provider": {"fake": {"data": [
+        {"key": "shop/db", "value": json!({"password": value, "user": "shop"}).to_string()}
+    ]}}}})
+}
+
+fn external_secret(name: &str, target: Value) -> Value {
+    json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "vault-like"}, "refreshInterval": "1s",
+                 "data": [{"secretKey": "password",
+                           "remoteRef": {"key": "shop/db", "property": "password"}}],
+                 "target": target}})
+}
+
+async fn cluster() -> FakeApiServer {
+    let s = FakeApiServer::start().await;
+    s.add_identity(CONTROLLER_TOKEN, controller_identity("latchkey-controller"));
+    allow_controller(&s, controller_identity("latchkey-controller"));
+    for ns in ["shop", "latchkey"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": ns}}));
+    }
+    s.apply(fake_store(PASSWORD));
+    s
+}
+
+fn secret(s: &FakeApiServer, name: &str) -> Option<Value> {
+    s.get("v1", "Secret", Some("shop"), name)
+}
+
+fn decoded(secret: &Value, key: &str) -> Option<String> {
+    let b64 = secret.pointer(&format!("/data/{key}"))?.as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+fn ready(s: &FakeApiServer, name: &str) -> Option<(String, String, String)> {
+    let es = s.get(
+        "latchkey.dev/v1alpha1",
+        "ExternalSecret",
+        Some("shop"),
+        name,
+    )?;
+    let conditions = es.pointer("/status/conditions")?.as_array()?;
+    let c = conditions.iter().find(|c| c["type"] == "Ready")?;
+    Some((
+        c["status"].as_str()?.to_string(),
+        c["reason"].as_str()?.to_string(),
+        c["message"].as_str().unwrap_or_default().to_string(),
+    ))
+}
+
+/// Polls `check` every 50 ms for up to `within`.
+async fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn no_value_leaked(s: &FakeApiServer, c: &ControllerProcess) {
+    let log = c.log_text();
+    let events = serde_json::to_string(&s.events()).unwrap();
+    let statuses =
+        serde_json::to_string(&s.objects("latchkey.dev/v1alpha1", "ExternalSecret")).unwrap();
+    for value in [PASSWORD, ROTATED, CONTROLLER_TOKEN] {
+        assert!(!log.contains(value), "log shows {value:?}");
+        assert!(!events.contains(value), "an Event shows {value:?}");
+        assert!(!statuses.contains(value), "a status shows {value:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
+    let s = cluster().await;
+    s.apply(external_secret(
+        "db",
+        json!({"creationPolicy": "Owner", "name": "db-secret",
+        "template": {"type": "kubernetes.io/basic-auth",
+                     "metadata": {"labels": {"team": "shop"}}}}),
+    ));
+    // Mount-only: the controller never touches it.
+    s.apply(external_secret("mount-only", json!({})));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+
+    let created = eventually(Duration::from_secs(15), "the Secret", || {
+        secret(&s, "db-secret")
+    })
+    .await;
+    assert_eq!(decoded(&created, "password").as_deref(), Some(PASSWORD));
+    assert_eq!(created["type"], "kubernetes.io/basic-auth");
+    assert_eq!(created["metadata"]["labels"]["team"], "shop");
+    let es = s
+        .get(
+            "latchkey.dev/v1alpha1",
+            "ExternalSecret",
+            Some("shop"),
+            "db",
+        )
+        .unwrap();
+    let owner = &created["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["uid"], es["metadata"]["uid"]);
+    assert_eq!(owner["kind"], "ExternalSecret");
+    assert_eq!(owner["controller"], true);
+    let managers: Vec<&str> = created["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"latchkey"), "{managers:?}");
+    let (status, reason, _) = eventually(Duration::from_secs(10), "Ready", || {
+        ready(&s, "db").filter(|r| r.0 == "True")
+    })
+    .await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "SecretSynced"));
+    let es = s
+        .get(
+            "latchkey.dev/v1alpha1",
+            "ExternalSecret",
+            Some("shop"),
+            "db",
+        )
+        .unwrap();
+    assert_eq!(es["status"]["binding"]["name"], "db-secret");
+    assert_eq!(
+        es["status"]["syncedResourceVersion"],
+        es["metadata"]["generation"].to_string()
+    );
+    assert!(secret(&s, "mount-only").is_none());
+
+    // Unchanged data: refreshes every second write nothing.
+    let rv = created["metadata"]["resourceVersion"].clone();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        secret(&s, "db-secret").unwrap()["metadata"]["resourceVersion"],
+        rv
+    );
+
+    // Someone edits the Secret by hand: repaired from the cache, no backend call needed.
+    let mut edited = secret(&s, "db-secret").unwrap();
+    edited["data"]["password"] = json!(base64::engine::general_purpose::STANDARD.encode("oops"));
+    s.apply(edited);
+    eventually(Duration::from_secs(10), "the edit repaired", || {
+        secret(&s, "db-secret").filter(|x| decoded(x, "password").as_deref() == Some(PASSWORD))
+    })
+    .await;
+
+    // Someone deletes it: written again.
+    s.delete("v1", "Secret", Some("shop"), "db-secret");
+    eventually(Duration::from_secs(10), "the Secret recreated", || {
+        secret(&s, "db-secret")
+    })
+    .await;
+
+    // The remote value changes: the Secret follows within the refresh interval.
+    s.apply(fake_store(ROTATED));
+    eventually(Duration::from_secs(10), "the rotated value", || {
+        secret(&s, "db-secret").filter(|x| decoded(x, "password").as_deref() == Some(ROTATED))
+    })
+    .await;
+
+    // The ExternalSecret goes: garbage collection takes the Secret with it.
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "ExternalSecret",
+        Some("shop"),
+        "db",
+    );
+    s.collect_garbage();
+    assert!(secret(&s, "db-secret").is_none());
+    assert!(c.metric("latchkey_mirror_leader").await >= 1.0);
+    no_value_leaked(&s, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conflicts_merges_and_bad_targets_each_get_their_reason() {
+    let s = cluster().await;
+    let unowned = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "taken", "namespace": "shop"},
+        "data": {"password": base64::engine::general_purpose::STANDARD.encode("theirs")}});
+    s.apply(unowned);
+    let before = secret(&s, "taken").unwrap();
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "shared", "namespace": "shop"},
+        "data": {"other": base64::engine::general_purpose::STANDARD.encode("kept")}}));
+    s.apply(external_secret(
+        "conflict",
+        json!({"creationPolicy": "Owner", "name": "taken"}),
+    ));
+    s.apply(external_secret(
+        "merge",
+        json!({"creationPolicy": "Merge", "name": "shared"}),
+    ));
+    s.apply(external_secret(
+        "missing",
+        json!({"creationPolicy": "Merge", "name": "absent"}),
+    ));
+    let mut slashed = external_secret("slashed", json!({"creationPolicy": "Owner"}));
+    slashed["spec"]["data"][0]["secretKey"] = json!("db/password");
+    s.apply(slashed);
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+
+    for (name, want) in [
+        ("conflict", "SecretConflict"),
+        ("missing", "SecretMissing"),
+        ("slashed", "InvalidTarget"),
+        ("merge", "SecretSynced"),
+    ] {
+        let (_, reason, message) = eventually(Duration::from_secs(15), name, || {
+            ready(&s, name).filter(|r| r.1 == want)
+        })
+        .await;
+        assert!(message.contains("namespace \"shop\""), "{message}");
+        assert!(message.contains(name), "{message}");
+        assert_eq!(reason, want);
+    }
+    // The unowned Secret is untouched, byte for byte (resourceVersion included).
+    assert_eq!(secret(&s, "taken").unwrap(), before);
+    assert!(secret(&s, "absent").is_none());
+    let merged = secret(&s, "shared").unwrap();
+    assert_eq!(decoded(&merged, "other").as_deref(), Some("kept"));
+    assert_eq!(decoded(&merged, "password").as_deref(), Some(PASSWORD));
+    assert!(merged["metadata"].get("ownerReferences").is_none());
+    // A conflict is reported as a Warning Event on the ExternalSecret.
+    let events = s.events();
+    assert!(
+        events.iter().any(|e| e["reason"] == "SecretConflict"
+            && e["involvedObject"]["kind"] == "ExternalSecret"
+            && e["type"] == "Warning"),
+        "{events:#?}"
+    );
+    no_value_leaked(&s, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deletion_policies_apply_only_when_the_remote_value_is_gone() {
+    let s = cluster().await;
+    for (name, deletion) in [("retain", "Retain"), ("delete", "Delete")] {
+        let mut es = external_secret(
+            name,
+            json!({"creationPolicy": "Owner", "deletionPolicy": deletion}),
+        );
+        es["spec"]["data"][0]["remoteRef"] = json!({"key": "shop/db", "property": "password"});
+        s.apply(es);
+    }
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    for name in ["retain", "delete"] {
+        eventually(Duration::from_secs(15), name, || secret(&s, name)).await;
+    }
+
+    // The store disappears: an error, not a deletion. Both Secrets are kept as they are.
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "SecretStore",
+        Some("shop"),
+        "vault-like",
+    );
+    for name in ["retain", "delete"] {
+        let (_, _, message) = eventually(Duration::from_secs(10), name, || {
+            ready(&s, name).filter(|r| r.1 == "SecretSyncedError")
+        })
+        .await;
+        assert!(message.contains("vault-like"), "{message}");
+    }
+    assert!(secret(&s, "retain").is_some() && secret(&s, "delete").is_some());
+
+    // The remote key is gone: Delete removes its Secret, Retain keeps it.
+    let mut empty = fake_store(PASSWORD);
+    empty["spec"]["provider"]["fake"]["data"] = json!([{"key": "other", "value": "x"}]);
+    s.apply(empty);
+    eventually(Duration::from_secs(15), "the Delete policy", || {
+        secret(&s, "delete").is_none().then_some(())
+    })
+    .await;
+    let (_, reason, _) = eventually(Duration::from_secs(10), "SecretDeleted", || {
+        ready(&s, "delete").filter(|r| r.1 == "SecretDeleted")
+    })
+    .await;
+    assert_eq!(reason, "SecretDeleted");
+    let (_, _, message) = eventually(Duration::from_secs(10), "Retain", || {
+        ready(&s, "retain").filter(|r| r.2.contains("deletionPolicy Retain"))
+    })
+    .await;
+    assert!(message.contains("remote key \"shop/db\""), "{message}");
+    assert_eq!(
+        decoded(&secret(&s, "retain").unwrap(), "password").as_deref(),
+        Some(PASSWORD)
+    );
+    no_value_leaked(&s, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_leader_writes_and_a_successor_takes_over() {
+    let s = cluster().await;
+    s.add_identity(
+        OTHER_REPLICA_TOKEN,
+        controller_identity("latchkey-controller-b"),
+    );
+    allow_controller(&s, controller_identity("latchkey-controller-b"));
+    s.apply(external_secret("first", json!({"creationPolicy": "Owner"})));
+    let mut a =
+        ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    eventually(Duration::from_secs(15), "the first Secret", || {
+        secret(&s, "first")
+    })
+    .await;
+    let b =
+        ControllerProcess::start(&s.kubeconfig_yaml(OTHER_REPLICA_TOKEN), "replica-b", &[]).await;
+    let lease = s
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("latchkey"),
+            "latchkey-controller",
+        )
+        .expect("the leader Lease");
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes_by = |who: &Identity| {
+        s.requests()
+            .iter()
+            .filter(|r| r.identity.as_ref() == Some(who))
+            .filter(|r| {
+                r.path.contains("/secrets") && matches!(r.method.as_str(), "PATCH" | "POST" | "PUT")
+            })
+            .count()
+    };
+    let b_identity = controller_identity("latchkey-controller-b");
+    assert_eq!(writes_by(&b_identity), 0, "the follower wrote a Secret");
+    assert_eq!(b.metric("latchkey_mirror_leader").await, 0.0);
+
+    // The leader dies without releasing its lease: the follower takes over within the lease
+    // duration (3 s) plus a retry period, and serves a new ExternalSecret.
+    a.kill9();
+    let killed = Instant::now();
+    s.apply(external_secret(
+        "second",
+        json!({"creationPolicy": "Owner"}),
+    ));
+    eventually(Duration::from_secs(15), "the successor's Secret", || {
+        secret(&s, "second")
+    })
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(writes_by(&b_identity) > 0);
+    let lease = s
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("latchkey"),
+            "latchkey-controller",
+        )
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_server_errors_delay_but_never_lose_work() {
+    let s = cluster().await;
+    s.apply(external_secret("flaky", json!({"creationPolicy": "Owner"})));
+    // The first writes meet a throttling and a failing API server.
+    s.fail_next("PATCH", "/secrets/flaky", 429, 2);
+    s.fail_next("PATCH", "/secrets/flaky", 500, 1);
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    let created = eventually(Duration::from_secs(60), "the Secret after retries", || {
+        secret(&s, "flaky")
+    })
+    .await;
+    assert_eq!(decoded(&created, "password").as_deref(), Some(PASSWORD));
+    // Watches expiring (410) are survived too.
+    s.compact();
+    s.close_watches();
+    s.apply(external_secret(
+        "after-compaction",
+        json!({"creationPolicy": "Owner"}),
+    ));
+    eventually(
+        Duration::from_secs(20),
+        "a Secret after the watch expired",
+        || secret(&s, "after-compaction"),
+    )
+    .await;
+    no_value_leaked(&s, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_as_the_external_secret_s_service_account_with_minted_tokens() {
+    let s = cluster().await;
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "reader", "namespace": "shop"}}));
+    // Only `shop/reader` may read the source Secret; `default` may not.
+    s.allow(
+        Identity::service_account("shop", "reader"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app-credentials", "namespace": "shop"},
+        "stringData": {"password": PASSWORD}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "same-namespace", "namespace": "shop"},
+        "spec": {"provider": {"kubernetes": {}}}}),
+    );
+    for (name, account) in [
+        ("as-reader-1", "reader"),
+        ("as-reader-2", "reader"),
+        ("as-default", "default"),
+    ] {
+        s.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"secretStoreRef": {"name": "same-namespace"}, "refreshInterval": "1s",
+                     "serviceAccountName": account,
+                     "data": [{"secretKey": "password",
+                               "remoteRef": {"key": "app-credentials", "property": "password"}}],
+                     "target": {"creationPolicy": "Owner"}}}),
+        );
+    }
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    for name in ["as-reader-1", "as-reader-2"] {
+        let written = eventually(Duration::from_secs(15), name, || secret(&s, name)).await;
+        assert_eq!(decoded(&written, "password").as_deref(), Some(PASSWORD));
+    }
+    let (_, reason, message) = eventually(Duration::from_secs(15), "as-default refused", || {
+        ready(&s, "as-default").filter(|r| r.1 == "SecretSyncedError")
+    })
+    .await;
+    assert_eq!(reason, "SecretSyncedError");
+    assert!(message.contains("app-credentials"), "{message}");
+    assert!(secret(&s, "as-default").is_none());
+
+    // Several refreshes later: one token per service account and audience, 10 minutes each.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let minted = s.token_requests();
+    let for_reader = minted
+        .iter()
+        .filter(|t| t.namespace == "shop" && t.service_account == "reader")
+        .count();
+    assert_eq!(for_reader, 1, "{minted:?}");
+    assert!(
+        minted.iter().all(|t| t.expiration_seconds == 600),
+        "{minted:?}"
+    );
+    // No audience asked for: the API server's own, as the `kubernetes` provider needs.
+    assert!(
+        minted.iter().all(|t| t.audiences == [API_AUDIENCE]),
+        "{minted:?}"
+    );
+    no_value_leaked(&s, &c);
+}

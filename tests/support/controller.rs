@@ -1,0 +1,136 @@
+//! Runs the real `latchkey controller` as a child process against a fake API server.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{BIN, free_local_addr};
+
+/// A running `latchkey controller`.
+pub struct ControllerProcess {
+    child: Option<Child>,
+    /// Scratch directory holding the kubeconfig and log.
+    pub dir: tempfile::TempDir,
+    /// Where stderr goes.
+    pub log: PathBuf,
+    /// The metrics endpoint.
+    pub metrics_addr: std::net::SocketAddr,
+}
+
+impl ControllerProcess {
+    /// Starts a controller that reads the API through `kubeconfig_yaml`, named `identity` in the
+    /// leader Lease, with short election timings (lease 3 s) unless `extra_args` say otherwise.
+    pub async fn start(kubeconfig_yaml: &str, identity: &str, extra_args: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("latchkey-controller-")
+            .tempdir()
+            .unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml).unwrap();
+        let log = dir.path().join("controller.log");
+        let metrics_addr = free_local_addr();
+        let child = Command::new(BIN)
+            .arg("controller")
+            .arg("--metrics-addr")
+            .arg(metrics_addr.to_string())
+            .args(["--identity", identity, "--pod-namespace", "latchkey"])
+            .args(["--leader-elect-lease-duration", "3s"])
+            .args(["--leader-elect-renew-deadline", "2s"])
+            .args(["--leader-elect-retry-period", "500ms"])
+            .args(extra_args)
+            .env("RUST_LOG", "debug")
+            .env("KUBECONFIG", &kubeconfig)
+            .env("HOME", dir.path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start latchkey controller");
+        let mut c = Self {
+            child: Some(child),
+            dir,
+            log,
+            metrics_addr,
+        };
+        c.wait_ready().await;
+        c
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("controller exited early ({status}):\n{}", self.log_text());
+            }
+            if matches!(self.try_get("/readyz").await, Some((200, _))) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "controller not ready in time:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn try_get(&self, path: &str) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.metrics_addr)
+            .await
+            .ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        let code = out.get(9..12)?.parse().ok()?;
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((code, body))
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.try_get("/metrics").await.expect("metrics endpoint").1
+    }
+
+    /// The value of one metric series (`name{labels}`), 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// Everything logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the process with SIGKILL: no lease release, no cleanup.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("controller running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
