@@ -522,3 +522,270 @@ async fn reads_as_the_external_secret_s_service_account_with_minted_tokens() {
     );
     no_value_leaked(&s, &c);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn orphan_immutable_and_refresh_policies_behave_as_in_eso() {
+    let s = cluster().await;
+    s.apply(external_secret(
+        "orphan",
+        json!({"creationPolicy": "Orphan"}),
+    ));
+    s.apply(external_secret(
+        "frozen",
+        json!({"creationPolicy": "Owner", "immutable": true}),
+    ));
+    let mut once = external_secret("once", json!({"creationPolicy": "Owner"}));
+    once["spec"]["refreshPolicy"] = json!("CreatedOnce");
+    s.apply(once);
+    let mut on_change = external_secret("on-change", json!({"creationPolicy": "Owner"}));
+    on_change["spec"]["refreshPolicy"] = json!("OnChange");
+    s.apply(on_change.clone());
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    for name in ["orphan", "frozen", "once", "on-change"] {
+        eventually(Duration::from_secs(15), name, || secret(&s, name)).await;
+    }
+    assert!(
+        secret(&s, "orphan").unwrap()["metadata"]
+            .get("ownerReferences")
+            .is_none()
+    );
+    assert_eq!(secret(&s, "frozen").unwrap()["immutable"], true);
+
+    // The remote value rotates: periodic refreshes would follow it; these do not.
+    s.apply(fake_store(ROTATED));
+    let (_, _, message) = eventually(Duration::from_secs(10), "frozen refused", || {
+        ready(&s, "frozen").filter(|r| r.1 == "SecretImmutable")
+    })
+    .await;
+    assert!(message.contains("immutable"), "{message}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in ["frozen", "once", "on-change"] {
+        let kept = decoded(&secret(&s, name).unwrap(), "password");
+        assert_eq!(kept.as_deref(), Some(PASSWORD), "{name} changed");
+    }
+    // OnChange follows a change of the spec; CreatedOnce writes a deleted Secret again.
+    on_change["spec"]["refreshInterval"] = json!("2s");
+    s.apply(on_change);
+    eventually(Duration::from_secs(10), "on-change refreshed", || {
+        secret(&s, "on-change").filter(|x| decoded(x, "password").as_deref() == Some(ROTATED))
+    })
+    .await;
+    s.delete("v1", "Secret", Some("shop"), "once");
+    eventually(Duration::from_secs(10), "once recreated", || {
+        secret(&s, "once")
+    })
+    .await;
+
+    // An orphaned Secret outlives its ExternalSecret.
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "ExternalSecret",
+        Some("shop"),
+        "orphan",
+    );
+    s.collect_garbage();
+    assert!(secret(&s, "orphan").is_some());
+    no_value_leaked(&s, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn merge_deletion_removes_only_the_keys_latchkey_wrote() {
+    let s = cluster().await;
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app", "namespace": "shop"},
+        "data": {"other": base64::engine::general_purpose::STANDARD.encode("kept")}}));
+    s.apply(external_secret(
+        "into-app",
+        json!({"creationPolicy": "Merge", "name": "app",
+        "deletionPolicy": "Merge"}),
+    ));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    eventually(Duration::from_secs(15), "the merged key", || {
+        secret(&s, "app").filter(|x| decoded(x, "password").is_some())
+    })
+    .await;
+    let mut gone = fake_store(PASSWORD);
+    gone["spec"]["provider"]["fake"]["data"] = json!([{"key": "other", "value": "x"}]);
+    s.apply(gone);
+    let kept = eventually(Duration::from_secs(15), "the merged key removed", || {
+        secret(&s, "app").filter(|x| decoded(x, "password").is_none())
+    })
+    .await;
+    assert_eq!(decoded(&kept, "other").as_deref(), Some("kept"));
+    let (_, reason, _) = eventually(Duration::from_secs(10), "SecretDeleted", || {
+        ready(&s, "into-app").filter(|r| r.1 == "SecretDeleted")
+    })
+    .await;
+    assert_eq!(reason, "SecretDeleted");
+    no_value_leaked(&s, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn templates_have_no_pod_and_a_dry_run_writes_nothing() {
+    let s = cluster().await;
+    s.apply(external_secret(
+        "uses-pod",
+        json!({"creationPolicy": "Owner",
+        "template": {"data": {"who": "pod.name", "url": "'db://' + secret.password"}}}),
+    ));
+    s.apply(external_secret(
+        "templated",
+        json!({"creationPolicy": "Owner",
+        "template": {"data": {"url": "'db://shop:' + secret.password + '@db'"}}}),
+    ));
+    let dry = ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "dry",
+        &["--dry-run", "--leader-elect=false"],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && !dry.log_text().contains("dry run: would apply") {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = dry.log_text();
+    assert!(log.contains("dry run: would apply"), "{log}");
+    assert!(log.contains("url"), "the dry run names the keys: {log}");
+    assert!(secret(&s, "templated").is_none());
+    assert!(ready(&s, "templated").is_none(), "a dry run wrote a status");
+    no_value_leaked(&s, &dry);
+    drop(dry);
+
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    let written = eventually(Duration::from_secs(15), "templated", || {
+        secret(&s, "templated")
+    })
+    .await;
+    assert_eq!(
+        decoded(&written, "url"),
+        Some(format!("db://shop:{PASSWORD}@db"))
+    );
+    let (_, _, message) = eventually(Duration::from_secs(10), "TemplateError", || {
+        ready(&s, "uses-pod").filter(|r| r.1 == "TemplateError")
+    })
+    .await;
+    assert!(
+        message.contains("\"who\""),
+        "names the template key: {message}"
+    );
+    assert!(message.contains("pod"), "{message}");
+    no_value_leaked(&s, &c);
+}
+
+/// Sum of every `latchkey_backend_requests_total` series of `provider` whose result is `result`
+/// (`None`: any result).
+async fn backend_requests(c: &ControllerProcess, provider: &str, result: Option<&str>) -> f64 {
+    let prefix = format!("latchkey_backend_requests_total{{provider=\"{provider}\"");
+    c.metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter(|l| result.is_none_or(|r| l.contains(&format!("result=\"{r}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_keeps_the_secret() {
+    use support::openbao::{OpenBao, random_hex};
+
+    let s = cluster().await;
+    let bao = OpenBao::start().await;
+    bao.policy(
+        "read",
+        r#"path "secret/data/shop/*" { capabilities = ["read"] }"#,
+    )
+    .await;
+    bao.put_v2("secret", "shop/db", json!({"password": PASSWORD}))
+        .await;
+    // OpenBao checks the minted tokens with the fake API server's TokenReview.
+    let reviewer = format!("reviewer-{}", random_hex(16));
+    let openbao_sa = Identity::service_account("openbao", "openbao");
+    s.add_identity(&reviewer, openbao_sa.clone());
+    s.allow(
+        openbao_sa,
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        None,
+    );
+    bao.kubernetes(
+        &s.url(),
+        &reviewer,
+        "shop",
+        ("shop", "reader"),
+        "vault",
+        &["read"],
+    )
+    .await;
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "reader", "namespace": "shop"}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "vault", "namespace": "shop"},
+        "spec": {"provider": {"vault": {"server": bao.url, "path": "secret", "version": "v2",
+            "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
+                                    "audience": "vault"}}}}}}),
+    );
+    for name in ["vault-1", "vault-2", "vault-3"] {
+        s.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"secretStoreRef": {"name": "vault"}, "refreshInterval": "1s",
+                     "serviceAccountName": "reader",
+                     "data": [{"secretKey": "password",
+                               "remoteRef": {"key": "shop/db", "property": "password"}}],
+                     "target": {"creationPolicy": "Owner"}}}),
+        );
+    }
+    let mut c =
+        ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    for name in ["vault-1", "vault-2", "vault-3"] {
+        let written = eventually(Duration::from_secs(20), name, || secret(&s, name)).await;
+        assert_eq!(decoded(&written, "password").as_deref(), Some(PASSWORD));
+    }
+    assert_eq!(
+        c.metric("latchkey_backend_logins_total{provider=\"vault\"}")
+            .await,
+        1.0,
+        "one login for the service account, whatever the number of ExternalSecrets"
+    );
+    let minted = s.token_requests();
+    assert_eq!(minted.len(), 1, "{minted:?}");
+    assert_eq!(minted[0].audiences, ["vault"]);
+    assert_eq!(minted[0].service_account, "reader");
+
+    // The backend goes away: every Secret is kept, Ready turns False, and calls stay bounded.
+    let mut bao = bao;
+    bao.stop();
+    for name in ["vault-1", "vault-2", "vault-3"] {
+        let (_, _, message) = eventually(Duration::from_secs(15), name, || {
+            ready(&s, name).filter(|r| r.1 == "SecretSyncedError")
+        })
+        .await;
+        assert!(
+            message.contains("remote key \"shop/db\"") || message.contains("backing off"),
+            "{message}"
+        );
+    }
+    let failed_before = backend_requests(&c, "vault", None).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let failed_during = backend_requests(&c, "vault", None).await - failed_before;
+    // Healthy, 3 ExternalSecrets refreshing every second cost at most 6 reads in 6 s (one per
+    // interval, shared); failing, backoff keeps it at or below that.
+    assert!(
+        failed_during <= 6.0,
+        "{failed_during} backend requests in 6 s of outage"
+    );
+    for name in ["vault-1", "vault-2", "vault-3"] {
+        assert_eq!(
+            decoded(&secret(&s, name).unwrap(), "password").as_deref(),
+            Some(PASSWORD)
+        );
+    }
+    let log = c.log_text();
+    assert!(!log.contains(&reviewer));
+    no_value_leaked(&s, &c);
+    let status = c.stop();
+    assert!(status.success(), "SIGTERM: {status}\n{}", c.log_text());
+}

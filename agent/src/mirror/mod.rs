@@ -30,6 +30,9 @@ use crate::catalog::Lenient;
 use leader::Leadership;
 use reconcile::{MirrorError, Reconciler};
 
+/// How long in-flight reconciles may take to finish once leadership is lost or a stop asked for.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Which ExternalSecrets one controller process serves.
 #[derive(Debug, Clone, Default)]
 pub struct Scope {
@@ -53,6 +56,8 @@ pub async fn run(
     let stop = Box::pin(stop).shared();
     loop {
         tokio::select! {
+            // Stopping wins over a leadership that has not yet noticed the stop.
+            biased;
             _ = stop.clone() => return,
             _ = leadership.wait_for(true) => {}
         }
@@ -82,7 +87,17 @@ pub async fn run(
                     future::ready(())
                 })
         });
-        future::join_all(runs).await;
+        let runs = future::join_all(runs);
+        tokio::pin!(runs);
+        tokio::select! {
+            _ = &mut runs => {}
+            _ = ended.clone() => {
+                // In-flight reconciles may finish (every write checks leadership first), but no
+                // longer than this: a controller stopped before its first list completes would
+                // wait for that list forever.
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut runs).await;
+            }
+        }
         metrics.mirror_leader.set(0);
     }
 }
