@@ -53,6 +53,7 @@ cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
 echo "==> benchmark harness (LATCHKEY_BENCH_QUICK=1)"
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench publish
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench template
+LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench mirror
 
 # --- Summary ----------------------------------------------------------------------------------
 # cargo prints one "test result" line per test binary, the last one for doc-tests (often 0):

@@ -101,6 +101,11 @@ impl ControllerProcess {
             .unwrap_or(0.0)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("controller running").id()
+    }
+
     /// Everything logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

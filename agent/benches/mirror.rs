@@ -1,0 +1,220 @@
+//! Mirror controller benchmark: the real `latchkey controller` binary against the in-process fake
+//! API server (tests/support) with the `fake` provider. Measures what the issue asks of it:
+//!
+//! 1. N ExternalSecrets (1,000) over 10 remote secrets of 1 KiB, one service account: backend
+//!    reads for the first sync (target: exactly 10), and the time from the controller becoming
+//!    leader until every Secret is written (target: 10 s);
+//! 2. a second refresh interval with unchanged data: backend reads (target: 10) and Secret writes
+//!    (target: none);
+//! 3. the controller's RSS with all of them synced (target: 40 MiB; ESO: about 220 MiB for 1,800).
+//!
+//! ```text
+//! cargo bench -p latchkey --bench mirror                          # 1,000, release build
+//! LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --bench mirror    # 50 (CI: keeps it working)
+//! ```
+//!
+//! Targets are reported as PASS/MISS and never enforced (debug-build numbers mean nothing); the
+//! exit code is non-zero only when something breaks. See docs/benchmarks.md.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::apiserver::{FakeApiServer, Identity};
+use support::controller::ControllerProcess;
+
+const TOKEN: &str = "bench-controller-token";
+const REMOTE_SECRETS: usize = 10;
+const VALUE_BYTES: usize = 1024;
+/// Refresh interval of every ExternalSecret: the second round waits one of these (quick: 3 s).
+const INTERVAL_SECS: u64 = 15;
+const QUICK_INTERVAL_SECS: u64 = 3;
+
+fn main() -> ExitCode {
+    let quick = std::env::var("LATCHKEY_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let count = if quick { 50 } else { 1000 };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mirror bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(count, quick)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mirror bench failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(count: usize, quick: bool) -> Result<(), String> {
+    let interval = if quick {
+        QUICK_INTERVAL_SECS
+    } else {
+        INTERVAL_SECS
+    };
+    let s = FakeApiServer::start().await;
+    let controller = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(TOKEN, controller.clone());
+    s.allow(controller, "*", "*", "*", None);
+    for ns in ["bench", "latchkey"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    let data: Vec<Value> = (0..REMOTE_SECRETS)
+        .map(|i| json!({"key": format!("remote-{i}"), "value": format!("{i}").repeat(VALUE_BYTES)}))
+        .collect();
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "fake", "namespace": "bench"},
+        "spec": {"provider": {"fake": {"data": data}}}}),
+    );
+    for i in 0..count {
+        s.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": format!("es-{i}"), "namespace": "bench"},
+            "spec": {"secretStoreRef": {"name": "fake"},
+                     "refreshInterval": format!("{interval}s"),
+                     "data": [{"secretKey": "value",
+                               "remoteRef": {"key": format!("remote-{}", i % REMOTE_SECRETS)}}],
+                     "target": {"creationPolicy": "Owner"}}}),
+        );
+    }
+
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(TOKEN), "bench", &[]).await;
+    let leader = wait(Duration::from_secs(30), || async {
+        (c.metric("latchkey_mirror_leader").await >= 1.0).then_some(())
+    })
+    .await
+    .map(|_| Instant::now())
+    .ok_or("the controller never became leader")?;
+    let secrets = || s.objects("v1", "Secret").len();
+    wait(Duration::from_secs(120), || async {
+        (secrets() >= count).then_some(())
+    })
+    .await
+    .ok_or_else(|| format!("only {} of {count} Secrets written", secrets()))?;
+    let all_written = leader.elapsed();
+    let reads_first = backend_reads(&c).await;
+    let rss_mib = rss_mib(&c)?;
+
+    // A second interval, nothing changed.
+    let versions = resource_versions(&s);
+    s.clear_requests();
+    tokio::time::sleep(Duration::from_secs(interval + interval / 5 + 2)).await;
+    let reads_second = backend_reads(&c).await - reads_first;
+    let rewritten = resource_versions(&s)
+        .iter()
+        .zip(&versions)
+        .filter(|(a, b)| a != b)
+        .count();
+    let write_calls = s
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/secrets") && r.method == "PATCH")
+        .count();
+
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    let mut out = String::new();
+    out.push_str(&format!(
+        "mirror benchmark: {count} ExternalSecrets over {REMOTE_SECRETS} remote secrets of \
+         {VALUE_BYTES} B, one service account, refresh {interval}s{}\n",
+        if quick {
+            " (QUICK, debug build: numbers mean nothing)"
+        } else {
+            ""
+        }
+    ));
+    out.push_str(&format!(
+        "| first sync: backend reads | {reads_first} | = {REMOTE_SECRETS} | {} |\n",
+        verdict(reads_first as usize == REMOTE_SECRETS)
+    ));
+    out.push_str(&format!(
+        "| first sync: leader -> all Secrets written | {:.2} s | <= 10 s | {} |\n",
+        all_written.as_secs_f64(),
+        verdict(all_written <= Duration::from_secs(10))
+    ));
+    out.push_str(&format!(
+        "| second interval: backend reads | {reads_second} | = {REMOTE_SECRETS} | {} |\n",
+        verdict(reads_second as usize == REMOTE_SECRETS)
+    ));
+    out.push_str(&format!(
+        "| second interval: Secrets rewritten / apply calls | {rewritten} / {write_calls} | 0 | {} |\n",
+        verdict(rewritten == 0 && write_calls == 0)
+    ));
+    out.push_str(&format!(
+        "| controller RSS, all synced | {rss_mib:.1} MiB | <= 40 MiB | {} |\n",
+        verdict(rss_mib <= 40.0)
+    ));
+    print!("{out}");
+    let report = json!({"count": count, "interval_seconds": interval, "quick": quick, "reads_first": reads_first,
+        "all_written_seconds": all_written.as_secs_f64(), "reads_second": reads_second,
+        "rewritten": rewritten, "write_calls": write_calls, "rss_mib": rss_mib});
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    std::fs::write(format!("{dir}/mirror.json"), report.to_string()).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+async fn wait<F, Fut>(within: Duration, mut check: F) -> Option<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<()>>,
+{
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if check().await.is_some() {
+            return Some(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Every `get` of the fake provider so far.
+async fn backend_reads(c: &ControllerProcess) -> u64 {
+    c.metrics()
+        .await
+        .lines()
+        .filter(|l| {
+            l.starts_with("latchkey_backend_requests_total{provider=\"fake\",operation=\"get\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn resource_versions(s: &FakeApiServer) -> Vec<String> {
+    let mut v: Vec<(String, String)> = s
+        .objects("v1", "Secret")
+        .iter()
+        .map(|o| {
+            (
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, rv)| rv).collect()
+}
+
+fn rss_mib(c: &ControllerProcess) -> Result<f64, String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", c.pid())).map_err(|e| e.to_string())?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or("no VmRSS")?;
+    Ok(kib / 1024.0)
+}
