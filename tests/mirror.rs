@@ -123,6 +123,35 @@ async fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> 
     }
 }
 
+/// Waits until Secret `name` holds `value` under `password`.
+async fn holds(s: &FakeApiServer, name: &str, value: &str) -> Value {
+    eventually(
+        Duration::from_secs(15),
+        &format!("{name} holding its value"),
+        || secret(s, name).filter(|x| decoded(x, "password").as_deref() == Some(value)),
+    )
+    .await
+}
+
+/// Waits until Secret `name` exists.
+async fn appears(s: &FakeApiServer, name: &str) -> Value {
+    eventually(Duration::from_secs(20), &format!("Secret {name}"), || {
+        secret(s, name)
+    })
+    .await
+}
+
+/// Waits until ExternalSecret `name` is Ready with `reason`; returns the condition's message.
+async fn reason_is(s: &FakeApiServer, name: &str, reason: &str) -> String {
+    eventually(
+        Duration::from_secs(15),
+        &format!("{name}: {reason}"),
+        || ready(s, name).filter(|r| r.1 == reason),
+    )
+    .await
+    .2
+}
+
 fn no_value_leaked(s: &FakeApiServer, c: &ControllerProcess) {
     let log = c.log_text();
     let events = serde_json::to_string(&s.events()).unwrap();
@@ -148,10 +177,7 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     s.apply(external_secret("mount-only", json!({})));
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
 
-    let created = eventually(Duration::from_secs(15), "the Secret", || {
-        secret(&s, "db-secret")
-    })
-    .await;
+    let created = appears(&s, "db-secret").await;
     assert_eq!(decoded(&created, "password").as_deref(), Some(PASSWORD));
     assert_eq!(created["type"], "kubernetes.io/basic-auth");
     assert_eq!(created["metadata"]["labels"]["team"], "shop");
@@ -206,24 +232,15 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     let mut edited = secret(&s, "db-secret").unwrap();
     edited["data"]["password"] = json!(base64::engine::general_purpose::STANDARD.encode("oops"));
     s.apply(edited);
-    eventually(Duration::from_secs(10), "the edit repaired", || {
-        secret(&s, "db-secret").filter(|x| decoded(x, "password").as_deref() == Some(PASSWORD))
-    })
-    .await;
+    holds(&s, "db-secret", PASSWORD).await;
 
     // Someone deletes it: written again.
     s.delete("v1", "Secret", Some("shop"), "db-secret");
-    eventually(Duration::from_secs(10), "the Secret recreated", || {
-        secret(&s, "db-secret")
-    })
-    .await;
+    appears(&s, "db-secret").await;
 
     // The remote value changes: the Secret follows within the refresh interval.
     s.apply(fake_store(ROTATED));
-    eventually(Duration::from_secs(10), "the rotated value", || {
-        secret(&s, "db-secret").filter(|x| decoded(x, "password").as_deref() == Some(ROTATED))
-    })
-    .await;
+    holds(&s, "db-secret", ROTATED).await;
 
     // The ExternalSecret goes: garbage collection takes the Secret with it.
     s.delete(
@@ -311,7 +328,7 @@ async fn deletion_policies_apply_only_when_the_remote_value_is_gone() {
     }
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
     for name in ["retain", "delete"] {
-        eventually(Duration::from_secs(15), name, || secret(&s, name)).await;
+        appears(&s, name).await;
     }
 
     // The store disappears: an error, not a deletion. Both Secrets are kept as they are.
@@ -322,10 +339,7 @@ async fn deletion_policies_apply_only_when_the_remote_value_is_gone() {
         "vault-like",
     );
     for name in ["retain", "delete"] {
-        let (_, _, message) = eventually(Duration::from_secs(10), name, || {
-            ready(&s, name).filter(|r| r.1 == "SecretSyncedError")
-        })
-        .await;
+        let message = reason_is(&s, name, "SecretSyncedError").await;
         assert!(message.contains("vault-like"), "{message}");
     }
     assert!(secret(&s, "retain").is_some() && secret(&s, "delete").is_some());
@@ -338,11 +352,7 @@ async fn deletion_policies_apply_only_when_the_remote_value_is_gone() {
         secret(&s, "delete").is_none().then_some(())
     })
     .await;
-    let (_, reason, _) = eventually(Duration::from_secs(10), "SecretDeleted", || {
-        ready(&s, "delete").filter(|r| r.1 == "SecretDeleted")
-    })
-    .await;
-    assert_eq!(reason, "SecretDeleted");
+    reason_is(&s, "delete", "SecretDeleted").await;
     let (_, _, message) = eventually(Duration::from_secs(10), "Retain", || {
         ready(&s, "retain").filter(|r| r.2.contains("deletionPolicy Retain"))
     })
@@ -366,10 +376,7 @@ async fn only_the_leader_writes_and_a_successor_takes_over() {
     s.apply(external_secret("first", json!({"creationPolicy": "Owner"})));
     let mut a =
         ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
-    eventually(Duration::from_secs(15), "the first Secret", || {
-        secret(&s, "first")
-    })
-    .await;
+    appears(&s, "first").await;
     let b =
         ControllerProcess::start(&s.kubeconfig_yaml(OTHER_REPLICA_TOKEN), "replica-b", &[]).await;
     let lease = s
@@ -403,10 +410,7 @@ async fn only_the_leader_writes_and_a_successor_takes_over() {
         "second",
         json!({"creationPolicy": "Owner"}),
     ));
-    eventually(Duration::from_secs(15), "the successor's Secret", || {
-        secret(&s, "second")
-    })
-    .await;
+    appears(&s, "second").await;
     assert!(
         killed.elapsed() < Duration::from_secs(10),
         "{:?}",
@@ -433,10 +437,7 @@ async fn api_server_errors_delay_but_never_lose_work() {
     s.fail_next("PATCH", "/secrets/flaky", 429, 2);
     s.fail_next("PATCH", "/secrets/flaky", 500, 1);
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
-    let created = eventually(Duration::from_secs(60), "the Secret after retries", || {
-        secret(&s, "flaky")
-    })
-    .await;
+    let created = appears(&s, "flaky").await;
     assert_eq!(decoded(&created, "password").as_deref(), Some(PASSWORD));
     // Watches expiring (410) are survived too.
     s.compact();
@@ -445,12 +446,7 @@ async fn api_server_errors_delay_but_never_lose_work() {
         "after-compaction",
         json!({"creationPolicy": "Owner"}),
     ));
-    eventually(
-        Duration::from_secs(20),
-        "a Secret after the watch expired",
-        || secret(&s, "after-compaction"),
-    )
-    .await;
+    appears(&s, "after-compaction").await;
     no_value_leaked(&s, &c);
 }
 
@@ -492,7 +488,7 @@ async fn reads_as_the_external_secret_s_service_account_with_minted_tokens() {
     }
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
     for name in ["as-reader-1", "as-reader-2"] {
-        let written = eventually(Duration::from_secs(15), name, || secret(&s, name)).await;
+        let written = appears(&s, name).await;
         assert_eq!(decoded(&written, "password").as_deref(), Some(PASSWORD));
     }
     let (_, reason, message) = eventually(Duration::from_secs(15), "as-default refused", || {
@@ -542,7 +538,7 @@ async fn orphan_immutable_and_refresh_policies_behave_as_in_eso() {
     s.apply(on_change.clone());
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
     for name in ["orphan", "frozen", "once", "on-change"] {
-        eventually(Duration::from_secs(15), name, || secret(&s, name)).await;
+        appears(&s, name).await;
     }
     assert!(
         secret(&s, "orphan").unwrap()["metadata"]
@@ -553,10 +549,7 @@ async fn orphan_immutable_and_refresh_policies_behave_as_in_eso() {
 
     // The remote value rotates: periodic refreshes would follow it; these do not.
     s.apply(fake_store(ROTATED));
-    let (_, _, message) = eventually(Duration::from_secs(10), "frozen refused", || {
-        ready(&s, "frozen").filter(|r| r.1 == "SecretImmutable")
-    })
-    .await;
+    let message = reason_is(&s, "frozen", "SecretImmutable").await;
     assert!(message.contains("immutable"), "{message}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     for name in ["frozen", "once", "on-change"] {
@@ -566,15 +559,9 @@ async fn orphan_immutable_and_refresh_policies_behave_as_in_eso() {
     // OnChange follows a change of the spec; CreatedOnce writes a deleted Secret again.
     on_change["spec"]["refreshInterval"] = json!("2s");
     s.apply(on_change);
-    eventually(Duration::from_secs(10), "on-change refreshed", || {
-        secret(&s, "on-change").filter(|x| decoded(x, "password").as_deref() == Some(ROTATED))
-    })
-    .await;
+    holds(&s, "on-change", ROTATED).await;
     s.delete("v1", "Secret", Some("shop"), "once");
-    eventually(Duration::from_secs(10), "once recreated", || {
-        secret(&s, "once")
-    })
-    .await;
+    appears(&s, "once").await;
 
     // An orphaned Secret outlives its ExternalSecret.
     s.delete(
@@ -612,11 +599,7 @@ async fn merge_deletion_removes_only_the_keys_latchkey_wrote() {
     })
     .await;
     assert_eq!(decoded(&kept, "other").as_deref(), Some("kept"));
-    let (_, reason, _) = eventually(Duration::from_secs(10), "SecretDeleted", || {
-        ready(&s, "into-app").filter(|r| r.1 == "SecretDeleted")
-    })
-    .await;
-    assert_eq!(reason, "SecretDeleted");
+    reason_is(&s, "into-app", "SecretDeleted").await;
     no_value_leaked(&s, &c);
 }
 
@@ -652,18 +635,12 @@ async fn templates_have_no_pod_and_a_dry_run_writes_nothing() {
     drop(dry);
 
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
-    let written = eventually(Duration::from_secs(15), "templated", || {
-        secret(&s, "templated")
-    })
-    .await;
+    let written = appears(&s, "templated").await;
     assert_eq!(
         decoded(&written, "url"),
         Some(format!("db://shop:{PASSWORD}@db"))
     );
-    let (_, _, message) = eventually(Duration::from_secs(10), "TemplateError", || {
-        ready(&s, "uses-pod").filter(|r| r.1 == "TemplateError")
-    })
-    .await;
+    let message = reason_is(&s, "uses-pod", "TemplateError").await;
     assert!(
         message.contains("\"who\""),
         "names the template key: {message}"
@@ -741,7 +718,7 @@ async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_ke
     let mut c =
         ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
     for name in ["vault-1", "vault-2", "vault-3"] {
-        let written = eventually(Duration::from_secs(20), name, || secret(&s, name)).await;
+        let written = appears(&s, name).await;
         assert_eq!(decoded(&written, "password").as_deref(), Some(PASSWORD));
     }
     assert_eq!(
@@ -759,10 +736,7 @@ async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_ke
     let mut bao = bao;
     bao.stop();
     for name in ["vault-1", "vault-2", "vault-3"] {
-        let (_, _, message) = eventually(Duration::from_secs(15), name, || {
-            ready(&s, name).filter(|r| r.1 == "SecretSyncedError")
-        })
-        .await;
+        let message = reason_is(&s, name, "SecretSyncedError").await;
         assert!(
             message.contains("remote key \"shop/db\"") || message.contains("backing off"),
             "{message}"

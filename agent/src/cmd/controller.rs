@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::watch;
 use tracing::info;
 
 use crate::cache::CacheLimits;
@@ -17,7 +16,7 @@ use crate::mirror::reconcile::{Parts, Reconciler};
 use crate::mirror::{self, Scope};
 use crate::providers;
 use crate::telemetry::Metrics;
-use crate::telemetry::http::{self, Readiness};
+use crate::telemetry::http::Readiness;
 
 /// Flags of `latchkey controller`.
 #[derive(Debug, clap::Args)]
@@ -87,17 +86,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("latchkey-{:x}", fastrand::u64(..)));
 
-    let (stop, stopping) = watch::channel(false);
-    tokio::spawn(async move {
-        super::node::shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    let stopped = move || {
-        let mut rx = stopping.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stopped = super::stop_on_signal();
 
     let (leadership, elector) = if args.leader_elect {
         let timing = Timing {
@@ -150,21 +139,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 
     let synced = Arc::clone(&catalog);
     let readiness = Arc::new(Readiness::new(move || synced.is_synced()));
-    let http_task = if args.metrics_addr == "none" {
-        None
-    } else {
-        let addr = http::parse_addr(&args.metrics_addr).map_err(anyhow::Error::msg)?;
-        let (bound, serve) = http::bind(
-            addr,
-            Arc::clone(&metrics),
-            Arc::clone(&readiness),
-            stopped(),
-        )
-        .await
-        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
-        info!(%bound, "serving /metrics, /healthz, /readyz");
-        Some(tokio::spawn(serve))
-    };
+    let http_task = super::serve_metrics(
+        &args.metrics_addr,
+        Arc::clone(&metrics),
+        Arc::clone(&readiness),
+        stopped(),
+    )
+    .await?;
     readiness.set_serving(true);
     info!(
         %identity, leader_elect = args.leader_elect, dry_run = args.dry_run,

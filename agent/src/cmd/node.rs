@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tokio::sync::watch;
 use tracing::info;
 
 use crate::cache::CacheLimits;
@@ -14,7 +13,7 @@ use crate::events::{KubeEvents, NoEvents, PodEvents};
 use crate::providers;
 use crate::publish::Publisher;
 use crate::telemetry::Metrics;
-use crate::telemetry::http::{self, Readiness};
+use crate::telemetry::http::Readiness;
 use crate::volume::{Backend, VolumeConfig, Volumes};
 
 /// Flags of `latchkey node`.
@@ -108,37 +107,19 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             .context("starting the compute threads")?,
     ));
 
-    let (stop, stopping) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    let stopped = move || {
-        let mut rx = stopping.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stopped = super::stop_on_signal();
 
     // The socket first: a second agent on the same node fails here, with that reason.
     let path = endpoint::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
     let socket = server::bind(&path)?;
     let readiness = Arc::new(Readiness::new(move || catalog.is_synced()));
-    let http_task = if args.metrics_addr == "none" {
-        None
-    } else {
-        let addr = http::parse_addr(&args.metrics_addr).map_err(anyhow::Error::msg)?;
-        let (bound, serve) = http::bind(
-            addr,
-            Arc::clone(&metrics),
-            Arc::clone(&readiness),
-            stopped(),
-        )
-        .await
-        .with_context(|| format!("binding the metrics endpoint {addr}"))?;
-        info!(%bound, "serving /metrics, /healthz, /readyz");
-        Some(tokio::spawn(serve))
-    };
+    let http_task = super::serve_metrics(
+        &args.metrics_addr,
+        Arc::clone(&metrics),
+        Arc::clone(&readiness),
+        stopped(),
+    )
+    .await?;
 
     info!(socket = %path.display(), node_id = %args.node_id, "serving CSI");
     // The listener accepts from here on; connections queue until the server polls them.
