@@ -20,37 +20,98 @@ fn controller_identity(name: &str) -> Identity {
     Identity::service_account("latchkey", name)
 }
 
-/// What `daemonset/` grants the controller: read Latchkey objects and Namespaces, write the
-/// status of ExternalSecrets, Secrets, Events, Leases in its namespace, and mint tokens.
+/// Grants `who` exactly what `daemonset/components/mirror/rbac.yaml` grants the controller's
+/// service account (ClusterRoles through ClusterRoleBindings cluster-wide, Roles in their
+/// namespace), so these tests fail when the deploy files lack a permission the controller uses.
 fn allow_controller(s: &FakeApiServer, who: Identity) {
-    for verb in ["get", "list", "watch"] {
-        for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
-            s.allow(who.clone(), verb, "latchkey.dev", resource, None);
-        }
-        s.allow(who.clone(), verb, "", "namespaces", None);
-        s.allow(who.clone(), verb, "", "secrets", None);
-    }
-    for verb in ["create", "patch", "delete"] {
-        s.allow(who.clone(), verb, "", "secrets", None);
-    }
-    s.allow(
-        who.clone(),
-        "patch",
-        "latchkey.dev",
-        "externalsecrets/status",
-        None,
+    use serde::Deserialize as _;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../daemonset/components/mirror/rbac.yaml"
     );
-    for verb in ["create", "patch"] {
-        s.allow(who.clone(), verb, "", "events", None);
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<Value> = serde_norway::Deserializer::from_str(&text)
+        .map(|d| serde_json::to_value(serde_norway::Value::deserialize(d).unwrap()).unwrap())
+        .collect();
+    let mut granted = 0;
+    for role in docs
+        .iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+    {
+        let namespace = role["metadata"]["namespace"].as_str();
+        for rule in role["rules"].as_array().unwrap() {
+            let list = |field: &str| -> Vec<String> {
+                rule[field]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+                    .collect()
+            };
+            for group in list("apiGroups") {
+                for resource in list("resources") {
+                    for verb in list("verbs") {
+                        s.allow(who.clone(), &verb, &group, &resource, namespace);
+                        granted += 1;
+                    }
+                }
+            }
+        }
     }
-    s.allow(who.clone(), "create", "", "serviceaccounts/token", None);
-    for verb in ["get", "create", "update"] {
-        s.allow(
-            who.clone(),
-            verb,
-            "coordination.k8s.io",
-            "leases",
-            Some("latchkey"),
+    assert!(granted > 10, "no rules read from {path}");
+}
+
+/// The ClusterRoles and Roles of a deploy file (path from the repository root).
+fn roles(path: &str) -> Vec<Value> {
+    use serde::Deserialize as _;
+    let text =
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| serde_json::to_value(serde_norway::Value::deserialize(d).unwrap()).unwrap())
+        .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+        .collect()
+}
+
+/// `(kind, verb)` of every rule of `roles` on core Secrets.
+fn secret_verbs(roles: &[Value]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for role in roles {
+        for rule in role["rules"].as_array().unwrap() {
+            let has = |field: &str, want: &str| {
+                rule[field]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v == want || v == "*")
+            };
+            if has("apiGroups", "") && has("resources", "secrets") {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    out.push((
+                        role["kind"].as_str().unwrap().into(),
+                        verb.as_str().unwrap().into(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A mount-only install can read no Secret beyond its own namespace and write none; Secret
+/// writes exist only in the optional mirror component.
+#[test]
+fn secret_permissions_stay_where_the_design_puts_them() {
+    let node = secret_verbs(&roles("daemonset/base/rbac.yaml"));
+    assert_eq!(
+        node,
+        [("Role".to_string(), "get".to_string())],
+        "node agent: {node:?}"
+    );
+    let mirror = secret_verbs(&roles("daemonset/components/mirror/rbac.yaml"));
+    for verb in ["create", "patch", "delete"] {
+        assert!(
+            mirror.iter().any(|(_, v)| v == verb),
+            "mirror lacks {verb}: {mirror:?}"
         );
     }
 }

@@ -65,6 +65,9 @@ pub enum MirrorError {
 struct Progress {
     failures: u32,
     next_refresh: Option<Instant>,
+    /// The generation last synced by this process: the status says the same a moment later,
+    /// but the watch may deliver the object before that status write.
+    synced_generation: Option<i64>,
 }
 
 /// The Secret this controller last wrote, as the API server returned it.
@@ -268,17 +271,18 @@ impl Reconciler {
                 ));
             }
         };
-        let synced = es
-            .status
-            .as_ref()
-            .and_then(|s| s.synced_resource_version.as_deref())
-            .and_then(|g| g.parse::<i64>().ok());
+        let synced = self.synced_generation(namespace, name).or_else(|| {
+            es.status
+                .as_ref()
+                .and_then(|s| s.synced_resource_version.as_deref())
+                .and_then(|g| g.parse::<i64>().ok())
+        });
         let spec_changed = synced != Some(generation);
         let (due, drift) = match es.spec.refresh_policy.unwrap_or_default() {
             RefreshPolicy::Periodic => (spec_changed || self.refresh_due(namespace, name), drift),
             RefreshPolicy::OnChange => (spec_changed, drift),
-            // Written once: only a deleted Secret is written again.
-            RefreshPolicy::CreatedOnce => (synced.is_none(), existing.is_none()),
+            // Written once: only a missing Secret is written (again).
+            RefreshPolicy::CreatedOnce => (existing.is_none(), false),
         };
         if !due && !drift {
             return Ok((
@@ -675,6 +679,9 @@ impl Reconciler {
         let now = Instant::now();
         if outcome.reason.is_ready() || outcome.reason == Reason::SecretDeleted {
             entry.failures = 0;
+            if outcome.synced_generation.is_some() {
+                entry.synced_generation = outcome.synced_generation;
+            }
             if outcome.refreshed {
                 entry.next_refresh = interval
                     .filter(|_| periodic)
@@ -698,6 +705,13 @@ impl Reconciler {
             .get(&(namespace.to_string(), name.to_string()))
             .and_then(|p| p.next_refresh)
             .is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn synced_generation(&self, namespace: &str, name: &str) -> Option<i64> {
+        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        progress
+            .get(&(namespace.to_string(), name.to_string()))
+            .and_then(|p| p.synced_generation)
     }
 
     fn queued(&self) -> usize {
