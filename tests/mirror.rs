@@ -824,3 +824,55 @@ async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_ke
     let status = c.stop();
     assert!(status.success(), "SIGTERM: {status}\n{}", c.log_text());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn namespaces_and_a_selector_split_the_work_between_instances() {
+    let s = cluster().await;
+    let mut team_a = external_secret("team-a", json!({"creationPolicy": "Owner"}));
+    team_a["metadata"]["labels"] = json!({"team": "a"});
+    let mut team_b = external_secret("team-b", json!({"creationPolicy": "Owner"}));
+    team_b["metadata"]["labels"] = json!({"team": "b"});
+    s.apply(team_a);
+    s.apply(team_b);
+    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}));
+    let mut elsewhere = fake_store(PASSWORD);
+    elsewhere["metadata"]["namespace"] = json!("other");
+    s.apply(elsewhere);
+    let mut other = external_secret("team-a-other", json!({"creationPolicy": "Owner"}));
+    other["metadata"]["namespace"] = json!("other");
+    other["metadata"]["labels"] = json!({"team": "a"});
+    s.apply(other);
+    let c = ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "team-a",
+        &[
+            "--namespace",
+            "shop",
+            "--selector",
+            "team=a",
+            "--leader-elect=false",
+        ],
+    )
+    .await;
+    appears(&s, "team-a").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        secret(&s, "team-b").is_none(),
+        "another instance's ExternalSecret"
+    );
+    assert!(
+        s.get("v1", "Secret", Some("other"), "team-a-other")
+            .is_none()
+    );
+    assert!(
+        s.get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("latchkey"),
+            "latchkey-controller"
+        )
+        .is_none(),
+        "no election with --leader-elect=false"
+    );
+    no_value_leaked(&s, &c);
+}
