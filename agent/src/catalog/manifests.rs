@@ -443,11 +443,11 @@ stringData: {key: hunter2}
 
         // Nothing close: the known fields are listed instead.
         let doc = format!(
-            "{ES_HEAD}spec:\n  secretStoreRef: {{name: demo}}\n  refreshPolicy: Periodic\n\
+            "{ES_HEAD}spec:\n  secretStoreRef: {{name: demo}}\n  priority: high\n\
              \x20 data: [{{secretKey: a, remoteRef: {{key: a}}}}]\n"
         );
         let err = load_error(&doc);
-        assert!(err.contains("unknown field spec.refreshPolicy"), "{err}");
+        assert!(err.contains("unknown field spec.priority"), "{err}");
         assert!(!err.contains("did you mean"), "{err}");
         assert!(err.contains("expected one of: data, dataFrom,"), "{err}");
     }
