@@ -135,6 +135,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         events: (!args.dry_run).then(|| KubeEvents::new(client.clone(), &identity)),
         dry_run: args.dry_run,
+        concurrency: args.concurrency.max(1),
     }));
 
     let synced = Arc::clone(&catalog);

@@ -42,6 +42,8 @@ pub const RETRY_FLOOR: Duration = Duration::from_secs(5);
 /// Largest share by which a periodic refresh is delayed, so ExternalSecrets created together do
 /// not refresh in step.
 const REFRESH_JITTER: f64 = 0.1;
+/// How long a due refresh waits when the refresh share of the workers is taken.
+const DEFER: Duration = Duration::from_secs(1);
 /// Service account an ExternalSecret acts as when it names none (as in ESO's examples).
 const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 
@@ -90,6 +92,9 @@ pub struct Reconciler {
     backoff: Backoff,
     progress: Mutex<HashMap<(String, String), Progress>>,
     written: Mutex<HashMap<(String, String), Written>>,
+    /// Refreshes of ExternalSecrets synced before may use half the workers at most, so ones
+    /// never synced (new, or failing since creation) go first.
+    refresh_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// The parts a [`Reconciler`] is made of.
@@ -110,6 +115,8 @@ pub struct Parts {
     pub events: Option<KubeEvents>,
     /// Log what would be written instead of writing.
     pub dry_run: bool,
+    /// Reconciles the controller runs at once.
+    pub concurrency: u16,
 }
 
 impl Reconciler {
@@ -128,6 +135,9 @@ impl Reconciler {
             backoff: Backoff::default(),
             progress: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            refresh_slots: Arc::new(tokio::sync::Semaphore::new(
+                usize::from(parts.concurrency / 2).max(1),
+            )),
         }
     }
 
@@ -168,6 +178,22 @@ impl Reconciler {
             self.forget(&namespace, &name);
             return Ok(Action::await_change());
         }
+        let _refresh_slot = if self.synced_generation(&namespace, &name).is_some()
+            && self.refresh_due(&namespace, &name)
+        {
+            match Arc::clone(&self.refresh_slots).try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    self.metrics
+                        .mirror_syncs
+                        .get_or_create(&ResultLabel { result: "deferred" })
+                        .inc();
+                    return Ok(Action::requeue(DEFER));
+                }
+            }
+        } else {
+            None
+        };
         let (outcome, label) = self.sync(&es, policy, &namespace, &name).await?;
         self.metrics
             .mirror_syncs

@@ -88,7 +88,8 @@ pub struct Metrics {
     pub logins: Family<ProviderLabel, Counter>,
     /// Objects in the catalog that do not deserialize, by kind.
     pub catalog_unusable: Family<KindLabel, Gauge>,
-    /// Mirror reconciles by result (`synced`, `unchanged`, `error`, `conflict`, `deleted`).
+    /// Mirror reconciles by result (`synced`, `unchanged`, `error`, `conflict`, `deleted`,
+    /// `deferred`).
     pub mirror_syncs: Family<ResultLabel, Counter>,
     /// Mirror reconcile latency.
     pub mirror_sync_duration: Histogram,
