@@ -10,7 +10,8 @@
 //! 6. the agent's RSS idle and with many volumes, and its CPU time while they sit idle.
 //!
 //! Scenarios 5 and 6 run before the storm, whose burst of blocking threads would colour them;
-//! RSS and threads after the storm are reported too. Target directories are created below
+//! RSS and threads right after the storm are reported too, and again once the threads it started
+//! have exited (what the storm leaves behind for good). Target directories are created below
 //! `$TMPDIR` (the header names its filesystem), as kubelet creates them on the node's disk.
 //!
 //! Run as root (every volume is a tmpfs mount):
@@ -18,7 +19,13 @@
 //! ```text
 //! cargo bench -p latchkey --bench publish                          # full counts, release build
 //! LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --bench publish    # small counts (CI)
+//! LATCHKEY_BENCH_ONLY=warm cargo bench -p latchkey --bench publish # 5,000 warm publishes only
 //! ```
+//!
+//! `LATCHKEY_BENCH_ONLY=warm` is for profiling the agent (docs/benchmarks.md says how): it prints
+//! the agent's pid, waits 3 s, publishes 5,000 pods and only then unpublishes them.
+//! `LATCHKEY_BENCH_HOLD_SECS=<n>` keeps the agent running for n seconds after the last
+//! measurement, to look at it from outside (smaps, gdb).
 //!
 //! Prints a table and writes JSON to `target/bench/publish.json`. Targets are reported as
 //! PASS/MISS and never enforced: the exit code is non-zero only when something breaks (the agent
@@ -104,6 +111,9 @@ fn run() -> Result<()> {
 async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
     let agent = Agent::start().await?;
     let node = NodeClient::new(agent.channel().await?);
+    if counts.warm_only {
+        return measure_warm_only(&agent, &node, counts, report).await;
+    }
     report.check(
         "rss_idle_mib",
         "agent RSS idle, before any publish".into(),
@@ -111,18 +121,40 @@ async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
         Unit::MiB,
         Target::AtMost(20.0),
     );
+    report.info(
+        "rss_anon_idle_mib",
+        "agent RssAnon idle (heap, stacks)".into(),
+        agent.status_mib("RssAnon")?,
+        Unit::MiB,
+    );
+    // Before any publish: the thread count the storm's threads must shrink back to.
+    let threads_idle = agent.status_field("Threads")?;
+    report.info(
+        "threads_idle",
+        "agent threads idle".into(),
+        threads_idle,
+        Unit::Threads,
+    );
     let floor = measure_floor(&agent, counts, report).await?;
     measure_warm(&agent, &node, counts, floor, report).await?;
     measure_cold(&agent, &node, counts, report).await?;
     // Before the storm, so that RSS with many volumes is not coloured by the storm's peak.
     measure_many_volumes(&agent, &node, counts, report).await?;
-    measure_storm(&agent, &node, counts, report).await?;
+    measure_storm(&agent, &node, counts, threads_idle, report).await?;
     report.info(
         "rss_peak_mib",
         "agent peak RSS over the whole run (VmHWM)".into(),
         agent.status_mib("VmHWM")?,
         Unit::MiB,
     );
+    // For looking at the agent from outside (smaps, gdb) once everything has been measured.
+    if let Some(hold) = std::env::var("LATCHKEY_BENCH_HOLD_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        println!("holding the agent (pid {}) for {hold} s", agent.pid()?);
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
     Ok(())
 }
 
@@ -187,6 +219,36 @@ async fn measure_warm(
     Ok(())
 }
 
+/// Only warm publishes, for a profiler: every pod is published, one after another, and only
+/// then are they all unpublished, so that a profile taken until the first unmount holds nothing
+/// but publishes. The agent's pid is printed, 3 s before the first publish, so that a profiler
+/// can attach to it.
+async fn measure_warm_only(
+    agent: &Agent,
+    node: &NodeClient<Channel>,
+    counts: &Counts,
+    report: &mut Report,
+) -> Result<()> {
+    println!("warm only: agent pid {}", agent.pid()?);
+    // Time for a profiler to attach (perf takes a second or two to start).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    check_warm_layout(agent, node).await?;
+    let n = counts.warm;
+    let volumes: Vec<Volume> = (0..n)
+        .map(|i| Volume::new(agent, &format!("warm-{i}"), "warm"))
+        .collect();
+    let publish = sequentially(node, &volumes, Rpc::Publish).await?;
+    // One after another: thousands of streams at once on one connection make h2 refuse the
+    // connection ("too_many_data_frames").
+    sequentially(node, &volumes, Rpc::Unpublish).await?;
+    report.samples(
+        "warm_publish",
+        &format!("warm publish, all {n} left mounted"),
+        &publish,
+    );
+    Ok(())
+}
+
 /// Cold publish: one value from a store with a 5 ms latency.
 async fn measure_cold(
     agent: &Agent,
@@ -230,6 +292,7 @@ async fn measure_storm(
     agent: &Agent,
     node: &NodeClient<Channel>,
     counts: &Counts,
+    threads_idle: f64,
     report: &mut Report,
 ) -> Result<()> {
     let n = counts.storm;
@@ -267,6 +330,43 @@ async fn measure_storm(
         "agent threads after the storm".into(),
         agent.status_field("Threads")?,
         Unit::Threads,
+    );
+    measure_settled(agent, threads_idle, counts.settle, report).await
+}
+
+/// RSS once the threads the storm started have exited again (or `settle` has passed): what
+/// the storm left behind for good.
+async fn measure_settled(
+    agent: &Agent,
+    threads_idle: f64,
+    settle: Duration,
+    report: &mut Report,
+) -> Result<()> {
+    let start = Instant::now();
+    while agent.status_field("Threads")? > threads_idle && start.elapsed() < settle {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waited = start.elapsed();
+    report.info(
+        "threads_settled",
+        format!(
+            "agent threads {:.1} s after the storm",
+            waited.as_secs_f64()
+        ),
+        agent.status_field("Threads")?,
+        Unit::Threads,
+    );
+    report.info(
+        "rss_settled_mib",
+        "agent RSS then".into(),
+        agent.rss_mib()?,
+        Unit::MiB,
+    );
+    report.info(
+        "rss_anon_settled_mib",
+        "agent RssAnon then (heap, stacks)".into(),
+        agent.status_mib("RssAnon")?,
+        Unit::MiB,
     );
     Ok(())
 }
@@ -829,9 +929,11 @@ fn sum_series(text: &str, name: &str) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // Counts, samples, machine, report.
 
-/// How many of each operation; `LATCHKEY_BENCH_QUICK=1` selects the small CI counts.
+/// How many of each operation; `LATCHKEY_BENCH_QUICK=1` selects the small CI counts, and
+/// `LATCHKEY_BENCH_ONLY=warm` runs nothing but a long warm series (for a profiler).
 struct Counts {
     quick: bool,
+    warm_only: bool,
     floor: usize,
     probe: usize,
     warm: usize,
@@ -839,14 +941,19 @@ struct Counts {
     storm: usize,
     volumes: usize,
     idle: Duration,
+    /// Longest wait after the storm for the agent's extra threads to exit (tokio's blocking
+    /// threads idle out after 10 s).
+    settle: Duration,
 }
 
 impl Counts {
     fn from_env() -> Self {
         let quick = std::env::var("LATCHKEY_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        if quick {
+        let warm_only = std::env::var("LATCHKEY_BENCH_ONLY").is_ok_and(|v| v == "warm");
+        let mut counts = if quick {
             Self {
                 quick,
+                warm_only,
                 floor: 30,
                 probe: 30,
                 warm: 50,
@@ -854,10 +961,12 @@ impl Counts {
                 storm: 50,
                 volumes: 50,
                 idle: Duration::from_secs(1),
+                settle: Duration::from_secs(1),
             }
         } else {
             Self {
                 quick,
+                warm_only,
                 floor: 1000,
                 probe: 1000,
                 warm: 1000,
@@ -865,19 +974,31 @@ impl Counts {
                 storm: 500,
                 volumes: 1000,
                 idle: Duration::from_secs(10),
+                settle: Duration::from_secs(20),
             }
+        };
+        if warm_only {
+            // Enough samples that the agent's start is lost in them.
+            counts.warm *= 5;
         }
+        counts
     }
 
     fn mode(&self) -> &'static str {
-        if self.quick { "quick" } else { "full" }
+        match (self.quick, self.warm_only) {
+            (true, false) => "quick",
+            (false, false) => "full",
+            (true, true) => "quick, warm only",
+            (false, true) => "full, warm only",
+        }
     }
 
     fn json(&self) -> Value {
         json!({
             "floor": self.floor, "probe": self.probe, "warm": self.warm, "cold": self.cold,
             "storm": self.storm, "storm_secrets": STORM_SECRETS, "volumes": self.volumes,
-            "idle_seconds": self.idle.as_secs(), "warmup": WARMUP,
+            "idle_seconds": self.idle.as_secs(), "settle_seconds": self.settle.as_secs(),
+            "warmup": WARMUP,
         })
     }
 }

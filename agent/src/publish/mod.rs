@@ -32,7 +32,7 @@ use crate::fetch::{FetchError, Fetcher, Source};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
-use crate::volume::{Unpublished, VolumeError, VolumeFile, Volumes};
+use crate::volume::{Published, Unpublished, VolumeError, VolumeFile, Volumes};
 use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 
 /// A validated NodePublishVolume call.
@@ -124,12 +124,6 @@ impl From<FetchError> for PublishError {
             FetchError::Internal(message) => Self::Internal(message),
         }
     }
-}
-
-/// What the blocking half of a publish did.
-enum Written {
-    Mounted(Result<(), VolumeError>),
-    Updated(Result<bool, VolumeError>),
 }
 
 /// A first mount or a refresh, and how it went.
@@ -236,11 +230,7 @@ impl Publisher {
             Ok((ctx, files, _)) => {
                 let written = self
                     .blocking(&req.target, Some(&ctx), move |v, t| {
-                        Ok(if v.is_published(t)? {
-                            Written::Updated(v.update(t, &files, group))
-                        } else {
-                            Written::Mounted(v.publish(t, &files, group))
-                        })
+                        v.publish_or_update(t, &files, group)
                     })
                     .await?;
                 let volume_error = |source| PublishError::Volume {
@@ -249,11 +239,11 @@ impl Publisher {
                     source,
                 };
                 match written {
-                    Written::Mounted(r) => {
+                    Published::Mounted(r) => {
                         mounted_here.store(r.is_ok(), Ordering::SeqCst);
                         Attempt::Mount(r.map_err(volume_error))
                     }
-                    Written::Updated(r) => Attempt::Refresh(r.map_err(volume_error)),
+                    Published::Updated(r) => Attempt::Refresh(r.map_err(volume_error)),
                 }
             }
             // Whether the volume is already there decides what a failure means.

@@ -101,10 +101,17 @@ impl Created {
 }
 
 /// Makes sure `target` is a directory, creating it and missing parents. Refuses a target that
-/// exists as anything but a real directory (a link to a directory included).
-pub(crate) fn create_target(target: &Path) -> Result<Created, VolumeError> {
+/// exists as anything but a real directory (a link to a directory included). `seen_absent` says
+/// the caller has just found nothing at `target`, which saves looking again on the publish hot
+/// path; should something appear there meanwhile, `mkdir` tells, and it is judged as if it had
+/// been seen: a directory is used (but not ours to remove), anything else refused.
+pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created, VolumeError> {
     let mut missing = Vec::new();
     let mut current = target;
+    if seen_absent && let Some(parent) = target.parent() {
+        missing.push(target);
+        current = parent;
+    }
     loop {
         // The target itself must not be a link; links among the parents are the node's business.
         let meta = if current == target {
@@ -144,6 +151,10 @@ pub(crate) fn create_target(target: &Path) -> Result<Created, VolumeError> {
             }
             // Someone else made it between our check and now: not ours to remove later.
             Err(err) if err.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(err) if err.kind() == ErrorKind::AlreadyExists && dir == target => {
+                created.remove(target);
+                return Err(not_a_directory(target));
+            }
             Err(source) => {
                 created.remove(target);
                 return Err(io("creating directory", dir, source));
@@ -282,7 +293,7 @@ mod tests {
     fn creates_missing_parents_and_removes_only_those() {
         let base = tempfile::tempdir().unwrap();
         let target = base.path().join("a/b/mount");
-        let created = create_target(&target).unwrap();
+        let created = create_target(&target, false).unwrap();
         assert_eq!(created.dirs.len(), 3);
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode(&target), 0o755);
@@ -297,7 +308,7 @@ mod tests {
     fn cleanup_stops_at_a_parent_someone_else_filled() {
         let base = tempfile::tempdir().unwrap();
         let target = base.path().join("a/mount");
-        let created = create_target(&target).unwrap();
+        let created = create_target(&target, false).unwrap();
         fs::write(base.path().join("a/other"), b"x").unwrap();
         created.remove(&target);
         assert!(!target.exists());
@@ -307,7 +318,7 @@ mod tests {
     #[test]
     fn existing_target_is_not_ours() {
         let base = tempfile::tempdir().unwrap();
-        let created = create_target(base.path()).unwrap();
+        let created = create_target(base.path(), false).unwrap();
         assert!(created.dirs.is_empty());
         created.remove(base.path());
         assert!(base.path().exists());
@@ -321,19 +332,47 @@ mod tests {
         let link = base.path().join("link");
         symlink(&real, &link).unwrap();
         assert!(matches!(
-            create_target(&link),
+            create_target(&link, false),
             Err(VolumeError::NotADirectory { .. })
         ));
         let file = base.path().join("file");
         fs::write(&file, b"").unwrap();
         assert!(matches!(
-            create_target(&file),
+            create_target(&file, false),
             Err(VolumeError::NotADirectory { .. })
         ));
         assert!(matches!(
-            create_target(&file.join("below")),
+            create_target(&file.join("below"), false),
             Err(VolumeError::Io { .. })
         ));
+    }
+
+    #[test]
+    fn a_target_seen_absent_is_created_and_refused_if_it_appeared_meanwhile() {
+        let base = tempfile::tempdir().unwrap();
+        let target = base.path().join("a/mount");
+        let created = create_target(&target, true).unwrap();
+        assert_eq!(created.dirs.len(), 2);
+        assert!(target.is_dir());
+        created.remove(&target);
+        assert!(!base.path().join("a").exists());
+
+        // What a caller saw as absent may be there by the time it is created.
+        let file = base.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        let real = base.path().join("real");
+        fs::create_dir(&real).unwrap();
+        let link = base.path().join("link");
+        symlink(&real, &link).unwrap();
+        for appeared in [&file, &link] {
+            assert!(matches!(
+                create_target(appeared, true),
+                Err(VolumeError::NotADirectory { .. })
+            ));
+        }
+        assert!(file.is_file() && link.is_symlink() && real.is_dir());
+        let created = create_target(&real, true).unwrap();
+        assert!(created.dirs.is_empty());
     }
 
     #[test]

@@ -82,6 +82,15 @@ enum Target {
     ForeignMount(mountinfo::MountEntry),
 }
 
+/// What [`Volumes::publish_or_update`] chose to do, and how it went.
+#[derive(Debug)]
+pub enum Published {
+    /// The target held no volume, so a fresh one was mounted and filled.
+    Mounted(Result<(), VolumeError>),
+    /// The target held a volume, so its content was refreshed; `true` when it changed.
+    Updated(Result<bool, VolumeError>),
+}
+
 /// What `unpublish` found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unpublished {
@@ -110,12 +119,31 @@ impl Volumes {
     /// directory containing our `..data` link (PlainDirectory backend).
     pub fn is_published(&self, target: &Path) -> Result<bool, VolumeError> {
         dirs::check_target(target)?;
-        Ok(match self.inspect(target)? {
-            Target::OurMount => true,
-            Target::Directory => {
-                self.config.backend == Backend::PlainDirectory && has_data_link(target)
-            }
-            Target::Absent | Target::NotADirectory | Target::ForeignMount(_) => false,
+        let found = self.inspect(target)?;
+        Ok(self.holds_volume(target, &found))
+    }
+
+    /// [`Self::update`] when `target` is published, else [`Self::publish`], looking at the
+    /// target once for both the choice and the work (the publish hot path). Fails before
+    /// choosing only when the target is invalid or cannot be inspected.
+    pub fn publish_or_update(
+        &self,
+        target: &Path,
+        files: &[VolumeFile],
+        group: Option<u32>,
+    ) -> Result<Published, VolumeError> {
+        dirs::check_target(target)?;
+        let found = self.inspect(target)?;
+        Ok(if self.holds_volume(target, &found) {
+            Published::Updated(
+                writer::check(files, self.config.size_limit)
+                    .and_then(|payload| AtomicWriter::new(target, group).write(&payload)),
+            )
+        } else {
+            Published::Mounted(
+                writer::check(files, self.config.size_limit)
+                    .and_then(|payload| self.publish_found(target, &payload, group, found)),
+            )
         })
     }
 
@@ -133,8 +161,20 @@ impl Volumes {
         dirs::check_target(target)?;
         // Everything that can be rejected without touching the disk is rejected first.
         let payload = writer::check(files, self.config.size_limit)?;
-        let created = match self.inspect(target)? {
-            Target::Absent => dirs::create_target(target)?,
+        let found = self.inspect(target)?;
+        self.publish_found(target, &payload, group, found)
+    }
+
+    /// [`Self::publish`] of a checked payload onto a target that was just found to hold `found`.
+    fn publish_found(
+        &self,
+        target: &Path,
+        payload: &writer::Payload<'_>,
+        group: Option<u32>,
+        found: Target,
+    ) -> Result<(), VolumeError> {
+        let created = match found {
+            Target::Absent => dirs::create_target(target, true)?,
             Target::NotADirectory => return Err(not_a_directory(target)),
             Target::OurMount => return Err(already_published(target)),
             Target::ForeignMount(entry) => return Err(not_ours(entry)),
@@ -167,7 +207,7 @@ impl Volumes {
             Backend::Tmpfs => Ok(()),
             Backend::PlainDirectory => dirs::set_root_group(target, group),
         }
-        .and_then(|()| AtomicWriter::new(target, group).write_fresh(&payload));
+        .and_then(|()| AtomicWriter::new(target, group).write_fresh(payload));
         drop(on_panic);
         match written {
             Ok(()) => Ok(()),
@@ -243,6 +283,17 @@ impl Volumes {
             target: target.to_path_buf(),
             source: nix::errno::Errno::EBUSY,
         })
+    }
+
+    /// Whether what [`Self::inspect`] found at `target` is a published volume.
+    fn holds_volume(&self, target: &Path, found: &Target) -> bool {
+        match found {
+            Target::OurMount => true,
+            Target::Directory => {
+                self.config.backend == Backend::PlainDirectory && has_data_link(target)
+            }
+            Target::Absent | Target::NotADirectory | Target::ForeignMount(_) => false,
+        }
     }
 
     /// What `target` holds. One `statx` answers for plain directories and for mounts recorded

@@ -109,6 +109,65 @@ fn publish_twice_is_refused() {
 }
 
 #[test]
+fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
+    for backend in [Backend::Tmpfs, Backend::PlainDirectory] {
+        let f = fixture(backend);
+        let files = [file("a", "1")];
+        assert!(matches!(
+            f.volumes.publish_or_update(&f.target, &files, None),
+            Ok(Published::Mounted(Ok(())))
+        ));
+        assert_eq!(
+            mountinfo::find(&f.target).unwrap().is_some(),
+            backend == Backend::Tmpfs
+        );
+        assert!(matches!(
+            f.volumes.publish_or_update(&f.target, &files, None),
+            Ok(Published::Updated(Ok(false)))
+        ));
+        assert!(matches!(
+            f.volumes
+                .publish_or_update(&f.target, &[file("a", "2")], None),
+            Ok(Published::Updated(Ok(true)))
+        ));
+        assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
+        // A refused payload is a failed refresh of the volume that is there, which stays.
+        let big = "x".repeat(usize::try_from(LIMIT).unwrap());
+        assert!(matches!(
+            f.volumes
+                .publish_or_update(&f.target, &[file("a", &big)], None),
+            Ok(Published::Updated(Err(VolumeError::TooLarge { .. })))
+        ));
+        assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
+        f.volumes.unpublish(&f.target).unwrap();
+    }
+}
+
+#[test]
+fn publish_or_update_fails_a_first_publish_that_cannot_happen() {
+    let f = fixture(Backend::Tmpfs);
+    let big = "x".repeat(usize::try_from(LIMIT).unwrap());
+    assert!(matches!(
+        f.volumes
+            .publish_or_update(&f.target, &[file("a", &big)], None),
+        Ok(Published::Mounted(Err(VolumeError::TooLarge { .. })))
+    ));
+    assert_nothing_left(&f);
+    let _foreign = foreign_mount(&f.target);
+    assert!(matches!(
+        f.volumes
+            .publish_or_update(&f.target, &[file("a", "1")], None),
+        Ok(Published::Mounted(Err(VolumeError::NotOurMount { .. })))
+    ));
+    assert!(f.target.join("precious").exists());
+    assert!(matches!(
+        f.volumes
+            .publish_or_update(Path::new("relative"), &[file("a", "1")], None),
+        Err(VolumeError::InvalidTarget { .. })
+    ));
+}
+
+#[test]
 fn update_swaps_atomically_under_concurrent_readers() {
     let f = fixture(Backend::Tmpfs);
     // Big enough that a torn write would be visible inside one file.
