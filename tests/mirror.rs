@@ -156,13 +156,18 @@ fn decoded(secret: &Value, key: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-fn ready(s: &FakeApiServer, name: &str) -> Option<(String, String, String)> {
-    let es = s.get(
+/// The ExternalSecret `shop/name` as stored.
+fn external(s: &FakeApiServer, name: &str) -> Option<Value> {
+    s.get(
         "latchkey.dev/v1alpha1",
         "ExternalSecret",
         Some("shop"),
         name,
-    )?;
+    )
+}
+
+fn ready(s: &FakeApiServer, name: &str) -> Option<(String, String, String)> {
+    let es = external(s, name)?;
     let conditions = es.pointer("/status/conditions")?.as_array()?;
     let c = conditions.iter().find(|c| c["type"] == "Ready")?;
     Some((
@@ -242,14 +247,7 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     assert_eq!(decoded(&created, "password").as_deref(), Some(PASSWORD));
     assert_eq!(created["type"], "kubernetes.io/basic-auth");
     assert_eq!(created["metadata"]["labels"]["team"], "shop");
-    let es = s
-        .get(
-            "latchkey.dev/v1alpha1",
-            "ExternalSecret",
-            Some("shop"),
-            "db",
-        )
-        .unwrap();
+    let es = external(&s, "db").unwrap();
     let owner = &created["metadata"]["ownerReferences"][0];
     assert_eq!(owner["uid"], es["metadata"]["uid"]);
     assert_eq!(owner["kind"], "ExternalSecret");
@@ -266,14 +264,7 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     })
     .await;
     assert_eq!((status.as_str(), reason.as_str()), ("True", "SecretSynced"));
-    let es = s
-        .get(
-            "latchkey.dev/v1alpha1",
-            "ExternalSecret",
-            Some("shop"),
-            "db",
-        )
-        .unwrap();
+    let es = external(&s, "db").unwrap();
     assert_eq!(es["status"]["binding"]["name"], "db-secret");
     assert_eq!(
         es["status"]["syncedResourceVersion"],

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{BIN, free_local_addr};
+use super::{BIN, free_local_addr, http_get, terminate};
 
 /// A running `latchkey controller`.
 pub struct ControllerProcess {
@@ -61,7 +61,7 @@ impl ControllerProcess {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("controller exited early ({status}):\n{}", self.log_text());
             }
-            if matches!(self.try_get("/readyz").await, Some((200, _))) {
+            if matches!(http_get(self.metrics_addr, "/readyz").await, Some((200, _))) {
                 return;
             }
             assert!(
@@ -73,23 +73,12 @@ impl ControllerProcess {
         }
     }
 
-    async fn try_get(&self, path: &str) -> Option<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.metrics_addr)
-            .await
-            .ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        let code = out.get(9..12)?.parse().ok()?;
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-        Some((code, body))
-    }
-
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
-        self.try_get("/metrics").await.expect("metrics endpoint").1
+        http_get(self.metrics_addr, "/metrics")
+            .await
+            .expect("metrics endpoint")
+            .1
     }
 
     /// The value of one metric series (`name{labels}`), 0 when absent.
@@ -121,13 +110,7 @@ impl ControllerProcess {
 
     /// SIGTERM and wait; returns the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("controller running");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        child.wait().unwrap()
+        terminate(self.child.take().expect("controller running"))
     }
 }
 

@@ -180,20 +180,9 @@ impl Agent {
 
     /// GET a path of the metrics endpoint: (status code, body).
     pub async fn http_get(&self, path: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.metrics_addr)
+        http_get(self.metrics_addr, path)
             .await
-            .unwrap();
-        let req = format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        let code = out[9..12].parse().unwrap();
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (code, body)
+            .expect("agent metrics endpoint")
     }
 
     /// The agent's process id.
@@ -219,13 +208,7 @@ impl Agent {
 
     /// Sends SIGTERM and waits for a clean exit; returns the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("agent running");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        child.wait().unwrap()
+        terminate(self.child.take().expect("agent running"))
     }
 }
 
@@ -249,6 +232,29 @@ fn scratch_dir() -> tempfile::TempDir {
         .prefix("latchkey-e2e-")
         .tempdir()
         .unwrap()
+}
+
+/// `GET path` on a plain HTTP endpoint: (status code, body); `None` when it does not answer.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: latchkey\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    let code = out.get(9..12)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+/// Sends SIGTERM to `child` and waits for it to exit.
+pub fn terminate(mut child: Child) -> std::process::ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap()
 }
 
 /// A loopback address with a port that was free a moment ago.

@@ -127,6 +127,28 @@ impl Pool {
         result
     }
 
+    /// [`Self::run`] for work that can fail: a failure returned once the time limit has passed
+    /// is reported as the timeout it is (the work's own bounds are what fire when the deadline
+    /// passes).
+    pub async fn run_fallible<T, E, F>(
+        &self,
+        tenant: &str,
+        work: F,
+    ) -> Result<Result<T, E>, ComputeError>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce() -> Result<T, E> + Send + 'static,
+    {
+        let started = Instant::now();
+        match self.run(tenant, work).await? {
+            Err(_) if started.elapsed() >= self.timeout => {
+                Err(ComputeError::TimedOut(self.timeout))
+            }
+            done => Ok(done),
+        }
+    }
+
     /// The semaphore of `tenant`'s share of the threads.
     fn share(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
         let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());

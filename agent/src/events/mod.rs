@@ -96,11 +96,7 @@ impl KubeEvents {
 
 impl PodEvents for KubeEvents {
     fn warn(&self, pod: &PodInfo, reason: &'static str, message: &str) {
-        let action = if reason == REFRESH_FAILED {
-            "Refresh"
-        } else {
-            "NodePublishVolume"
-        };
+        let action = pod_action(reason);
         self.record(&EventTarget::pod(pod), WARNING, reason, action, message);
     }
 }
@@ -208,11 +204,7 @@ async fn record(api: &Api<Event>, slot: &Slot, event: Event) -> Result<(), kube:
 
 /// The Event kubelet's own volume plugins would write for the pod.
 pub fn pod_event(pod: &PodInfo, reason: &'static str, message: &str, node: &str) -> Event {
-    let action = if reason == REFRESH_FAILED {
-        "Refresh"
-    } else {
-        "NodePublishVolume"
-    };
+    let action = pod_action(reason);
     object_event(
         &EventTarget::pod(pod),
         WARNING,
@@ -221,6 +213,15 @@ pub fn pod_event(pod: &PodInfo, reason: &'static str, message: &str, node: &str)
         message,
         node,
     )
+}
+
+/// The `action` of a pod Event with `reason`: what kubelet was doing.
+fn pod_action(reason: &str) -> &'static str {
+    if reason == REFRESH_FAILED {
+        "Refresh"
+    } else {
+        "NodePublishVolume"
+    }
 }
 
 /// An Event about `target`, reported by `instance` (a node, or a controller replica).

@@ -64,8 +64,7 @@ impl Leadership {
 
     /// True while this replica holds an unexpired lease: checked before every write.
     pub fn is_leader(&self) -> bool {
-        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
-        until.is_some_and(|t| Instant::now() < t)
+        holds(&self.until)
     }
 
     /// Waits until leadership is (`true`) or is not (`false`) held.
@@ -83,6 +82,12 @@ impl Leadership {
             }
         }
     }
+}
+
+/// Whether a lease held until `until` is still held now.
+fn holds(until: &Mutex<Option<Instant>>) -> bool {
+    let until = *until.lock().unwrap_or_else(|p| p.into_inner());
+    until.is_some_and(|t| Instant::now() < t)
 }
 
 fn far_future() -> Instant {
@@ -137,8 +142,7 @@ impl Elector {
                 Err(error) => {
                     warn!(lease = %self.name, %error, "cannot read or write the leader lease");
                     // A leader that cannot renew keeps acting only until its renew deadline.
-                    let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
-                    if until.is_some_and(|t| Instant::now() >= t) {
+                    if !self.leading() {
                         self.set_until(None);
                     }
                 }
@@ -155,8 +159,7 @@ impl Elector {
     }
 
     fn leading(&self) -> bool {
-        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
-        until.is_some_and(|t| Instant::now() < t)
+        holds(&self.until)
     }
 
     fn set_until(&self, until: Option<Instant>) {

@@ -72,12 +72,6 @@ struct Progress {
     synced_generation: Option<i64>,
 }
 
-/// The Secret this controller last wrote, as the API server returned it.
-#[derive(Clone)]
-struct Written {
-    resource_version: String,
-}
-
 /// Shared state of every reconcile.
 pub struct Reconciler {
     client: Client,
@@ -91,7 +85,8 @@ pub struct Reconciler {
     dry_run: bool,
     backoff: Backoff,
     progress: Mutex<HashMap<(String, String), Progress>>,
-    written: Mutex<HashMap<(String, String), Written>>,
+    /// resourceVersion of each Secret as this controller last wrote it.
+    written: Mutex<HashMap<(String, String), String>>,
     /// Refreshes of ExternalSecrets synced before may use half the workers at most, so ones
     /// never synced (new, or failing since creation) go first.
     refresh_slots: Arc<tokio::sync::Semaphore>,
@@ -283,9 +278,7 @@ impl Reconciler {
         }
         let key = (namespace.to_string(), target.clone());
         let drift = match (&existing, self.written(&key)) {
-            (Some(m), Some(w)) => {
-                m.metadata.resource_version.as_deref() != Some(&w.resource_version)
-            }
+            (Some(m), Some(rv)) => m.metadata.resource_version.as_ref() != Some(&rv),
             _ => true,
         };
         let refresh = match Refresh::parse(es.spec.refresh_interval.as_deref()) {
@@ -614,14 +607,14 @@ impl Reconciler {
         if resolve::is_light(&es.spec, &fetched) {
             return resolve::entries(cx, &es.spec, &fetched, None).map_err(|e| e.to_string());
         }
-        let spec = es.spec.clone();
-        let owned = cx.clone();
+        let (spec, owned) = (es.spec.clone(), cx.clone());
         self.compute
-            .run(&cx.namespace, move || {
-                resolve::entries(&owned, &spec, &fetched, None).map_err(|e| e.to_string())
+            .run_fallible(&cx.namespace, move || {
+                resolve::entries(&owned, &spec, &fetched, None)
             })
             .await
             .map_err(|e| format!("{cx}: {e}"))?
+            .map_err(|e| e.to_string())
     }
 
     /// Writes the outcome to the status (when it changed) and as an Event.
@@ -719,10 +712,13 @@ impl Reconciler {
                 .map(|t| t.saturating_duration_since(now));
         }
         entry.failures = entry.failures.saturating_add(1);
-        let exponent = entry.failures.saturating_sub(1).min(20);
         let cap = interval.unwrap_or(backoff::MAX_DELAY).max(RETRY_FLOOR);
-        let delay = RETRY_FLOOR.saturating_mul(1 << exponent).min(cap);
-        Some(delay.mul_f64(1.0 - fastrand::f64() * backoff::JITTER))
+        Some(backoff::delay_between(
+            entry.failures,
+            RETRY_FLOOR,
+            cap,
+            fastrand::f64(),
+        ))
     }
 
     fn refresh_due(&self, namespace: &str, name: &str) -> bool {
@@ -753,14 +749,14 @@ impl Reconciler {
         progress.remove(&(namespace.to_string(), name.to_string()));
     }
 
-    fn written(&self, key: &(String, String)) -> Option<Written> {
+    fn written(&self, key: &(String, String)) -> Option<String> {
         let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         written.get(key).cloned()
     }
 
     fn remember_written(&self, key: (String, String), resource_version: String) {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        written.insert(key, Written { resource_version });
+        written.insert(key, resource_version);
     }
 
     fn forget_written(&self, namespace: &str, target: &str) {

@@ -39,18 +39,7 @@ pub enum TokenError {
         audience: String,
         /// What the API server said (its Status message, which holds no token).
         reason: String,
-        /// Whether trying again later may work (5xx, 429, connection errors).
-        transient: bool,
     },
-}
-
-impl TokenError {
-    /// True when a later attempt may succeed.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            TokenError::Refused { transient, .. } => *transient,
-        }
-    }
 }
 
 type Key = (String, String, String);
@@ -146,27 +135,25 @@ impl TokenMinter {
             ..Default::default()
         };
         let asked = Instant::now();
-        let refused = |reason: String, transient: bool| TokenError::Refused {
+        let refused = |reason: String| TokenError::Refused {
             namespace: namespace.to_string(),
             service_account: service_account.to_string(),
             audience: audience.to_string(),
             reason,
-            transient,
         };
         let response = api
             .create_token_request(service_account, &PostParams::default(), &request)
             .await
             .map_err(|e| match e {
                 kube::Error::Api(status) => {
-                    let transient = status.code == 429 || status.code >= 500;
-                    refused(format!("{} ({})", status.message, status.code), transient)
+                    refused(format!("{} ({})", status.message, status.code))
                 }
-                other => refused(other.to_string(), true),
+                other => refused(other.to_string()),
             })?;
         let status = response
             .status
             .filter(|s| !s.token.is_empty())
-            .ok_or_else(|| refused("the API server returned no token".into(), true))?;
+            .ok_or_else(|| refused("the API server returned no token".into()))?;
         // The API server may grant a different lifetime than asked; reuse by what it granted.
         let granted = status
             .expiration_timestamp
@@ -213,10 +200,5 @@ impl TokenMinter {
             }
         }
         cache.insert(key, minted);
-    }
-
-    /// Tokens currently cached (for tests and metrics).
-    pub fn cached_count(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }

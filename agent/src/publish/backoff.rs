@@ -28,8 +28,13 @@ pub fn is_transient(error: &ProviderError) -> bool {
 /// The delay after `failures` consecutive failures (at least 1), shortened by `jitter` (a
 /// fraction in [0, 1), scaled to [0, [`JITTER`])).
 pub fn delay(failures: u32, jitter: f64) -> Duration {
-    let exponent = failures.saturating_sub(1).min(16);
-    let full = BASE_DELAY.saturating_mul(1 << exponent).min(MAX_DELAY);
+    delay_between(failures, BASE_DELAY, MAX_DELAY, jitter)
+}
+
+/// [`delay`] from `base` (first failure), doubling, up to `max`.
+pub fn delay_between(failures: u32, base: Duration, max: Duration, jitter: f64) -> Duration {
+    let exponent = failures.saturating_sub(1).min(20);
+    let full = base.saturating_mul(1 << exponent).min(max);
     full.mul_f64(1.0 - jitter.clamp(0.0, 1.0) * JITTER)
 }
 

@@ -381,28 +381,13 @@ impl Publisher {
             return work(ctx);
         }
         let owned = ctx.clone();
-        let started = Instant::now();
-        let result = self
-            .compute
-            .run(&ctx.namespace, move || work(&owned))
+        self.compute
+            .run_fallible(&ctx.namespace, move || work(&owned))
             .await
-            .map_err(|e| PublishError::Compute {
+            .map_err(|source| PublishError::Compute {
                 ctx: ctx.boxed(),
-                source: e,
-            })?;
-        // A bound hit because the deadline passed is reported as the timeout it is.
-        match result {
-            Err(PublishError::Resolve(ResolveError::Deadline { .. }))
-            | Err(PublishError::Resolve(ResolveError::Template { .. }))
-                if started.elapsed() >= self.compute.timeout() =>
-            {
-                Err(PublishError::Compute {
-                    ctx: ctx.boxed(),
-                    source: ComputeError::TimedOut(self.compute.timeout()),
-                })
-            }
-            other => other,
-        }
+                source,
+            })?
     }
 
     /// The byte budget of one publish's fetched values: 4x the volume size limit.

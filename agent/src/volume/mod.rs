@@ -134,16 +134,12 @@ impl Volumes {
     ) -> Result<Published, VolumeError> {
         dirs::check_target(target)?;
         let found = self.inspect(target)?;
+        // A payload that does not fit fails the refresh or the mount, whichever it is.
+        let payload = writer::check(files, self.config.size_limit);
         Ok(if self.holds_volume(target, &found) {
-            Published::Updated(
-                writer::check(files, self.config.size_limit)
-                    .and_then(|payload| AtomicWriter::new(target, group).write(&payload)),
-            )
+            Published::Updated(payload.and_then(|p| AtomicWriter::new(target, group).write(&p)))
         } else {
-            Published::Mounted(
-                writer::check(files, self.config.size_limit)
-                    .and_then(|payload| self.publish_found(target, &payload, group, found)),
-            )
+            Published::Mounted(payload.and_then(|p| self.publish_found(target, &p, group, found)))
         })
     }
 

@@ -250,15 +250,7 @@ pub(super) async fn token_review(
             vec![Cause::required("spec.token", "")],
         ));
     }
-    let requested: Vec<String> = match review.pointer("/spec/audiences") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .map(|a| a.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::bad_request("spec.audiences: expected strings"))?,
-        Some(_) => return Err(ApiError::bad_request("spec.audiences: expected a list")),
-    };
+    let requested = audiences_of(review.pointer("/spec/audiences"))?;
     let status = review_status(shared, token, &requested);
     let mut spec = json!({"token": token});
     if !requested.is_empty() {
@@ -382,15 +374,7 @@ pub(super) fn token_request(
         uid.ok_or_else(|| ApiError::not_found(target.kind(), &key.name))?
     };
     let spec = request.get("spec").cloned().unwrap_or_else(|| json!({}));
-    let audiences: Vec<String> = match spec.get("audiences") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .map(|a| a.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::bad_request("spec.audiences: expected strings"))?,
-        Some(_) => return Err(ApiError::bad_request("spec.audiences: expected a list")),
-    };
+    let audiences = audiences_of(spec.get("audiences"))?;
     let audiences = if audiences.is_empty() {
         vec![API_AUDIENCE.to_string()]
     } else {
@@ -480,4 +464,17 @@ fn rfc3339(unix_seconds: u64) -> String {
     k8s_openapi::jiff::Timestamp::from_second(seconds)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_default()
+}
+
+/// `spec.audiences` of a TokenReview or TokenRequest: absent or null is none.
+fn audiences_of(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|a| a.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::bad_request("spec.audiences: expected strings")),
+        Some(_) => Err(ApiError::bad_request("spec.audiences: expected a list")),
+    }
 }
