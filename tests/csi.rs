@@ -85,6 +85,15 @@ spec:
       - {{key: LOG_LEVEL, path: LOG_LEVEL}}
 "#
     );
+    // `app` with a refresh interval that a loaded machine cannot overrun between two
+    // back-to-back publishes (the metrics test counts a "not due" republish).
+    out += &out
+        .rsplit_once("---\n")
+        .expect("the app document is last")
+        .1
+        .replace("name: app,", "name: app-1s,")
+        .replace("refreshInterval: 100ms", "refreshInterval: 1s")
+        .replace("apiVersion:", "---\napiVersion:");
     out += r#"
 ---
 apiVersion: latchkey.dev/v1alpha1
@@ -754,10 +763,10 @@ async fn metrics_and_health_endpoints_report_publishes_failures_and_refreshes() 
     assert_eq!(code, 200, "{body}");
 
     let mut node = agent.node().await;
-    let req = publish_req(&agent, "m-0", "app");
+    let req = publish_req(&agent, "m-0", "app-1s");
     node.node_publish_volume(req.clone()).await.unwrap(); // mounted
-    node.node_publish_volume(req.clone()).await.unwrap(); // not due (refreshInterval 100ms)
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    node.node_publish_volume(req.clone()).await.unwrap(); // not due (refreshInterval 1s)
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     node.node_publish_volume(req.clone()).await.unwrap(); // refreshed, unchanged
     node.node_publish_volume(publish_req(&agent, "m-1", "no-key"))
         .await
