@@ -45,7 +45,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 TEST_LOG="$(mktemp)"
 trap 'rm -f "$TEST_LOG"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
+# --no-fail-fast: one red test binary must not hide the results of the others.
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$TEST_LOG"
 
 # --- 4. Benchmark harness, quick mode -----------------------------------------------------------
 # Runs the real binary through every benchmark scenario with small counts so the harness cannot
