@@ -294,7 +294,9 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     s.apply(fake_store(ROTATED));
     holds(&s, "db-secret", ROTATED).await;
 
-    // The ExternalSecret goes: garbage collection takes the Secret with it.
+    // The ExternalSecret goes: garbage collection takes the Secret with it, and the controller
+    // forgets it (its refresh schedule is gone from the queue).
+    assert_eq!(c.metric("latchkey_mirror_queued").await, 1.0);
     s.delete(
         "latchkey.dev/v1alpha1",
         "ExternalSecret",
@@ -303,6 +305,14 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     );
     s.collect_garbage();
     assert!(secret(&s, "db-secret").is_none());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.metric("latchkey_mirror_queued").await != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "a deleted ExternalSecret is still queued"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(c.metric("latchkey_mirror_leader").await >= 1.0);
     no_value_leaked(&s, &c);
 }

@@ -19,8 +19,10 @@ use std::sync::Arc;
 use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::controller::{
+    Action, Config as ControllerConfig, Controller, Error as ControllerError,
+};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::{debug, warn};
@@ -30,6 +32,8 @@ use crate::catalog::Lenient;
 use leader::Leadership;
 use reconcile::{MirrorError, Reconciler};
 
+/// How often what is remembered of deleted ExternalSecrets is dropped.
+const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
 /// How long in-flight reconciles may take to finish once leadership is lost or a stop asked for.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -72,22 +76,38 @@ pub async fn run(
         } else {
             scope.namespaces.iter().cloned().map(Some).collect()
         };
-        let runs = namespaces.into_iter().map(|namespace| {
-            controller(&client, namespace.as_deref(), &scope)
+        let controllers: Vec<_> = namespaces
+            .iter()
+            .map(|namespace| controller(&client, namespace.as_deref(), &scope))
+            .collect();
+        let stores: Vec<Store<Lenient<ExternalSecret>>> =
+            controllers.iter().map(Controller::store).collect();
+        let runs = controllers.into_iter().map(|controller| {
+            let reconciler = Arc::clone(&reconciler);
+            controller
                 .graceful_shutdown_on(ended.clone())
                 .run(
                     |es, r: Arc<Reconciler>| r.reconcile(es),
                     error_policy,
                     Arc::clone(&reconciler),
                 )
-                .for_each(|result| {
-                    if let Err(error) = result {
-                        debug!(%error, "reconcile not run");
+                .for_each(move |result| {
+                    match result {
+                        // A reconcile scheduled for an ExternalSecret deleted since.
+                        Err(ControllerError::ObjectNotFound(gone)) => reconciler.forget_deleted(
+                            gone.namespace.as_deref().unwrap_or_default(),
+                            &gone.name,
+                        ),
+                        Err(error) => debug!(%error, "reconcile not run"),
+                        Ok(_) => {}
                     }
                     future::ready(())
                 })
         });
-        let runs = future::join_all(runs);
+        let runs = future::join(
+            future::join_all(runs),
+            sweep(stores, Arc::clone(&reconciler), ended.clone()),
+        );
         tokio::pin!(runs);
         tokio::select! {
             _ = &mut runs => {}
@@ -99,6 +119,35 @@ pub async fn run(
             }
         }
         metrics.mirror_leader.set(0);
+    }
+}
+
+/// Every [`SWEEP_INTERVAL`], forgets ExternalSecrets the controllers no longer see. Deletions
+/// are not reconciled (kube-runtime drops them), and one that is never requeued (refreshPolicy
+/// OnChange or CreatedOnce, a Secret that is not owned) would otherwise be remembered forever.
+async fn sweep(
+    stores: Vec<Store<Lenient<ExternalSecret>>>,
+    reconciler: Arc<Reconciler>,
+    ended: impl std::future::Future<Output = ()>,
+) {
+    let sweeping = async {
+        // Before the first list completes every ExternalSecret would look deleted.
+        for store in &stores {
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
+        loop {
+            tokio::time::sleep(SWEEP_INTERVAL).await;
+            reconciler.retain(|namespace, name| {
+                let at = ObjectRef::new(name).within(namespace);
+                stores.iter().any(|store| store.get(&at).is_some())
+            });
+        }
+    };
+    tokio::select! {
+        _ = sweeping => {}
+        _ = ended => {}
     }
 }
 

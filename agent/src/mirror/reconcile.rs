@@ -72,6 +72,13 @@ struct Progress {
     synced_generation: Option<i64>,
 }
 
+/// A Secret as this controller last wrote it.
+struct Written {
+    resource_version: String,
+    /// The ExternalSecret it was written for, so its entry goes when that one does.
+    external_secret: String,
+}
+
 /// Shared state of every reconcile.
 pub struct Reconciler {
     client: Client,
@@ -85,8 +92,8 @@ pub struct Reconciler {
     dry_run: bool,
     backoff: Backoff,
     progress: Mutex<HashMap<(String, String), Progress>>,
-    /// resourceVersion of each Secret as this controller last wrote it.
-    written: Mutex<HashMap<(String, String), String>>,
+    /// Each Secret as this controller last wrote it, by (namespace, Secret name).
+    written: Mutex<HashMap<(String, String), Written>>,
     /// Refreshes of ExternalSecrets synced before may use half the workers at most, so ones
     /// never synced (new, or failing since creation) go first.
     refresh_slots: Arc<tokio::sync::Semaphore>,
@@ -452,7 +459,7 @@ impl Reconciler {
         if same_hash && !drift {
             return Ok(synced_outcome("unchanged"));
         }
-        match self.apply(&secrets, &key, &wanted).await {
+        match self.apply(&secrets, &key, name, &wanted).await {
             Ok(()) => {}
             Err(outcome) => return Ok(fail(outcome.0, format!("{cx}: {}", outcome.1))),
         }
@@ -532,7 +539,8 @@ impl Reconciler {
                             reason: e.to_string(),
                         })?;
                     let key = (namespace.clone(), target.to_string());
-                    if let Err((reason, message)) = self.apply(secrets, &key, &wanted).await {
+                    if let Err((reason, message)) = self.apply(secrets, &key, &name, &wanted).await
+                    {
                         return Ok(outcome(reason, format!("{what}: {message}")));
                     }
                 }
@@ -552,6 +560,7 @@ impl Reconciler {
         &self,
         secrets: &Api<Secret>,
         key: &(String, String),
+        external_secret: &str,
         wanted: &desired::Desired,
     ) -> Result<(), (Reason, String)> {
         if !self.may_write() {
@@ -571,7 +580,7 @@ impl Reconciler {
         {
             Ok(written) => {
                 if let Some(rv) = written.metadata.resource_version {
-                    self.remember_written(key.clone(), rv);
+                    self.remember_written(key.clone(), external_secret, rv);
                 }
                 Ok(())
             }
@@ -749,14 +758,44 @@ impl Reconciler {
         progress.remove(&(namespace.to_string(), name.to_string()));
     }
 
-    fn written(&self, key: &(String, String)) -> Option<String> {
-        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        written.get(key).cloned()
+    /// Drops what is remembered of an ExternalSecret that no longer exists, so a long-running
+    /// controller's memory follows the ExternalSecrets there are, not all there ever were.
+    pub fn forget_deleted(&self, namespace: &str, name: &str) {
+        self.retain(|ns, es| !(ns == namespace && es == name));
     }
 
-    fn remember_written(&self, key: (String, String), resource_version: String) {
+    /// Keeps what is remembered only of the ExternalSecrets for which `exists(namespace, name)`.
+    pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
+        {
+            let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            progress.retain(|(ns, name), _| exists(ns, name));
+        }
+        {
+            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            written.retain(|(ns, _), w| exists(ns, &w.external_secret));
+        }
+        self.metrics.mirror_queued.set(self.queued() as i64);
+    }
+
+    fn written(&self, key: &(String, String)) -> Option<String> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.get(key).map(|w| w.resource_version.clone())
+    }
+
+    fn remember_written(
+        &self,
+        key: (String, String),
+        external_secret: &str,
+        resource_version: String,
+    ) {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        written.insert(key, resource_version);
+        written.insert(
+            key,
+            Written {
+                resource_version,
+                external_secret: external_secret.to_string(),
+            },
+        );
     }
 
     fn forget_written(&self, namespace: &str, target: &str) {
