@@ -38,7 +38,7 @@ pub enum DesiredError {
 }
 
 /// The Secret to apply and what identifies its content.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Desired {
     /// Secret name (namespace: the ExternalSecret's).
     pub name: String,
@@ -48,6 +48,17 @@ pub struct Desired {
     pub hash: String,
     /// The data keys, for logs and dry runs.
     pub keys: Vec<String>,
+}
+
+/// Leaves out the body: its `data` holds the values (base64 is not a secret).
+impl std::fmt::Debug for Desired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Desired")
+            .field("name", &self.name)
+            .field("hash", &self.hash)
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The name of the Secret `es` mirrors into.
@@ -297,8 +308,15 @@ mod tests {
             a.body["metadata"]["annotations"][DATA_HASH_ANNOTATION],
             a.hash
         );
-        let printed = format!("{:?}", a.keys);
-        assert!(!printed.contains("pw"));
+        let value = "hunter2-secret";
+        let d = secret(&e, CreationPolicy::Owner, Some(&entries(value))).unwrap();
+        let printed = format!("{d:?}");
+        assert!(printed.contains("db-secret"), "{printed}");
+        let encoded = base64::engine::general_purpose::STANDARD.encode(value);
+        assert!(
+            !printed.contains(value) && !printed.contains(&encoded),
+            "{printed}"
+        );
     }
 
     #[test]
