@@ -122,6 +122,9 @@ async fn sigkill_during_a_publish_storm_leaves_no_half_written_volume() {
             target.display()
         );
     }
+    // Volumes mounted before the restart are counted once republished, and unpublishing them
+    // brings the gauge to zero, not below.
+    assert_eq!(agent.metric("latchkey_volumes_active").await, PODS as f64);
     for req in &requests {
         let target = Path::new(&req.target_path);
         node.node_unpublish_volume(unpublish_request(&req.volume_id, target))
@@ -130,6 +133,7 @@ async fn sigkill_during_a_publish_storm_leaves_no_half_written_volume() {
         assert_eq!(mounts_at(target), 0);
         assert!(!target.exists(), "{} left behind", target.display());
     }
+    assert_eq!(agent.metric("latchkey_volumes_active").await, 0.0);
     eprintln!(
         "storm: {completed} of {PODS} acknowledged before SIGKILL, {complete_before} complete"
     );

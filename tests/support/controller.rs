@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{BIN, free_local_addr, http_get, terminate};
+use super::{BIN, free_local_addr, http_get, metric_value, terminate};
 
 /// A running `latchkey controller`.
 pub struct ControllerProcess {
@@ -83,11 +83,7 @@ impl ControllerProcess {
 
     /// The value of one metric series (`name{labels}`), 0 when absent.
     pub async fn metric(&self, series: &str) -> f64 {
-        self.metrics()
-            .await
-            .lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
+        metric_value(&self.metrics().await, series)
     }
 
     /// The process id.

@@ -185,6 +185,11 @@ impl Agent {
             .expect("agent metrics endpoint")
     }
 
+    /// The value of one metric series (`name{labels}`), 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.http_get("/metrics").await.1, series)
+    }
+
     /// The agent's process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("agent running").id()
@@ -245,6 +250,19 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
     let code = out.get(9..12)?.parse().ok()?;
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((code, body))
+}
+
+/// The value of one series (`name{labels}`) in a Prometheus text body, 0 when absent.
+pub fn metric_value(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }
 
 /// Sends SIGTERM to `child` and waits for it to exit.

@@ -82,11 +82,10 @@ impl NodeService {
             .get_or_create(&PublishLabels { result, reason })
             .observe(seconds);
         m.publishes.get_or_create(&ResultLabel { result }).inc();
+        // Counted, not incremented: a volume mounted before a restart is refreshed, not
+        // mounted, yet unpublished like any other (the gauge once went negative that way).
+        m.volumes_active.set(self.publisher.volumes() as i64);
         let refresh = match reason {
-            "mounted" => {
-                m.volumes_active.inc();
-                None
-            }
             "refreshed" => Some("changed"),
             "unchanged" => Some("unchanged"),
             "refresh_failed" => Some("failed"),
@@ -125,10 +124,10 @@ impl Node for NodeService {
             .get_or_create(&ResultLabel { result: label })
             .inc();
         match result {
-            Ok(removed) => {
-                if removed {
-                    self.metrics.volumes_active.dec();
-                }
+            Ok(_) => {
+                self.metrics
+                    .volumes_active
+                    .set(self.publisher.volumes() as i64);
                 Ok(Response::new(NodeUnpublishVolumeResponse {}))
             }
             Err(e) => {

@@ -281,6 +281,11 @@ impl Publisher {
         }
     }
 
+    /// Volumes this process knows to be published (see [`Schedule::count`]).
+    pub fn volumes(&self) -> usize {
+        self.schedule.count()
+    }
+
     /// Unmounts and removes the target; succeeds when it is already gone. Returns whether a
     /// published volume was removed.
     pub async fn unpublish(&self, target: &Path) -> Result<bool, PublishError> {

@@ -93,6 +93,12 @@ impl Schedule {
         self.set(target, Some(now.checked_add(wait).unwrap_or(now)));
     }
 
+    /// How many targets are known: every volume this process mounted or refreshed and has not
+    /// unpublished (volumes mounted before a restart count from their first republish).
+    pub fn count(&self) -> usize {
+        self.due.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Forgets `target` (unpublished).
     pub fn remove(&self, target: &Path) {
         self.due
