@@ -280,6 +280,18 @@ mod tests {
     use super::*;
     use crate::identity::PodTokens;
 
+    /// docs/troubleshooting.md explains every reason the agent records on pods.
+    #[test]
+    fn every_pod_event_reason_is_documented() {
+        let doc = include_str!("../../../docs/troubleshooting.md");
+        for reason in [MOUNT_FAILED, REFRESH_FAILED] {
+            assert!(
+                doc.contains(&format!("| `{reason}` |")),
+                "{reason} is not documented"
+            );
+        }
+    }
+
     #[test]
     fn event_names_the_pod_and_bounds_the_message() {
         let pod = PodInfo {

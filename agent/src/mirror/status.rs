@@ -137,6 +137,41 @@ pub fn next(
 mod tests {
     use super::*;
 
+    /// docs/troubleshooting.md explains every condition (and Event) reason. A new variant is a
+    /// compile error in the match below: add it to both lists, and to the doc.
+    #[test]
+    fn every_reason_is_documented() {
+        let doc = include_str!("../../../docs/troubleshooting.md");
+        let all = [
+            Reason::SecretSynced,
+            Reason::SecretSyncedError,
+            Reason::SecretConflict,
+            Reason::SecretDeleted,
+            Reason::SecretMissing,
+            Reason::TemplateError,
+            Reason::InvalidTarget,
+            Reason::SecretTooLarge,
+            Reason::SecretImmutable,
+            Reason::InvalidExternalSecret,
+        ];
+        for reason in all {
+            match reason {
+                Reason::SecretSynced
+                | Reason::SecretSyncedError
+                | Reason::SecretConflict
+                | Reason::SecretDeleted
+                | Reason::SecretMissing
+                | Reason::TemplateError
+                | Reason::InvalidTarget
+                | Reason::SecretTooLarge
+                | Reason::SecretImmutable
+                | Reason::InvalidExternalSecret => {}
+            }
+            let row = format!("| `{}` |", reason.as_str());
+            assert!(doc.contains(&row), "{} is not documented", reason.as_str());
+        }
+    }
+
     fn outcome(reason: Reason, refreshed: bool) -> Outcome {
         Outcome {
             reason,

@@ -254,6 +254,51 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// docs/metrics.md is the reference of every metric: a family added here must be added there.
+    #[test]
+    fn every_metric_is_documented() {
+        let doc = include_str!("../../../docs/metrics.md");
+        let m = Metrics::new();
+        // A family is exposed once it has a series: give each labelled one a series.
+        let (result, reason) = ("success", "mounted");
+        m.publish_duration
+            .get_or_create(&PublishLabels { result, reason })
+            .observe(0.0);
+        for family in [&m.publishes, &m.unpublishes, &m.refreshes, &m.mirror_syncs] {
+            family.get_or_create(&ResultLabel { result }).inc();
+        }
+        let backend = BackendLabels {
+            provider: "fake",
+            operation: "get",
+            result,
+        };
+        m.backend_requests.get_or_create(&backend).inc();
+        m.backend_duration.get_or_create(&backend).observe(0.0);
+        let text = m.encode();
+        let families: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .collect();
+        // Every registered family, so that none is missed by the loop below.
+        let registered = include_str!("metrics.rs")
+            .matches(concat!("registry", ".register("))
+            .count();
+        assert_eq!(families.len(), registered, "{families:?}");
+        for (name, kind) in families {
+            // Counters are exposed with `_total`, which is how the doc names them.
+            let shown = if kind == "counter" {
+                format!("`{name}_total`")
+            } else {
+                format!("`{name}`")
+            };
+            assert!(
+                doc.contains(&shown),
+                "docs/metrics.md does not describe {shown}"
+            );
+        }
+    }
+
     #[test]
     fn exposes_every_family_with_its_labels() {
         let m = Metrics::new();
