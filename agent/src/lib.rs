@@ -11,6 +11,7 @@ pub mod cache;
 pub mod catalog;
 pub mod cmd;
 pub mod compute;
+pub mod convert;
 pub mod csi;
 pub mod events;
 pub mod fetch;

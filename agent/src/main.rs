@@ -32,6 +32,8 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Print the CRD YAML generated from the Rust types.
     Crds,
+    /// Print Latchkey manifests for SecretProviderClasses and External Secrets Operator objects.
+    Convert(cmd::convert::ConvertArgs),
 }
 
 /// Volume work (mount, write, unmount) runs on tokio's blocking pool. Its default of 512 threads
@@ -74,6 +76,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_logging(cli.log_format, "warn");
             cmd::demo::run(args).await
         }
+        Command::Convert(args) => Ok(cmd::convert::run(args)?),
         Command::Crds => {
             print!("{}", latchkey::api::crd::render_all()?);
             Ok(())

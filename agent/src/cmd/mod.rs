@@ -2,6 +2,7 @@
 //! no domain logic lives here.
 
 pub mod controller;
+pub mod convert;
 pub mod demo;
 pub mod kubelet;
 pub mod node;

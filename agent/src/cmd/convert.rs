@@ -1,0 +1,84 @@
+//! `latchkey convert`: reads SecretProviderClasses and External Secrets Operator objects from
+//! files or stdin and prints the Latchkey manifests. Only ever writes to stdout and stderr.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use crate::convert::{self, ConvertError, Input};
+
+/// Flags of `latchkey convert`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Reads Secrets Store CSI Driver SecretProviderClasses (providers aws and vault) and External \
+Secrets Operator ExternalSecrets, SecretStores and ClusterSecretStores (v1, v1beta1), in \
+multi-document YAML or kubectl's List output, and prints the equivalent latchkey.dev/v1alpha1 \
+manifests on stdout. Every field that could not be carried over is named in a \
+`# latchkey convert:` comment and on stderr; for a SecretProviderClass, a commented pod volume \
+shows what replaces the CSI driver's. Other kinds are skipped (noted on stderr).
+
+The input files are never written: the output goes to stdout only (redirect it to a new file).
+Exits non-zero when an input cannot be read or parsed, or when nothing could be converted.
+
+Example: kubectl get secretproviderclasses -A -o yaml | latchkey convert > latchkey.yaml")]
+pub struct ConvertArgs {
+    /// Input files; `-` or none reads stdin.
+    pub files: Vec<PathBuf>,
+}
+
+/// Converts the inputs, prints the result on stdout and the notes on stderr.
+pub fn run(args: ConvertArgs) -> Result<(), ConvertError> {
+    let inputs = read_inputs(&args.files)?;
+    let conversion = convert::convert(&inputs)?;
+    let mut stderr = std::io::stderr().lock();
+    for line in &conversion.messages {
+        // Best effort: a closed stderr must not cost the output.
+        let _ = writeln!(stderr, "{line}");
+    }
+    if conversion.documents == 0 {
+        return Err(ConvertError::NothingConverted {
+            objects: conversion.objects,
+        });
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(conversion.yaml.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(ConvertError::Write)
+}
+
+fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
+    if files.is_empty() {
+        return Ok(vec![read_stdin()?]);
+    }
+    files
+        .iter()
+        .map(|path| {
+            if path.as_os_str() == "-" {
+                return read_stdin();
+            }
+            std::fs::read_to_string(path)
+                .map(|text| Input {
+                    name: path.display().to_string(),
+                    text,
+                })
+                .map_err(|source| ConvertError::Read {
+                    path: path.clone(),
+                    source,
+                })
+        })
+        .collect()
+}
+
+fn read_stdin() -> Result<Input, ConvertError> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|source| ConvertError::Read {
+            path: PathBuf::from("-"),
+            source,
+        })?;
+    Ok(Input {
+        name: "<stdin>".into(),
+        text,
+    })
+}

@@ -1,0 +1,118 @@
+//! Splitting the inputs into objects: multi-document YAML, and `kind: List` (what
+//! `kubectl get -o yaml` prints) expanded into its items.
+
+use serde::Deserialize;
+use serde_norway::Value;
+
+use super::errors::ConvertError;
+
+/// One input text and the name it is reported under (a file name or `<stdin>`).
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The file name, or `<stdin>`.
+    pub name: String,
+    /// The whole text.
+    pub text: String,
+}
+
+/// One object of the input, and where it came from.
+#[derive(Debug, Clone)]
+pub struct Object {
+    /// `file: document N` (and `item M` inside a List).
+    pub origin: String,
+    /// The parsed document.
+    pub value: Value,
+}
+
+/// Every object of every input, in order. Fails on the first YAML syntax error, naming the input
+/// and document (but not the text around the error, which could be a secret value).
+pub fn objects(inputs: &[Input]) -> Result<Vec<Object>, ConvertError> {
+    let mut out = Vec::new();
+    for input in inputs {
+        for (i, doc) in serde_norway::Deserializer::from_str(&input.text).enumerate() {
+            let index = i + 1;
+            let value = Value::deserialize(doc).map_err(|e| ConvertError::Parse {
+                source_name: input.name.clone(),
+                index,
+                reason: syntax_error(&e),
+            })?;
+            if value.is_null() {
+                continue;
+            }
+            let origin = format!("{}: document {index}", input.name);
+            match list_items(&value) {
+                Some(items) => {
+                    for (j, item) in items.iter().enumerate() {
+                        out.push(Object {
+                            origin: format!("{origin}, item {}", j + 1),
+                            value: item.clone(),
+                        });
+                    }
+                }
+                None => out.push(Object { origin, value }),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The items of a `v1` `List` (or any `*List` kind kubectl prints), if `value` is one.
+fn list_items(value: &Value) -> Option<&Vec<Value>> {
+    let kind = value.get("kind")?.as_str()?;
+    if !kind.ends_with("List") {
+        return None;
+    }
+    value.get("items")?.as_sequence()
+}
+
+/// Where a YAML syntax error is, without the parser's message (it can quote the text).
+fn syntax_error(e: &serde_norway::Error) -> String {
+    match e.location() {
+        Some(l) => format!(
+            "YAML syntax error at line {}, column {}",
+            l.line(),
+            l.column()
+        ),
+        None => "YAML syntax error".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(text: &str) -> Vec<Input> {
+        vec![Input {
+            name: "in.yaml".into(),
+            text: text.into(),
+        }]
+    }
+
+    #[test]
+    fn documents_and_lists_become_objects() {
+        let objs = objects(&input(
+            "a: 1\n---\n---\nkind: List\napiVersion: v1\nitems: [{b: 2}, {c: 3}]\n",
+        ))
+        .unwrap();
+        let origins: Vec<_> = objs.iter().map(|o| o.origin.as_str()).collect();
+        assert_eq!(
+            origins,
+            [
+                "in.yaml: document 1",
+                "in.yaml: document 3, item 1",
+                "in.yaml: document 3, item 2"
+            ]
+        );
+    }
+
+    #[test]
+    fn syntax_errors_do_not_quote_the_text() {
+        let err = objects(&input("a: 1\n---\nb: [hunter2\n")).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("in.yaml: document 2: YAML syntax error"),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}

@@ -1,0 +1,289 @@
+//! `latchkey convert`: reads Secrets Store CSI Driver `SecretProviderClass`es and External Secrets
+//! Operator objects and produces the equivalent Latchkey manifests. Every field that cannot be
+//! carried over becomes a note (a `# latchkey convert:` comment and a stderr line); every document
+//! produced passes the agent's own validation.
+//!
+//! Pure: inputs are texts, the output is text. Reading files and writing stdout is
+//! `crate::cmd::convert`'s job.
+
+pub mod errors;
+mod eso;
+mod eso_store;
+mod fields;
+pub mod input;
+mod notes;
+mod output;
+mod spc;
+mod spc_aws;
+mod spc_vault;
+mod template;
+
+use std::collections::BTreeSet;
+
+pub use errors::ConvertError;
+pub use input::Input;
+
+use fields::Fields;
+use input::Object;
+use notes::Notes;
+use output::{Meta, Outcome};
+
+use crate::api::StoreKind;
+
+/// What a conversion produced.
+#[derive(Debug)]
+pub struct Conversion {
+    /// The Latchkey YAML, comments included (stdout).
+    pub yaml: String,
+    /// One line per warning, unconverted object and skipped object, then a summary (stderr).
+    pub messages: Vec<String>,
+    /// How many Latchkey documents `yaml` holds; none means nothing could be converted.
+    pub documents: usize,
+    /// How many objects the inputs held.
+    pub objects: usize,
+}
+
+/// Converts every object of `inputs`. Fails only when an input is not YAML: objects and fields
+/// that cannot be converted are reported in the result (which may hold no document at all).
+pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
+    let objects = input::objects(inputs)?;
+    let mut yaml = String::new();
+    let mut messages = Vec::new();
+    let mut seen = BTreeSet::new();
+    let (mut documents, mut warnings, mut converted) = (0, 0, 0);
+    for obj in &objects {
+        let outcome = match convert_object(obj) {
+            Ok(outcome) => outcome,
+            Err(skip) => {
+                messages.push(format!("note: {}: skipped: {skip}", obj.origin));
+                continue;
+            }
+        };
+        let outcome = checked(outcome, &mut seen);
+        for line in outcome.notes.lines() {
+            messages.push(format!("warning: {line}"));
+        }
+        warnings += outcome.notes.list.len();
+        if let Some(why) = &outcome.failure {
+            messages.push(format!(
+                "error: {}: not converted: {why}",
+                outcome.notes.subject
+            ));
+        } else {
+            converted += 1;
+        }
+        documents += outcome.documents.len();
+        outcome.render(&mut yaml)?;
+    }
+    messages.push(format!(
+        "latchkey convert: {documents} Latchkey document(s) from {converted} of {} object(s), \
+         {warnings} warning(s)",
+        objects.len()
+    ));
+    Ok(Conversion {
+        yaml,
+        messages,
+        documents,
+        objects: objects.len(),
+    })
+}
+
+/// What an input object is, by its `apiVersion` and `kind`.
+enum Source {
+    SecretProviderClass,
+    ExternalSecret,
+    Store(StoreKind),
+    /// A kind of the converted families that has no Latchkey equivalent: the reason.
+    Unsupported(String),
+}
+
+/// Classifies an object; `Err` is why it is skipped (not a kind this command converts).
+fn source(api_version: &str, kind: &str) -> Result<Source, String> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    match group {
+        "secrets-store.csi.x-k8s.io" => match (kind, version) {
+            ("SecretProviderClass", "v1" | "v1alpha1") => Ok(Source::SecretProviderClass),
+            ("SecretProviderClass", _) => Ok(Source::Unsupported(format!(
+                "apiVersion {api_version} is not supported (v1 and v1alpha1 are)"
+            ))),
+            _ => Err("the CSI driver's observed state, not configuration".into()),
+        },
+        "external-secrets.io" => match (kind, version) {
+            ("ExternalSecret", "v1" | "v1beta1") => Ok(Source::ExternalSecret),
+            ("SecretStore", "v1" | "v1beta1") => Ok(Source::Store(StoreKind::SecretStore)),
+            ("ClusterSecretStore", "v1" | "v1beta1") => {
+                Ok(Source::Store(StoreKind::ClusterSecretStore))
+            }
+            ("ExternalSecret" | "SecretStore" | "ClusterSecretStore", _) => {
+                Ok(Source::Unsupported(format!(
+                    "apiVersion {api_version} is not supported (v1 and v1beta1 are): have ESO \
+                     convert it to v1beta1 first"
+                )))
+            }
+            _ => Ok(Source::Unsupported(format!(
+                "{kind} has no Latchkey equivalent"
+            ))),
+        },
+        "generators.external-secrets.io" => Ok(Source::Unsupported(format!(
+            "generators ({kind}) have no Latchkey equivalent"
+        ))),
+        "latchkey.dev" => Err("already a Latchkey object".into()),
+        _ => Err("not a SecretProviderClass or an External Secrets Operator object".into()),
+    }
+}
+
+/// Converts one object; `Err` is why it was skipped.
+fn convert_object(obj: &Object) -> Result<Outcome, String> {
+    let mut scratch = Notes::default();
+    let mut top = Fields::of(&obj.value, "", &mut scratch)
+        .ok_or("a document that is not a Kubernetes object")?;
+    let api_version = top.string("apiVersion", &mut scratch).unwrap_or_default();
+    let kind = top.string("kind", &mut scratch).unwrap_or_default();
+    let source = source(&api_version, &kind).map_err(|why| {
+        let name = obj.value["metadata"]["name"]
+            .as_str()
+            .unwrap_or("(unnamed)");
+        match obj.value["metadata"]["namespace"].as_str() {
+            Some(ns) => format!("{api_version} {kind} {ns}/{name}: {why}"),
+            None => format!("{api_version} {kind} {name}: {why}"),
+        }
+    })?;
+    let (meta, subject) = match meta(&mut top) {
+        Ok((meta, notes)) => {
+            let subject = format!("{kind} {}", meta.qualified());
+            let mut n = Notes::new(&subject);
+            n.list = notes;
+            (Some(meta), n)
+        }
+        Err(why) => (None, {
+            let mut n = Notes::new(format!("{kind} ({})", obj.origin));
+            n.warn("metadata", why);
+            n
+        }),
+    };
+    let mut notes = subject;
+    let Some(meta) = meta else {
+        return Ok(Outcome::failed(notes, "metadata.name is missing"));
+    };
+    top.drop_field("status", &mut notes, "observed state; not carried over");
+    let result = match source {
+        Source::Unsupported(why) => Err(why),
+        Source::SecretProviderClass => {
+            spc::convert(&mut top, &meta, &mut notes).map(|c| (c.documents, c.trailer))
+        }
+        Source::ExternalSecret => {
+            eso::external_secret(&mut top, &meta, &mut notes).map(|d| (d, Vec::new()))
+        }
+        Source::Store(kind) => {
+            eso_store::store(&mut top, &meta, kind, &mut notes).map(|d| (d, Vec::new()))
+        }
+    };
+    Ok(match result {
+        Ok((documents, trailer)) => {
+            top.finish(&mut notes);
+            Outcome {
+                notes,
+                documents,
+                trailer,
+                failure: None,
+            }
+        }
+        Err(why) => Outcome::failed(notes, why),
+    })
+}
+
+/// Server-set metadata: observed state, never carried over.
+const SERVER_SET: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
+];
+
+/// kubectl's copy of the last applied object: stale, and it may hold values.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// `metadata`: name (required), namespace, labels, annotations; notes for the rest.
+fn meta(top: &mut Fields<'_>) -> Result<(Meta, Vec<notes::Note>), String> {
+    let mut notes = Notes::default();
+    let mut m = top
+        .object("metadata", &mut notes)
+        .ok_or("metadata is missing")?;
+    let name = m
+        .string("name", &mut notes)
+        .ok_or("metadata.name is missing")?;
+    let namespace = m.string("namespace", &mut notes);
+    let labels = m.strings("labels", &mut notes);
+    let mut annotations = m.strings("annotations", &mut notes);
+    if annotations.remove(LAST_APPLIED).is_some() {
+        notes.warn(
+            format!("metadata.annotations.{LAST_APPLIED}"),
+            "kubectl's record of the old object; not carried over",
+        );
+    }
+    let server_set: Vec<&str> = SERVER_SET
+        .iter()
+        .copied()
+        .filter(|k| m.value(k).is_some())
+        .collect();
+    if !server_set.is_empty() {
+        notes.warn(
+            "metadata",
+            format!(
+                "{}: set by the API server; not carried over",
+                server_set.join(", ")
+            ),
+        );
+    }
+    m.finish(&mut notes);
+    Ok((
+        Meta {
+            name,
+            namespace,
+            labels,
+            annotations,
+        },
+        notes.list,
+    ))
+}
+
+/// Keeps only documents that pass the agent's validation and are not already in the output.
+fn checked(mut outcome: Outcome, seen: &mut BTreeSet<(&'static str, String, String)>) -> Outcome {
+    let mut kept = Vec::new();
+    for doc in std::mem::take(&mut outcome.documents) {
+        if let Err(invalid) = doc.validate() {
+            outcome.notes.warn(
+                "",
+                format!(
+                    "the converted {} fails Latchkey's validation ({invalid}); not written",
+                    doc.describe()
+                ),
+            );
+            continue;
+        }
+        if !seen.insert(doc.identity()) {
+            outcome.notes.warn(
+                "",
+                format!(
+                    "the converted {} has the name of an earlier document; not written (rename \
+                     one of them)",
+                    doc.describe()
+                ),
+            );
+            continue;
+        }
+        kept.push(doc);
+    }
+    if kept.is_empty() && outcome.failure.is_none() {
+        outcome.failure = Some("no converted document is valid".into());
+    }
+    outcome.documents = kept;
+    outcome
+}
+
+#[cfg(test)]
+mod tests;

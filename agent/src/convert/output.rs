@@ -1,0 +1,173 @@
+//! The converted Latchkey documents of one input object, checked with the agent's own validation
+//! and rendered as YAML with `# latchkey convert:` comments.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::errors::ConvertError;
+use super::notes::Notes;
+use crate::api::validate::{self, Invalid};
+use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
+
+/// The prefix of every comment the conversion writes.
+pub const COMMENT: &str = "# latchkey convert: ";
+
+/// One Latchkey document.
+#[derive(Debug, Clone)]
+pub enum Document {
+    /// `latchkey.dev/v1alpha1` ExternalSecret.
+    ExternalSecret(Box<ExternalSecret>),
+    /// `latchkey.dev/v1alpha1` SecretStore.
+    SecretStore(Box<SecretStore>),
+    /// `latchkey.dev/v1alpha1` ClusterSecretStore.
+    ClusterSecretStore(Box<ClusterSecretStore>),
+}
+
+impl Document {
+    /// Kind, namespace and name: two documents with the same identity cannot both be applied.
+    pub fn identity(&self) -> (&'static str, String, String) {
+        let (kind, meta) = match self {
+            Document::ExternalSecret(o) => ("ExternalSecret", &o.metadata),
+            Document::SecretStore(o) => ("SecretStore", &o.metadata),
+            Document::ClusterSecretStore(o) => ("ClusterSecretStore", &o.metadata),
+        };
+        let ns = match self {
+            Document::ClusterSecretStore(_) => String::new(),
+            _ => meta.namespace.clone().unwrap_or_default(),
+        };
+        (kind, ns, meta.name.clone().unwrap_or_default())
+    }
+
+    /// `Kind namespace/name`, for messages.
+    pub fn describe(&self) -> String {
+        let (kind, ns, name) = self.identity();
+        if ns.is_empty() {
+            format!("Latchkey {kind} {name}")
+        } else {
+            format!("Latchkey {kind} {ns}/{name}")
+        }
+    }
+
+    /// The agent's validation of the object, as it runs before every use.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let (_, _, name) = self.identity();
+        validate::object_name("metadata.name", &name)?;
+        match self {
+            Document::ExternalSecret(o) => validate::external_secret(&o.spec),
+            Document::SecretStore(o) => {
+                validate::provider(&o.spec.provider, StoreKind::SecretStore).map(|_| ())
+            }
+            Document::ClusterSecretStore(o) => {
+                validate::provider(&o.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
+            }
+        }
+    }
+
+    /// The document as YAML (without the `---` separator).
+    pub fn to_yaml(&self) -> Result<String, ConvertError> {
+        let rendered = match self {
+            Document::ExternalSecret(o) => serde_norway::to_string(o),
+            Document::SecretStore(o) => serde_norway::to_string(o),
+            Document::ClusterSecretStore(o) => serde_norway::to_string(o),
+        };
+        rendered.map_err(|source| ConvertError::Render {
+            what: self.describe(),
+            source,
+        })
+    }
+}
+
+/// Name, namespace, labels and annotations carried from the input object.
+#[derive(Debug, Clone, Default)]
+pub struct Meta {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`, if the input had one.
+    pub namespace: Option<String>,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations` (without kubectl's last-applied record).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Meta {
+    /// `namespace/name`, or `name` without a namespace.
+    pub fn qualified(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
+    /// Object metadata named `name`, with this object's namespace, labels and annotations.
+    pub fn object_meta(&self, name: &str, namespaced: bool) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: if namespaced {
+                self.namespace.clone()
+            } else {
+                None
+            },
+            labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
+            annotations: (!self.annotations.is_empty()).then(|| self.annotations.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// What became of one input object.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The notes (and the object's `Kind namespace/name` as their subject).
+    pub notes: Notes,
+    /// The converted documents, in output order.
+    pub documents: Vec<Document>,
+    /// Commented lines printed after the documents (the pod volume to use instead).
+    pub trailer: Vec<String>,
+    /// Why nothing was converted, when nothing was.
+    pub failure: Option<String>,
+}
+
+impl Outcome {
+    /// The outcome of an object that could not be converted at all.
+    pub fn failed(notes: Notes, why: impl Into<String>) -> Self {
+        Self {
+            notes,
+            documents: Vec::new(),
+            trailer: Vec::new(),
+            failure: Some(why.into()),
+        }
+    }
+
+    /// Appends this outcome to the output: its comments, then its documents, then the trailer.
+    pub fn render(&self, out: &mut String) -> Result<(), ConvertError> {
+        let mut comments = vec![format!("{COMMENT}from {}", self.notes.subject)];
+        comments.extend(self.notes.lines().map(|l| format!("{COMMENT}{l}")));
+        if let Some(why) = &self.failure {
+            comments.push(format!(
+                "{COMMENT}{}: not converted: {why}",
+                self.notes.subject
+            ));
+        }
+        for (i, doc) in self.documents.iter().enumerate() {
+            out.push_str("---\n");
+            if i == 0 {
+                push_lines(out, &comments);
+            }
+            out.push_str(&doc.to_yaml()?);
+        }
+        if self.documents.is_empty() {
+            push_lines(out, &comments);
+        }
+        push_lines(out, &self.trailer);
+        Ok(())
+    }
+}
+
+fn push_lines(out: &mut String, lines: &[String]) {
+    for line in lines {
+        out.push_str(line);
+        out.push('\n');
+    }
+}

@@ -1,0 +1,493 @@
+//! Secrets Store CSI Driver `SecretProviderClass` -> a SecretStore and an ExternalSecret per
+//! backend location (the provider modules read the parameters), `secretObjects` -> mirrored
+//! Secrets, and the pod volume that replaces the CSI driver's.
+
+use std::collections::BTreeSet;
+
+use serde_norway::Mapping;
+
+use super::fields::Fields;
+use super::notes::{Notes, quoted};
+use super::output::{Document, Meta};
+use super::{spc_aws, spc_vault};
+use crate::api::external_secret::{
+    CreationPolicy, ExternalSecretData, FileItem, Files, SecretStoreRef, Target, Template,
+    TemplateMetadata,
+};
+use crate::api::store::{SecretStoreSpec, StoreProvider};
+use crate::api::{ExternalSecret, ExternalSecretSpec, RemoteRef, SecretStore, StoreKind};
+
+/// One file of the class: its name in the volume and where its value comes from.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// File name in the volume (`secretKey`).
+    pub secret_key: String,
+    /// The remote value.
+    pub remote_ref: RemoteRef,
+    /// File mode from `filePermission`, if any.
+    pub mode: Option<i32>,
+    /// Where the entry was defined, for notes.
+    pub path: String,
+}
+
+/// The entries one store serves (AWS: all of them; Vault: those of one KV mount).
+#[derive(Debug)]
+pub struct Group {
+    /// Appended to the class name for every group but the first (`db-kv`).
+    pub suffix: String,
+    /// The store's provider block.
+    pub provider: StoreProvider,
+    /// The files.
+    pub entries: Vec<Entry>,
+}
+
+/// What a SecretProviderClass becomes.
+pub struct Converted {
+    /// Stores and ExternalSecrets.
+    pub documents: Vec<Document>,
+    /// The commented pod volume to use instead of the CSI driver's.
+    pub trailer: Vec<String>,
+}
+
+/// Converts the SecretProviderClass whose top-level fields are `top`.
+pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<Converted, String> {
+    let mut spec = top
+        .object("spec", notes)
+        .ok_or("spec is missing or not an object")?;
+    let provider = spec
+        .string("provider", notes)
+        .ok_or("spec.provider is missing")?;
+    let empty = Mapping::new();
+    let mut params = spec
+        .object("parameters", notes)
+        .unwrap_or_else(|| Fields::new(&empty, spec.at("parameters")));
+    let mut groups = match provider.as_str() {
+        "aws" => spc_aws::convert(&mut params, meta, notes)?,
+        "vault" => spc_vault::convert(&mut params, meta, notes)?,
+        other => {
+            return Err(format!(
+                "spec.provider: unknown provider {}: Latchkey converts SecretProviderClasses of \
+                 the aws and vault providers only",
+                quoted(other)
+            ));
+        }
+    };
+    params.finish(notes);
+    drop_duplicate_files(&mut groups, notes);
+    groups.retain(|g| !g.entries.is_empty());
+    if groups.is_empty() {
+        return Err("no object of spec.parameters.objects could be converted".into());
+    }
+    let names: Vec<String> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| group_name(&meta.name, i, &g.suffix))
+        .collect();
+    if groups.len() > 1 {
+        notes.warn(
+            "spec.parameters.objects",
+            format!(
+                "the objects live in {} different KV mounts and a Latchkey store reads one: \
+                 converted into the stores and ExternalSecrets {}, one pod volume each (see the \
+                 volume below)",
+                groups.len(),
+                names.join(", ")
+            ),
+        );
+    }
+    let mut external_secrets: Vec<ExternalSecret> = groups
+        .iter()
+        .zip(&names)
+        .map(|(g, name)| external_secret(meta, name, g))
+        .collect();
+    let mirrors = secret_objects(
+        &mut spec,
+        meta,
+        &groups,
+        &names,
+        &mut external_secrets,
+        notes,
+    );
+    spec.finish(notes);
+
+    let mut documents = Vec::new();
+    for (g, name) in groups.iter().zip(&names) {
+        let mut store = SecretStore::new(
+            name,
+            SecretStoreSpec {
+                provider: g.provider.clone(),
+            },
+        );
+        store.metadata = meta.object_meta(name, true);
+        documents.push(Document::SecretStore(Box::new(store)));
+    }
+    documents.extend(
+        external_secrets
+            .into_iter()
+            .chain(mirrors)
+            .map(|es| Document::ExternalSecret(Box::new(es))),
+    );
+    Ok(Converted {
+        documents,
+        trailer: volume_snippet(&meta.name, &names),
+    })
+}
+
+/// The name of the `i`th group's store and ExternalSecret.
+fn group_name(base: &str, i: usize, suffix: &str) -> String {
+    if i == 0 {
+        return base.to_string();
+    }
+    let candidate = format!("{base}-{suffix}");
+    if crate::identity::is_dns_subdomain(&candidate) {
+        candidate
+    } else {
+        format!("{base}-{}", i + 1)
+    }
+}
+
+/// Two entries with one file name cannot both be written; the CSI driver would have failed too.
+fn drop_duplicate_files(groups: &mut [Group], notes: &mut Notes) {
+    let mut seen = BTreeSet::new();
+    for g in groups.iter_mut() {
+        g.entries.retain(|e| {
+            let fresh = seen.insert(e.secret_key.clone());
+            if !fresh {
+                notes.warn(
+                    &e.path,
+                    format!(
+                        "file name {} is used twice; this entry is not carried over",
+                        quoted(&e.secret_key)
+                    ),
+                );
+            }
+            fresh
+        });
+    }
+}
+
+/// The mount-only ExternalSecret of one group.
+fn external_secret(meta: &Meta, name: &str, group: &Group) -> ExternalSecret {
+    let data = group
+        .entries
+        .iter()
+        .map(|e| ExternalSecretData {
+            secret_key: e.secret_key.clone(),
+            remote_ref: e.remote_ref.clone(),
+        })
+        .collect();
+    let target = group
+        .entries
+        .iter()
+        .any(|e| e.mode.is_some())
+        .then(|| Target {
+            // Items restrict the volume to the listed keys, so every entry is listed.
+            files: Some(Files {
+                default_mode: None,
+                items: group
+                    .entries
+                    .iter()
+                    .map(|e| FileItem {
+                        key: e.secret_key.clone(),
+                        path: e.secret_key.clone(),
+                        mode: e.mode,
+                    })
+                    .collect(),
+            }),
+            ..Default::default()
+        });
+    let mut es = ExternalSecret::new(
+        name,
+        ExternalSecretSpec {
+            secret_store_ref: SecretStoreRef {
+                name: name.to_string(),
+                kind: StoreKind::SecretStore,
+            },
+            refresh_interval: None,
+            data,
+            data_from: Vec::new(),
+            target,
+            service_account_name: None,
+            refresh_policy: None,
+        },
+    );
+    es.metadata = meta.object_meta(name, true);
+    es
+}
+
+/// One `secretObjects` item, read.
+struct SyncedSecret {
+    path: String,
+    secret_name: String,
+    template: Template,
+    /// (Secret key, group index, entry) for each `data` item that names a file of the class.
+    keys: Vec<(String, usize, Entry)>,
+}
+
+/// `spec.secretObjects`: Secrets the CSI driver synced while pods mounted the class. When one
+/// Secret holds exactly the files of the only ExternalSecret under their own names, that
+/// ExternalSecret mirrors it; otherwise each becomes an ExternalSecret of its own, so the mounted
+/// files stay exactly what they were.
+fn secret_objects(
+    spec: &mut Fields<'_>,
+    meta: &Meta,
+    groups: &[Group],
+    names: &[String],
+    external_secrets: &mut [ExternalSecret],
+    notes: &mut Notes,
+) -> Vec<ExternalSecret> {
+    let mut synced = Vec::new();
+    for (path, item) in spec.list("secretObjects", notes) {
+        if let Some(s) = synced_secret(&path, item, groups, notes) {
+            synced.push(s);
+        }
+    }
+    let mut mirrors = Vec::new();
+    let whole_group = |s: &SyncedSecret| {
+        let keys: BTreeSet<&str> = s.keys.iter().map(|(k, _, _)| k.as_str()).collect();
+        let files: BTreeSet<&str> = groups[0]
+            .entries
+            .iter()
+            .map(|e| e.secret_key.as_str())
+            .collect();
+        groups.len() == 1
+            && s.keys.iter().all(|(k, _, e)| *k == e.secret_key)
+            && keys == files
+            && keys.len() == s.keys.len()
+    };
+    let single = synced.len() == 1;
+    for s in synced {
+        notes.warn(
+            &s.path,
+            format!(
+                "Secret {} is mirrored by Latchkey's controller (latchkey controller): it exists \
+                 whether or not a pod mounts the class, and is read as the ExternalSecret's \
+                 spec.serviceAccountName (default \"default\"): set that to your pods' service \
+                 account",
+                quoted(&s.secret_name)
+            ),
+        );
+        let target = Target {
+            template: (s.template != Template::default()).then(|| s.template.clone()),
+            name: Some(s.secret_name.clone()),
+            creation_policy: Some(CreationPolicy::Owner),
+            ..Default::default()
+        };
+        if single && whole_group(&s) {
+            let es = &mut external_secrets[0];
+            let files = es.spec.target.take().and_then(|t| t.files);
+            es.spec.target = Some(Target { files, ..target });
+            continue;
+        }
+        let group = s.keys.first().map(|(_, g, _)| *g).unwrap_or(0);
+        let mut name = s.secret_name.clone();
+        if names.contains(&name) {
+            name = format!("{name}-mirror");
+        }
+        let data = s
+            .keys
+            .iter()
+            .map(|(key, _, e)| ExternalSecretData {
+                secret_key: key.clone(),
+                remote_ref: e.remote_ref.clone(),
+            })
+            .collect();
+        let mut es = ExternalSecret::new(
+            &name,
+            ExternalSecretSpec {
+                secret_store_ref: SecretStoreRef {
+                    name: names[group].clone(),
+                    kind: StoreKind::SecretStore,
+                },
+                refresh_interval: None,
+                data,
+                data_from: Vec::new(),
+                target: Some(target),
+                service_account_name: None,
+                refresh_policy: None,
+            },
+        );
+        es.metadata = meta.object_meta(&name, true);
+        mirrors.push(es);
+    }
+    mirrors
+}
+
+/// Reads one `secretObjects` item; `None` (with a note) when it cannot be mirrored.
+fn synced_secret(
+    path: &str,
+    item: &serde_norway::Value,
+    groups: &[Group],
+    notes: &mut Notes,
+) -> Option<SyncedSecret> {
+    let mut f = Fields::of(item, path, notes)?;
+    let Some(secret_name) = f.string("secretName", notes) else {
+        notes.warn(
+            f.at("secretName"),
+            "is missing; this Secret is not carried over",
+        );
+        return None;
+    };
+    let type_ = f.string("type", notes);
+    let labels = f.strings("labels", notes);
+    let annotations = f.strings("annotations", notes);
+    let mut keys = Vec::new();
+    for (dpath, d) in f.list("data", notes) {
+        let Some(mut df) = Fields::of(d, &dpath, notes) else {
+            continue;
+        };
+        let object = df.string("objectName", notes);
+        let key = df.string("key", notes);
+        df.finish(notes);
+        let (Some(object), Some(key)) = (object, key) else {
+            notes.warn(
+                &dpath,
+                "needs objectName and key; this key is not carried over",
+            );
+            continue;
+        };
+        let found = groups.iter().enumerate().find_map(|(g, group)| {
+            group
+                .entries
+                .iter()
+                .find(|e| e.secret_key == object)
+                .map(|e| (g, e.clone()))
+        });
+        match found {
+            Some((g, e)) if keys.first().is_none_or(|(_, g0, _)| *g0 == g) => {
+                keys.push((key, g, e))
+            }
+            Some(_) => notes.warn(
+                format!("{dpath}.objectName"),
+                format!(
+                    "{} comes from another KV mount than this Secret's first key, and a \
+                     Latchkey ExternalSecret reads one store; not carried over",
+                    quoted(&object)
+                ),
+            ),
+            None => notes.warn(
+                format!("{dpath}.objectName"),
+                format!(
+                    "{} is not a converted file of this class; not carried over",
+                    quoted(&object)
+                ),
+            ),
+        }
+    }
+    f.finish(notes);
+    if keys.is_empty() {
+        notes.warn(path, "has no key that could be converted; not carried over");
+        return None;
+    }
+    let metadata = (!labels.is_empty() || !annotations.is_empty()).then_some(TemplateMetadata {
+        labels,
+        annotations,
+    });
+    Some(SyncedSecret {
+        path: path.to_string(),
+        secret_name,
+        template: Template {
+            type_,
+            metadata,
+            ..Default::default()
+        },
+        keys,
+    })
+}
+
+/// The commented pod volume(s) replacing `csi: {driver: secrets-store.csi.k8s.io, ...}`.
+fn volume_snippet(class: &str, names: &[String]) -> Vec<String> {
+    let c = super::output::COMMENT;
+    let mut lines = vec![
+        format!(
+            "{c}in pods, replace the CSI volume with volumeAttributes.secretProviderClass: {class} by:"
+        ),
+        "#   volumes:".to_string(),
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let volume = if i == 0 {
+            "secrets-store          # keep your volume's name and volumeMounts".to_string()
+        } else {
+            format!(
+                "secrets-store-{}        # mount this one at its own path too",
+                i + 1
+            )
+        };
+        lines.extend([
+            format!("#   - name: {volume}"),
+            "#     csi:".to_string(),
+            format!("#       driver: {}", crate::csi::DRIVER_NAME),
+            "#       readOnly: true                 # required: Latchkey volumes are read-only"
+                .to_string(),
+            "#       volumeAttributes:".to_string(),
+            format!("#         {}: {name}", crate::csi::ATTR_EXTERNAL_SECRET),
+        ]);
+    }
+    lines.push(
+        "#   (no nodePublishSecretRef: Latchkey authenticates with the pod's service account)"
+            .to_string(),
+    );
+    lines
+}
+
+/// Parses a CSI `filePermission` (octal text such as `0640`).
+pub fn file_mode(text: &str) -> Option<i32> {
+    let digits = text.trim_start_matches("0o");
+    i32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| (0..=0o777).contains(m))
+}
+
+/// Reads an object's `filePermission`; notes (and ignores) one that is not an octal mode.
+pub fn read_mode(f: &mut Fields<'_>, notes: &mut Notes) -> Option<i32> {
+    let path = f.at("filePermission");
+    let text = f.string("filePermission", notes)?;
+    let mode = file_mode(&text);
+    if mode.is_none() {
+        notes.warn(
+            path,
+            format!(
+                "{} is not an octal file mode (e.g. 0640); not carried over",
+                quoted(&text)
+            ),
+        );
+    }
+    mode
+}
+
+/// Checks an entry's file name against Latchkey's rules; notes a name that breaks them.
+pub fn file_name_ok(path: &str, name: &str, notes: &mut Notes) -> bool {
+    let ok = crate::api::rules::FILE_PATH.is_match(name)
+        && name.chars().count() <= crate::api::rules::MAX_SECRET_KEY_LEN;
+    if !ok {
+        notes.warn(
+            path,
+            format!(
+                "file name {} {}; object not carried over",
+                quoted(name),
+                crate::api::rules::FILE_PATH.message
+            ),
+        );
+    }
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_modes_are_octal() {
+        assert_eq!(file_mode("0640"), Some(0o640));
+        assert_eq!(file_mode("644"), Some(0o644));
+        assert_eq!(file_mode("0999"), None);
+        assert_eq!(file_mode("1777"), None);
+    }
+
+    #[test]
+    fn extra_groups_get_a_suffix() {
+        assert_eq!(group_name("db", 0, "kv"), "db");
+        assert_eq!(group_name("db", 1, "kv"), "db-kv");
+        assert_eq!(group_name("db", 2, "Not_Valid"), "db-3");
+    }
+}
