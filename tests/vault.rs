@@ -564,6 +564,42 @@ async fn kubernetes_auth_logs_in_with_the_pods_token_once_per_service_account() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_store_backs_off_cached_values_still_mount() {
+    let bao = bao().await;
+    let token = bao.token(&["read"], "1h").await;
+    let m = manifests(
+        &bao,
+        "{tokenSecretRef: {name: vault-token, key: token}}",
+        &credential_secret("vault-token", "token", &token),
+    );
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+    publish(&agent, "first", "default", "app", None)
+        .await
+        .unwrap();
+
+    bao.api("PUT", "sys/seal", None).await;
+    // `find` always asks the backend: it fails, and the store backs off for this service account.
+    let sealed = publish(&agent, "finder", "default", "found", None)
+        .await
+        .unwrap_err();
+    assert_eq!(sealed.code(), Code::Unavailable, "{}", sealed.message());
+    let backing_off = publish(&agent, "finder-2", "default", "found", None)
+        .await
+        .unwrap_err();
+    assert!(
+        backing_off.message().contains("backing off"),
+        "{}",
+        backing_off.message()
+    );
+    // A new pod of the same service account whose values are all cached needs no backend call:
+    // it mounts while the store backs off.
+    let second = publish(&agent, "second", "default", "app", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&second, "password"), DB_V2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_missing_and_unreachable_map_to_grpc_codes_naming_the_key() {
     let mut bao = bao().await;
     let token = bao.token(&["read"], "1h").await;

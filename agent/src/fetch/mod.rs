@@ -24,6 +24,9 @@ use crate::catalog::Binding;
 use crate::identity::PodInfo;
 use crate::providers::{self, FindQuery, Provider, ProviderError, RemoteKey};
 use crate::resolve::{Context, Fetched, Plan};
+use backoff::Gate;
+
+pub mod backoff;
 
 /// Why values could not be fetched. Messages name namespace, ExternalSecret, store and remote key
 /// where they apply, and never contain values or tokens.
@@ -52,6 +55,16 @@ pub enum FetchError {
     /// The store no longer validates although its binding did (a bug).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl FetchError {
+    /// The backend's error, when the backend is what failed.
+    pub fn provider_error(&self) -> Option<&ProviderError> {
+        match self {
+            Self::Provider { source, .. } => Some(source),
+            Self::OverBudget { .. } | Self::Internal(_) => None,
+        }
+    }
 }
 
 /// Where values come from and as whom: a bound store and the identity its requests are made as.
@@ -121,13 +134,15 @@ impl Fetcher {
     }
 
     /// Fetches what `plan` asks for from `source`. Cached values older than `max_age` are read
-    /// again; everything fetched shares `budget` bytes, checked as values arrive.
+    /// again; everything fetched shares `budget` bytes, checked as values arrive. `gate` is
+    /// entered before every backend call (a cache miss or a `find`), never for a cache hit.
     pub async fn fetch(
         &self,
         source: &Source<'_>,
         plan: Plan,
         max_age: Option<Duration>,
         budget: u64,
+        gate: &Gate<'_>,
     ) -> Result<Fetched, FetchError> {
         // Built on the first cache miss only: a warm fetch never constructs a client.
         let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
@@ -157,7 +172,10 @@ impl Fetcher {
                 key: key.clone(),
             };
             async {
-                let fetch = || async { provider().await?.get(&key).await };
+                let fetch = || async {
+                    gate.enter()?;
+                    provider().await?.get(&key).await
+                };
                 let value = self
                     .cache
                     .get_or_fetch(cache_key, max_age, fetch)
@@ -178,6 +196,7 @@ impl Fetcher {
                 fetched.share_found(*first, *index);
                 continue;
             }
+            gate.enter().map_err(|e| source.error(None, e))?;
             let found = provider()
                 .await
                 .map_err(|e| source.error(None, e))?

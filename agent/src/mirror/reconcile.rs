@@ -26,11 +26,11 @@ use crate::api::external_secret::{CreationPolicy, DeletionPolicy, RefreshPolicy}
 use crate::catalog::{Catalog, Lenient, bind};
 use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, NORMAL, WARNING};
+use crate::fetch::backoff::{self, Backoff, Gate};
 use crate::fetch::{FetchError, Fetcher, Source};
 use crate::identity::PodInfo;
 use crate::providers::ProviderError;
 use crate::providers::audiences::token_audiences;
-use crate::publish::backoff::{self, Backoff};
 use crate::publish::schedule::Refresh;
 use crate::resolve::{self, Context};
 use crate::telemetry::Metrics;
@@ -368,30 +368,15 @@ impl Reconciler {
             Ok(p) => p,
             Err(e) => return Ok(fail(Reason::SecretSyncedError, e.to_string())),
         };
-        let now = Instant::now();
-        if let Some(off) = self.backoff.check(source.store(), source.identity(), now) {
-            let wait = off.next.saturating_duration_since(now);
-            return Ok(fail(
-                Reason::SecretSyncedError,
-                format!(
-                    "{cx}: backing off after {} failed attempt(s) as service account {}; next \
-                     attempt in {:.1}s; the Secret is kept as it is",
-                    off.failures,
-                    source.identity(),
-                    wait.as_secs_f64()
-                ),
-            ));
-        }
         let budget = (desired::MAX_SECRET_BYTES as u64).saturating_mul(4);
-        let fetched = self.fetcher.fetch(&source, plan, max_age, budget).await;
-        match &fetched {
-            Ok(_) => self.backoff.succeeded(source.store(), source.identity()),
-            Err(FetchError::Provider { source: e, .. }) if backoff::is_transient(e) => {
-                self.backoff
-                    .failed(source.store(), source.identity(), Instant::now());
-            }
-            Err(_) => {}
-        }
+        // A backend that keeps failing is left alone until its backoff delay has passed; what
+        // is still cached is used meanwhile.
+        let gate = Gate::new(&self.backoff, source.store(), source.identity());
+        let fetched = self
+            .fetcher
+            .fetch(&source, plan, max_age, budget, &gate)
+            .await;
+        gate.record(&fetched);
         let fetched = match fetched {
             Ok(f) => f,
             Err(FetchError::Provider {

@@ -2,7 +2,7 @@
 //! strings the steps together for one target: pod identity -> catalog binding -> fetch
 //! ([`crate::fetch`]) -> resolve -> volume, and owns the orchestration around them: one operation
 //! per target at a time (`locks`), when a mounted volume is next due ([`schedule`]), leaving a
-//! failing backend alone ([`backoff`]), rendering on the compute pool, cleaning up after a panic,
+//! failing backend alone ([`crate::fetch::backoff`]), rendering on the compute pool, cleaning up after a panic,
 //! and Events on the pod.
 //!
 //! Not for reading values (cache, providers and the fetch budget are [`crate::fetch`]'s, which
@@ -10,7 +10,6 @@
 //! CSI types: the CSI edge parses requests into [`PublishRequest`] and maps [`PublishError`] to a
 //! status code.
 
-pub mod backoff;
 mod locks;
 pub mod schedule;
 
@@ -28,6 +27,7 @@ use crate::cache::CacheLimits;
 use crate::catalog::{BindingError, Catalog, bind};
 use crate::compute::{ComputeError, Pool};
 use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
+use crate::fetch::backoff::{Backoff, Gate};
 use crate::fetch::{FetchError, Fetcher, Source};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
@@ -139,7 +139,7 @@ pub struct Publisher {
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
     schedule: Schedule,
-    backoff: backoff::Backoff,
+    backoff: Backoff,
     fetcher: Fetcher,
     compute: Pool,
 }
@@ -161,7 +161,7 @@ impl Publisher {
             events,
             locks: locks::TargetLocks::default(),
             schedule: Schedule::default(),
-            backoff: backoff::Backoff::default(),
+            backoff: Backoff::default(),
             fetcher: Fetcher::new(providers, cache_limits),
             compute,
         }
@@ -326,34 +326,14 @@ impl Publisher {
         };
         let source = Source::new(&ctx, &binding, &req.pod)?;
         let plan = resolve::plan(&ctx, &binding.external_secret.spec)?;
-        // A backend that keeps failing is left alone until its backoff delay has passed.
-        let (store, identity) = (source.store(), source.identity());
-        let started = Instant::now();
-        if let Some(off) = self.backoff.check(store, identity, started) {
-            let wait = off.next.saturating_duration_since(started);
-            *retry = Some(wait);
-            return Err(PublishError::Provider {
-                ctx: ctx.boxed(),
-                key: None,
-                source: ProviderError::Unavailable(format!(
-                    "backing off after {} failed attempt(s) as service account {identity}; \
-                     next attempt in {:.1}s",
-                    off.failures,
-                    wait.as_secs_f64()
-                )),
-            });
-        }
+        // A backend that keeps failing is left alone until its backoff delay has passed; what
+        // is still cached is served meanwhile.
+        let gate = Gate::new(&self.backoff, source.store(), source.identity());
         let fetched = self
             .fetcher
-            .fetch(&source, plan, refresh.max_age(), self.fetch_budget())
+            .fetch(&source, plan, refresh.max_age(), self.fetch_budget(), &gate)
             .await;
-        match &fetched {
-            Ok(_) => self.backoff.succeeded(store, identity),
-            Err(FetchError::Provider { source, .. }) if backoff::is_transient(source) => {
-                *retry = Some(self.backoff.failed(store, identity, Instant::now()));
-            }
-            Err(_) => {}
-        }
+        *retry = gate.record(&fetched);
         let fetched = fetched?;
         let pod = resolve::TemplatePod {
             namespace: req.pod.namespace.clone(),

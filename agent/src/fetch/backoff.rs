@@ -2,12 +2,15 @@
 //! or throttling is not hammered by every republish of every volume that uses it.
 //!
 //! Only transient provider errors (unavailable, throttled, timed out) count as failures; a
-//! success resets. While a (store, identity) is backing off, publishes do not call the backend.
+//! success resets. While a (store, identity) is backing off, no backend call is made for it
+//! ([`Gate`], entered right before each call); values still in the cache are served meanwhile.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::FetchError;
 use crate::providers::ProviderError;
 
 /// Delay after the first failure; doubled for each further consecutive failure.
@@ -120,6 +123,63 @@ impl Backoff {
             state
                 .entries
                 .remove(&(store.to_string(), identity.to_string()));
+        }
+    }
+}
+
+/// The backoff of one fetch's (store, identity), consulted right before each backend call, so
+/// values still in the cache are served while the backend is being left alone.
+pub struct Gate<'a> {
+    backoff: &'a Backoff,
+    store: &'a str,
+    identity: &'a str,
+    /// Whether a backend call was let through: only then does a success say the backend is
+    /// healthy again.
+    called: AtomicBool,
+}
+
+impl<'a> Gate<'a> {
+    /// A gate over `backoff` for calls to `store` as `identity`.
+    pub fn new(backoff: &'a Backoff, store: &'a str, identity: &'a str) -> Self {
+        Self {
+            backoff,
+            store,
+            identity,
+            called: AtomicBool::new(false),
+        }
+    }
+
+    /// Lets a backend call through, or refuses it with `Unavailable` while backing off.
+    pub fn enter(&self) -> Result<(), ProviderError> {
+        let now = Instant::now();
+        match self.backoff.check(self.store, self.identity, now) {
+            Some(off) => Err(ProviderError::Unavailable(format!(
+                "backing off after {} failed attempt(s) as service account {}; next attempt \
+                 in {:.1}s",
+                off.failures,
+                self.identity,
+                off.next.saturating_duration_since(now).as_secs_f64()
+            ))),
+            None => {
+                self.called.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    /// Records how the fetch ended; returns the wait until the next allowed backend attempt
+    /// when the (store, identity) is backing off.
+    pub fn record<T>(&self, fetched: &Result<T, FetchError>) -> Option<Duration> {
+        match fetched {
+            Ok(_) if self.called.load(Ordering::Relaxed) => {
+                self.backoff.succeeded(self.store, self.identity);
+                None
+            }
+            Ok(_) => None,
+            Err(e) => e.provider_error().filter(|e| is_transient(e)).map(|_| {
+                self.backoff
+                    .failed(self.store, self.identity, Instant::now())
+            }),
         }
     }
 }
