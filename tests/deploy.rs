@@ -1,0 +1,729 @@
+//! Deploy files: the Helm chart renders what kustomize builds, uses every value it offers and
+//! places each where it belongs; every manifest of the repository is a valid object of its
+//! Kubernetes type; Secret permissions stay where the design puts them in the chart too; and the
+//! image has one version everywhere. Needs `kubectl` (for `kubectl kustomize`), not a cluster.
+
+#[path = "support/helm.rs"]
+mod helm;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::{Value, json};
+
+use helm::{Chart, yaml_documents};
+
+const IMAGE: &str = "ghcr.io/latchkey-dev/latchkey";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn chart() -> Chart {
+    Chart::load(&repo().join("daemonset/chart"))
+}
+
+/// `kubectl kustomize daemonset/<dir>`, parsed. Fails rather than skips without kubectl: these
+/// are the files users apply.
+fn kustomize(dir: &str) -> Vec<Value> {
+    let path = repo().join("daemonset").join(dir);
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("kubectl is required for the deploy tests (kubectl kustomize): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_documents(std::str::from_utf8(&out.stdout).unwrap())
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn key(doc: &Value) -> String {
+    format!(
+        "{} {} {}/{}",
+        str_at(doc, "/apiVersion"),
+        str_at(doc, "/kind"),
+        str_at(doc, "/metadata/namespace"),
+        str_at(doc, "/metadata/name")
+    )
+}
+
+/// Null map entries are how a template says "not set"; the API server drops them too.
+fn normalise(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), normalise(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(normalise).collect()),
+        other => other.clone(),
+    }
+}
+
+fn by_key(docs: &[Value]) -> BTreeMap<String, Value> {
+    let mut map = BTreeMap::new();
+    for doc in docs {
+        assert!(
+            map.insert(key(doc), normalise(doc)).is_none(),
+            "{} rendered twice",
+            key(doc)
+        );
+    }
+    map
+}
+
+/// Asserts two sets of objects are the same, order aside, naming the first that differs.
+fn assert_same_objects(chart: &[Value], kustomize: &[Value], what: &str) {
+    let (c, k) = (by_key(chart), by_key(kustomize));
+    assert_eq!(
+        c.keys().collect::<Vec<_>>(),
+        k.keys().collect::<Vec<_>>(),
+        "{what}: not the same objects (left: chart, right: kustomize)"
+    );
+    for (name, object) in &c {
+        let mut diffs = Vec::new();
+        diff(object, &k[name], String::new(), &mut diffs);
+        assert!(
+            diffs.is_empty(),
+            "{what}: {name} differs (chart vs kustomize):\n{}",
+            diffs.join("\n")
+        );
+    }
+}
+
+/// Where two values differ, as `pointer: left vs right`.
+fn diff(a: &Value, b: &Value, at: String, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let (l, r) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                diff(l, r, format!("{at}/{k}"), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (l, r)) in x.iter().zip(y).enumerate() {
+                diff(l, r, format!("{at}/{i}"), out);
+            }
+        }
+        _ if a != b => out.push(format!("  {at}: {a} vs {b}")),
+        _ => {}
+    }
+}
+
+/// The chart installs into a namespace that exists (`helm install --create-namespace`), so it
+/// renders no Namespace; kustomize creates `latchkey`. That is the only difference allowed.
+fn without_namespace_object(docs: Vec<Value>) -> Vec<Value> {
+    docs.into_iter()
+        .filter(|d| !(d["kind"] == "Namespace" && d["metadata"]["name"] == "latchkey"))
+        .collect()
+}
+
+#[test]
+fn chart_renders_what_kustomize_builds() {
+    let chart = chart();
+    let mount_only = chart.render("latchkey", "latchkey", &helm::no_overrides());
+    assert_same_objects(
+        &mount_only,
+        &without_namespace_object(kustomize(".")),
+        "defaults vs daemonset/",
+    );
+    let with_mirror = chart.render(
+        "latchkey",
+        "latchkey",
+        &json!({"controller": {"enabled": true}}),
+    );
+    assert_same_objects(
+        &with_mirror,
+        &without_namespace_object(kustomize("with-mirror")),
+        "controller.enabled=true vs daemonset/with-mirror",
+    );
+}
+
+#[test]
+fn chart_crds_are_the_generated_ones() {
+    let generated = std::fs::read(repo().join("crds/latchkey-crds.yaml")).unwrap();
+    let copy = std::fs::read(repo().join("daemonset/chart/crds/latchkey-crds.yaml")).unwrap();
+    assert!(
+        generated == copy,
+        "daemonset/chart/crds/latchkey-crds.yaml differs from crds/latchkey-crds.yaml: \
+         cp crds/latchkey-crds.yaml daemonset/chart/crds/"
+    );
+}
+
+/// Every value of values.yaml, changed. `metrics.enabled` is checked by its own render below:
+/// turned off, the ports it would move disappear.
+fn changed_values() -> Value {
+    json!({
+        "image": {"repository": "registry.example/lk", "tag": "9.9.9-test", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "logLevel": "info,latchkey=debug",
+        "logFormat": "text",
+        "metrics": {"enabled": true, "port": 19808, "controllerPort": 19809,
+                    "scrapeAnnotations": false},
+        "tokenRequests": [{"audience": "vault", "expirationSeconds": 3600}],
+        "node": {
+            "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
+            "priorityClassName": "node-prio",
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "secrets",
+                             "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "pool", "operator": "In", "values": ["a"]}]}]}}},
+            "resources": {"requests": {"cpu": "21m", "memory": "41Mi"},
+                          "limits": {"memory": "201Mi"}},
+            "extraArgs": ["--volume-size-limit=8Mi"],
+        },
+        "sidecars": {
+            "nodeDriverRegistrar": {
+                "image": {"repository": "mirror.example/registrar", "tag": "v0.0.1",
+                          "pullPolicy": "Always"},
+                "resources": {"requests": {"cpu": "6m", "memory": "11Mi"},
+                              "limits": {"memory": "33Mi"}},
+            },
+            "livenessProbe": {
+                "image": {"repository": "mirror.example/probe", "tag": "v0.0.2",
+                          "pullPolicy": "Never"},
+                "port": 19810,
+                "resources": {"requests": {"cpu": "7m", "memory": "12Mi"},
+                              "limits": {"memory": "34Mi"}},
+            },
+        },
+        "controller": {
+            "enabled": true,
+            "replicas": 3,
+            "leaderElect": false,
+            "namespaces": ["shop", "billing"],
+            "selector": "team in (a, b)",
+            "priorityClassName": "ctrl-prio",
+            "nodeSelector": {"pool": "system"},
+            "tolerations": [{"key": "ctrl", "operator": "Exists"}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                 "labelSelector": {"matchLabels": {"team": "secrets"}}}}]}},
+            "resources": {"requests": {"cpu": "22m", "memory": "42Mi"},
+                          "limits": {"memory": "202Mi"}},
+            "extraArgs": ["--dry-run"],
+        },
+    })
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn container<'a>(workload: &'a Value, name: &str) -> &'a Value {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn args(c: &Value) -> Vec<&str> {
+    c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect()
+}
+
+fn env(c: &Value, name: &str) -> Value {
+    c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].clone())
+        .unwrap_or(Value::Null)
+}
+
+fn port(c: &Value, name: &str) -> Value {
+    c["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .map(|p| p["containerPort"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn every_changed_value_lands_where_it_belongs() {
+    let chart = chart();
+    let v = changed_values();
+    // The overrides must really change every value, or a value could go unchecked.
+    let mut merged = chart.values().clone();
+    helm::merge(&mut merged, &v);
+    for path in helm::leaf_paths(chart.values()) {
+        let pointer = format!("/{}", path.replace('.', "/"));
+        if path == "metrics.enabled" {
+            continue;
+        }
+        assert_ne!(
+            chart.values().pointer(&pointer),
+            merged.pointer(&pointer),
+            "changed_values() leaves {path} at its default"
+        );
+    }
+
+    let ns = "secrets-system";
+    let docs = chart.render("lk", ns, &v);
+    let ds = find(&docs, "DaemonSet", "latchkey-node");
+    let deploy = find(&docs, "Deployment", "latchkey-controller");
+    let agent = container(ds, "latchkey");
+    let controller = container(deploy, "latchkey");
+    let registrar = container(ds, "node-driver-registrar");
+    let probe = container(ds, "liveness-probe");
+    let (ds_pod, deploy_pod) = (&ds["spec"]["template"], &deploy["spec"]["template"]);
+
+    // Namespace handling: everything namespaced is in the release's namespace, except the
+    // controller's write RoleBindings, which are in the namespaces it serves.
+    for doc in &docs {
+        let Some(doc_ns) = doc["metadata"]["namespace"].as_str() else {
+            continue;
+        };
+        let write_binding =
+            doc["kind"] == "RoleBinding" && doc["metadata"]["name"] == "latchkey-controller-write";
+        if !write_binding {
+            assert_eq!(doc_ns, ns, "{}", key(doc));
+        }
+        for s in doc["subjects"].as_array().into_iter().flatten() {
+            assert_eq!(s["namespace"], ns, "{}", key(doc));
+        }
+    }
+
+    // image
+    for c in [agent, controller] {
+        assert_eq!(c["image"], "registry.example/lk:9.9.9-test");
+        assert_eq!(c["imagePullPolicy"], "Always");
+        assert_eq!(env(c, "RUST_LOG"), "info,latchkey=debug");
+        assert!(args(c).contains(&"--log-format=text"), "{:?}", args(c));
+    }
+    for pod in [ds_pod, deploy_pod] {
+        assert_eq!(
+            pod["spec"]["imagePullSecrets"],
+            json!([{"name": "regcred"}])
+        );
+        // metrics.scrapeAnnotations=false
+        assert!(pod["metadata"].get("annotations").is_none(), "{pod}");
+    }
+
+    // metrics ports
+    assert!(args(agent).contains(&"--metrics-addr=:19808"));
+    assert_eq!(port(agent, "metrics"), 19808);
+    assert!(args(controller).contains(&"--metrics-addr=:19809"));
+    assert_eq!(port(controller, "metrics"), 19809);
+
+    // tokenRequests
+    let driver = find(&docs, "CSIDriver", "csi.latchkey.dev");
+    assert_eq!(driver["spec"]["tokenRequests"], v["tokenRequests"]);
+
+    // node
+    let kubelet = "/var/snap/microk8s/common/var/lib/kubelet";
+    let paths: Vec<&str> = ds_pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|vol| vol["hostPath"]["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("{kubelet}/plugins/csi.latchkey.dev"),
+            format!("{kubelet}/pods"),
+            format!("{kubelet}/plugins_registry")
+        ]
+    );
+    // The agent mounts at the path kubelet names on the host, so the two must be the same.
+    let pods_mount = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "pods-dir")
+        .unwrap();
+    assert_eq!(pods_mount["mountPath"], format!("{kubelet}/pods"));
+    assert!(
+        args(registrar).contains(
+            &format!("--kubelet-registration-path={kubelet}/plugins/csi.latchkey.dev/csi.sock")
+                .as_str()
+        )
+    );
+    let node = &v["node"];
+    for field in [
+        "priorityClassName",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+    ] {
+        assert_eq!(ds_pod["spec"][field], node[field], "node.{field}");
+    }
+    assert_eq!(agent["resources"], node["resources"]);
+    assert_eq!(args(agent).last(), Some(&"--volume-size-limit=8Mi"));
+
+    // sidecars
+    assert_eq!(registrar["image"], "mirror.example/registrar:v0.0.1");
+    assert_eq!(registrar["imagePullPolicy"], "Always");
+    assert_eq!(
+        registrar["resources"],
+        v["sidecars"]["nodeDriverRegistrar"]["resources"]
+    );
+    assert_eq!(probe["image"], "mirror.example/probe:v0.0.2");
+    assert_eq!(probe["imagePullPolicy"], "Never");
+    assert_eq!(
+        probe["resources"],
+        v["sidecars"]["livenessProbe"]["resources"]
+    );
+    assert!(args(probe).contains(&"--http-endpoint=:19810"));
+    assert_eq!(port(agent, "healthz"), 19810);
+
+    // controller
+    let ctl = &v["controller"];
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    let a = args(controller);
+    for want in [
+        "--namespace=shop",
+        "--namespace=billing",
+        "--leader-elect=false",
+    ] {
+        assert!(a.contains(&want), "{want} missing: {a:?}");
+    }
+    assert!(
+        a.windows(2).any(|w| w == ["--selector", "team in (a, b)"]),
+        "{a:?}"
+    );
+    assert_eq!(a.last(), Some(&"--dry-run"));
+    for field in [
+        "priorityClassName",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+    ] {
+        assert_eq!(deploy_pod["spec"][field], ctl[field], "controller.{field}");
+    }
+    assert_eq!(controller["resources"], ctl["resources"]);
+    // controller.namespaces binds the write role there only.
+    let write_bindings: Vec<String> = docs
+        .iter()
+        .filter(|d| d["roleRef"]["name"] == "latchkey-controller-write")
+        .map(|d| format!("{} {}", d["kind"], str_at(d, "/metadata/namespace")))
+        .collect();
+    assert_eq!(
+        write_bindings,
+        ["\"RoleBinding\" shop", "\"RoleBinding\" billing"]
+    );
+
+    // metrics.enabled=false: no metrics endpoint, nor what points at it.
+    let off = chart.render(
+        "lk",
+        ns,
+        &json!({"controller": {"enabled": true},
+                                              "metrics": {"enabled": false}}),
+    );
+    for (kind, name) in [
+        ("DaemonSet", "latchkey-node"),
+        ("Deployment", "latchkey-controller"),
+    ] {
+        let w = find(&off, kind, name);
+        let c = container(w, "latchkey");
+        assert!(args(c).contains(&"--metrics-addr=none"), "{kind}");
+        assert_eq!(port(c, "metrics"), Value::Null, "{kind}");
+        assert!(c.get("readinessProbe").is_none(), "{kind}");
+        assert!(
+            w["spec"]["template"]["metadata"]
+                .get("annotations")
+                .is_none()
+        );
+    }
+    // The node agent's liveness does not depend on metrics: it goes through the sidecar.
+    let ds_off = find(&off, "DaemonSet", "latchkey-node");
+    assert_eq!(
+        container(ds_off, "latchkey")["livenessProbe"]["httpGet"]["port"],
+        "healthz"
+    );
+}
+
+/// A value no template reads is a knob that does nothing.
+#[test]
+fn every_value_is_used_by_a_template() {
+    let chart = chart();
+    let texts: Vec<&str> = chart.template_texts().collect();
+    let used_whole = |path: &str| {
+        let needle = format!(".Values.{path}");
+        texts.iter().any(|t| {
+            t.match_indices(&needle).any(|(i, _)| {
+                let next = t[i + needle.len()..].chars().next().unwrap_or(' ');
+                !(next.is_alphanumeric() || next == '_' || next == '.')
+            })
+        })
+    };
+    let leaves = helm::leaf_paths(chart.values());
+    assert!(leaves.len() > 30, "{leaves:?}");
+    for leaf in leaves {
+        let parts: Vec<&str> = leaf.split('.').collect();
+        // The value itself, or a map holding it that a template uses whole (toYaml, with).
+        let used = (1..=parts.len()).any(|n| used_whole(&parts[..n].join(".")));
+        assert!(used, "values.yaml: {leaf} is used by no template");
+    }
+}
+
+// ---- every manifest is a valid object of its type ----
+
+/// Deserializes `doc` as `T`, refusing fields `T` does not have (a misspelt field is otherwise
+/// dropped silently by the API server's decoder for typed clients, and by kubectl's only with a
+/// warning).
+fn strict<T: serde::de::DeserializeOwned>(doc: &Value) -> Result<(), String> {
+    let mut unknown = Vec::new();
+    let parsed: Result<T, _> =
+        serde_ignored::deserialize(doc.clone(), |path| unknown.push(path.to_string()));
+    parsed.map_err(|e| e.to_string())?;
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unknown fields {unknown:?}"))
+    }
+}
+
+fn check_typed(doc: &Value, origin: &str) {
+    let api = str_at(doc, "/apiVersion");
+    let kind = str_at(doc, "/kind");
+    let result = match (api, kind) {
+        ("apps/v1", "DaemonSet") => strict::<DaemonSet>(doc),
+        ("apps/v1", "Deployment") => strict::<Deployment>(doc),
+        ("v1", "ServiceAccount") => strict::<ServiceAccount>(doc),
+        ("v1", "Namespace") => strict::<Namespace>(doc),
+        ("v1", "Pod") => strict::<Pod>(doc),
+        ("v1", "Secret") => strict::<Secret>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => strict::<ClusterRole>(doc),
+        ("rbac.authorization.k8s.io/v1", "Role") => strict::<Role>(doc),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => strict::<ClusterRoleBinding>(doc),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(doc),
+        ("storage.k8s.io/v1", "CSIDriver") => strict::<CSIDriver>(doc),
+        ("policy/v1", "PodDisruptionBudget") => strict::<PodDisruptionBudget>(doc),
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+            strict::<CustomResourceDefinition>(doc)
+        }
+        // The agent's own loader, which refuses unknown fields (see also
+        // every_example_document_loads_strictly in agent/src/catalog/manifests.rs).
+        ("latchkey.dev/v1alpha1", _) => latchkey::catalog::ManifestCatalog::default()
+            .add_documents(Path::new(origin), &serde_norway::to_string(doc).unwrap())
+            .map_err(|e| e.to_string()),
+        _ => Err(format!("unknown kind {api} {kind}: add it to check_typed")),
+    };
+    if let Err(e) = result {
+        panic!("{origin}: {}: {e}", key(doc));
+    }
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            yaml_files(&path, out);
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_manifest_is_a_valid_kubernetes_object() {
+    let mut checked = 0;
+    let mut check_all = |docs: &[Value], origin: &str| {
+        assert!(!docs.is_empty(), "{origin}: no documents");
+        for doc in docs {
+            check_typed(doc, origin);
+            checked += 1;
+        }
+    };
+    // daemonset/ as applied: its files are kustomize inputs, the outputs are what must be valid.
+    for dir in [".", "with-mirror"] {
+        check_all(
+            &kustomize(dir),
+            &format!("kubectl kustomize daemonset/{dir}"),
+        );
+    }
+    let mut files = Vec::new();
+    yaml_files(&repo().join("examples"), &mut files);
+    files.push(repo().join("crds/latchkey-crds.yaml"));
+    for path in files {
+        let docs = yaml_documents(&std::fs::read_to_string(&path).unwrap());
+        check_all(&docs, &path.display().to_string());
+    }
+    let chart = chart();
+    for (what, overrides) in [
+        ("defaults", helm::no_overrides()),
+        (
+            "controller.enabled=true",
+            json!({"controller": {"enabled": true}}),
+        ),
+        ("changed values", changed_values()),
+    ] {
+        check_all(
+            &chart.render("lk", "lk", &overrides),
+            &format!("chart, {what}"),
+        );
+    }
+    assert!(checked > 50, "only {checked} documents checked");
+}
+
+// ---- RBAC: Secret permissions stay where the design puts them ----
+
+/// `(role name, verb)` of every ClusterRole and Role rule on core Secrets, with the kind.
+fn secret_grants(docs: &[Value]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for role in docs
+        .iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+    {
+        for rule in role["rules"].as_array().unwrap() {
+            let has = |field: &str, want: &str| {
+                rule[field]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|v| v == want || v == "*")
+            };
+            if has("apiGroups", "") && has("resources", "secrets") {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    out.push((
+                        str_at(role, "/kind").into(),
+                        str_at(role, "/metadata/name").into(),
+                        verb.as_str().unwrap().into(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn is_read(verb: &str) -> bool {
+    matches!(verb, "get" | "list" | "watch")
+}
+
+#[test]
+fn chart_keeps_secret_permissions_where_the_design_puts_them() {
+    let chart = chart();
+    let mount_only = chart.render("lk", "lk", &helm::no_overrides());
+    let with_mirror = chart.render("lk", "lk", &json!({"controller": {"enabled": true}}));
+    let narrowed = chart.render("lk", "lk", &changed_values());
+    // Without the controller: only the node agent's Role, and only `get` in its own namespace.
+    let grants = secret_grants(&mount_only);
+    assert_eq!(
+        grants,
+        [(
+            "Role".into(),
+            "latchkey-node-credentials".into(),
+            "get".into()
+        )],
+        "mount-only"
+    );
+    let node_role = find(&mount_only, "Role", "latchkey-node-credentials");
+    assert_eq!(node_role["metadata"]["namespace"], "lk");
+    for docs in [&with_mirror, &narrowed] {
+        let grants = secret_grants(docs);
+        for (kind, name, verb) in &grants {
+            // The node agent never has Secret access beyond that Role, whatever the values.
+            if name.starts_with("latchkey-node") {
+                assert_eq!(
+                    (kind.as_str(), name.as_str(), verb.as_str()),
+                    ("Role", "latchkey-node-credentials", "get")
+                );
+            }
+            // Secret writes exist only in the mirror controller's roles.
+            if !is_read(verb) {
+                assert!(
+                    name.starts_with("latchkey-controller"),
+                    "{kind} {name}: {verb}"
+                );
+            }
+        }
+        for verb in ["create", "patch", "delete"] {
+            assert!(
+                grants.iter().any(|(_, _, v)| v == verb),
+                "controller lacks {verb}: {grants:?}"
+            );
+        }
+    }
+    // The same invariant on the kustomize side is tests/mirror.rs's
+    // secret_permissions_stay_where_the_design_puts_them.
+}
+
+// ---- one version of the image ----
+
+#[test]
+fn the_image_has_one_version_everywhere() {
+    let version = env!("CARGO_PKG_VERSION");
+    let chart = chart();
+    assert_eq!(
+        chart.meta()["appVersion"],
+        version,
+        "daemonset/chart/Chart.yaml appVersion vs agent/Cargo.toml"
+    );
+    let mut kustomizations = Vec::new();
+    yaml_files(&repo().join("daemonset"), &mut kustomizations);
+    let mut tags = 0;
+    for path in kustomizations
+        .iter()
+        .filter(|p| p.file_name().unwrap() == "kustomization.yaml")
+    {
+        let doc = &yaml_documents(&std::fs::read_to_string(path).unwrap())[0];
+        for image in doc["images"].as_array().into_iter().flatten() {
+            if image["name"] == IMAGE {
+                assert_eq!(image["newTag"], version, "{}", path.display());
+                tags += 1;
+            }
+        }
+    }
+    assert!(tags >= 2, "no `images:` tag for {IMAGE} in daemonset/");
+
+    let want = format!("{IMAGE}:{version}");
+    let images = |docs: &[Value]| -> Vec<String> {
+        docs.iter()
+            .filter_map(|d| d.pointer("/spec/template/spec/containers"))
+            .flat_map(|cs| cs.as_array().unwrap().iter())
+            .map(|c| c["image"].as_str().unwrap().to_string())
+            .filter(|i| i.starts_with(IMAGE))
+            .collect()
+    };
+    for (what, docs) in [
+        ("daemonset/with-mirror", kustomize("with-mirror")),
+        (
+            "the chart",
+            chart.render("lk", "lk", &json!({"controller": {"enabled": true}})),
+        ),
+    ] {
+        let found = images(&docs);
+        assert_eq!(found, [want.clone(), want.clone()], "{what}");
+    }
+}
