@@ -236,7 +236,7 @@ fn location_only(e: &serde_norway::Error) -> String {
 }
 
 /// A YAML syntax error: only where, since the parser's message can quote the text around it.
-fn syntax_error(e: &serde_norway::Error) -> String {
+pub(crate) fn syntax_error(e: &serde_norway::Error) -> String {
     match e.location() {
         Some(l) => format!(
             "YAML syntax error at line {}, column {}",

@@ -118,14 +118,23 @@ fn store_ref(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<SecretStoreRef,
     Ok(SecretStoreRef { name, kind })
 }
 
+/// Whether an entry names its own store or a generator (`sourceRef`), which Latchkey cannot
+/// carry over: noted.
+fn has_source_ref(f: &Fields<'_>, notes: &mut Notes) -> bool {
+    if !f.has("sourceRef") {
+        return false;
+    }
+    notes.warn(
+        f.at("sourceRef"),
+        "per-entry stores and generators have no Latchkey equivalent (an ExternalSecret reads \
+         its one store); entry not carried over",
+    );
+    true
+}
+
 /// One `spec.data` item.
 fn data_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<ExternalSecretData> {
-    if f.has("sourceRef") {
-        notes.warn(
-            f.at("sourceRef"),
-            "per-entry stores and generators have no Latchkey equivalent (an ExternalSecret \
-             reads its one store); entry not carried over",
-        );
+    if has_source_ref(f, notes) {
         return None;
     }
     let Some(secret_key) = f.string("secretKey", notes) else {
@@ -239,12 +248,7 @@ fn conversion(f: &mut Fields<'_>, notes: &mut Notes) {
 
 /// One `spec.dataFrom` item.
 fn data_from_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<DataFrom> {
-    if f.has("sourceRef") {
-        notes.warn(
-            f.at("sourceRef"),
-            "per-entry stores and generators have no Latchkey equivalent (an ExternalSecret \
-             reads its one store); entry not carried over",
-        );
+    if has_source_ref(f, notes) {
         return None;
     }
     let extract = match f.object("extract", notes) {

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde_norway::Value;
 
 use super::errors::ConvertError;
+use crate::catalog::manifests::syntax_error;
 
 /// One input text and the name it is reported under (a file name or `<stdin>`).
 #[derive(Debug, Clone)]
@@ -63,18 +64,6 @@ fn list_items(value: &Value) -> Option<&Vec<Value>> {
         return None;
     }
     value.get("items")?.as_sequence()
-}
-
-/// Where a YAML syntax error is, without the parser's message (it can quote the text).
-fn syntax_error(e: &serde_norway::Error) -> String {
-    match e.location() {
-        Some(l) => format!(
-            "YAML syntax error at line {}, column {}",
-            l.line(),
-            l.column()
-        ),
-        None => "YAML syntax error".to_string(),
-    }
 }
 
 #[cfg(test)]
