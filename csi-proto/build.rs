@@ -1,19 +1,23 @@
 //! Generates the CSI v1 messages plus tonic clients and servers from
-//! `proto/csi.proto`.
+//! `proto/csi.proto`, and the External Secret Store plugin protocol
+//! (`ess.proto.v1alpha1`) from `proto/ess.proto`.
 //!
 //! Messages that carry credentials get no derived `Debug`; `src/redact.rs`
 //! implements a redacting one instead. The list is derived from the proto
 //! itself (every message with a `csi_secret` field, plus
 //! `NodePublishVolumeRequest`, whose `volume_context` carries service account
-//! tokens) and written to `$OUT_DIR/redacted_types.rs` so the crate's tests can
+//! tokens; in ess.proto every message with a `bytes` field, which carries secret
+//! values) and written to `$OUT_DIR/redacted_types.rs` so the crate's tests can
 //! check that each of them has a hand-written impl.
 
 use std::{env, fs, io, path::PathBuf};
 
 const PROTO: &str = "proto/csi.proto";
+const ESS_PROTO: &str = "proto/ess.proto";
 
 fn main() -> io::Result<()> {
     println!("cargo:rerun-if-changed={PROTO}");
+    println!("cargo:rerun-if-changed={ESS_PROTO}");
     println!("cargo:rerun-if-changed=build.rs");
 
     let protoc = protoc_bin_vendored::protoc_bin_path().map_err(io::Error::other)?;
@@ -27,12 +31,19 @@ fn main() -> io::Result<()> {
     redacted.sort();
     redacted.dedup();
 
+    let mut ess_redacted = bytes_messages(&fs::read_to_string(ESS_PROTO)?);
+    ess_redacted.sort();
+
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
-    let list: String = redacted.iter().map(|m| format!("    \"{m}\",\n")).collect();
+    let list =
+        |names: &[String]| -> String { names.iter().map(|m| format!("    \"{m}\",\n")).collect() };
     fs::write(
         out_dir.join("redacted_types.rs"),
         format!(
-            "/// Messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG: &[&str] = &[\n{list}];\n"
+            "/// Messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG: &[&str] = &[\n{}];\n\
+             /// ess.proto messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_ESS: &[&str] = &[\n{}];\n",
+            list(&redacted),
+            list(&ess_redacted),
         ),
     )?;
 
@@ -41,11 +52,37 @@ fn main() -> io::Result<()> {
         .build_client(true)
         // Unserved RPCs answer UNIMPLEMENTED without a hand-written stub for each.
         .generate_default_stubs(true)
-        .skip_debug(redacted.iter().map(|m| format!(".csi.v1.{m}")))
+        .skip_debug(
+            redacted.iter().map(|m| format!(".csi.v1.{m}")).chain(
+                ess_redacted
+                    .iter()
+                    .map(|m| format!(".ess.proto.v1alpha1.{m}")),
+            ),
+        )
         .compile_protos(
-            &[PathBuf::from(PROTO)],
+            &[PathBuf::from(PROTO), PathBuf::from(ESS_PROTO)],
             &[PathBuf::from("proto"), wkt_include],
         )
+}
+
+/// Messages of ess.proto with a `bytes` field (a scalar or a map value): these
+/// carry secret values. Its messages are flat, one field a line.
+fn bytes_messages(proto: &str) -> Vec<String> {
+    let mut current: Option<&str> = None;
+    let mut found = Vec::new();
+    for line in proto.lines() {
+        let line = line.split("//").next().unwrap_or_default().trim();
+        if let Some(rest) = line.strip_prefix("message ") {
+            current = Some(rest.trim_end_matches('{').trim_end_matches('}').trim());
+        }
+        let bytes_field = line.starts_with("bytes ") || line.contains(", bytes>");
+        if let Some(name) = current.filter(|_| bytes_field)
+            && !found.iter().any(|f: &String| f == name)
+        {
+            found.push(name.to_owned());
+        }
+    }
+    found
 }
 
 /// Names (dotted for nested messages) of messages with a field marked

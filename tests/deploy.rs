@@ -185,6 +185,7 @@ fn changed_values() -> Value {
         "tokenRequests": [{"audience": "vault", "expirationSeconds": 3600}],
         "node": {
             "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
+            "pluginSocketDir": "/run/secret-plugins",
             "priorityClassName": "node-prio",
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "secrets",
@@ -358,9 +359,20 @@ fn every_changed_value_lands_where_it_belongs() {
         [
             format!("{kubelet}/plugins/csi.latchkey.dev"),
             format!("{kubelet}/pods"),
-            format!("{kubelet}/plugins_registry")
+            format!("{kubelet}/plugins_registry"),
+            "/run/secret-plugins".to_string()
         ]
     );
+    // Plugin sockets: the flag, the mount and the host path name the same directory.
+    assert!(args(agent).contains(&"--plugin-socket-dir=/run/secret-plugins"));
+    let plugins_mount = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "plugins-dir")
+        .unwrap();
+    assert_eq!(plugins_mount["mountPath"], "/run/secret-plugins");
+    assert_eq!(plugins_mount["readOnly"], true);
     // The agent mounts at the path kubelet names on the host, so the two must be the same.
     let pods_mount = agent["volumeMounts"]
         .as_array()

@@ -5,11 +5,24 @@
 //! GroupController and SnapshotMetadata services), generated at build time
 //! from `proto/csi.proto`. Requests that carry credentials have a redacting
 //! `Debug` implementation (see [`redact`]), so they are safe to log.
+//!
+//! Also the External Secret Store plugin protocol (`ess.proto.v1alpha1`, from
+//! `proto/ess.proto`), which Latchkey speaks to out-of-tree secret-store
+//! plugins: see [`ess`].
 
 /// Generated CSI v1 messages, servers (`*_server`) and clients (`*_client`).
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
 pub mod v1 {
     tonic::include_proto!("csi.v1");
+}
+
+/// The External Secret Store plugin protocol, as Crossplane defined it.
+pub mod ess {
+    /// Generated `ess.proto.v1alpha1` messages, server and client.
+    #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    pub mod v1alpha1 {
+        tonic::include_proto!("ess.proto.v1alpha1");
+    }
 }
 
 pub mod redact;

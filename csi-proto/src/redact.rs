@@ -4,10 +4,17 @@
 //! `csi_secret` field and for `NodePublishVolumeRequest`. The impls below print
 //! all fields as usual except: `secrets` shows only its sorted key names, and
 //! in `volume_context` the service account token entry has its value hidden.
+//!
+//! The same goes for the External Secret Store plugin protocol: its `Secret`
+//! carries values in `data` (shown as sorted key names only) and free-form
+//! `metadata` (keys only too: a plugin may put anything there). Messages that
+//! contain a `Secret` keep their derived `Debug`, which prints the `Secret`
+//! through this redacting one.
 
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::ess::v1alpha1 as ess;
 use crate::v1;
 
 /// `volume_context` key under which kubelet passes service account tokens.
@@ -34,6 +41,40 @@ impl fmt::Debug for SecretMap<'_> {
             .finish()
     }
 }
+
+/// A map printed as its sorted keys, every value redacted, whatever the value type.
+struct KeysOnly<'a, V>(&'a HashMap<String, V>);
+
+impl<V> fmt::Debug for KeysOnly<'_, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut keys: Vec<_> = self.0.keys().collect();
+        keys.sort();
+        f.debug_map()
+            .entries(keys.into_iter().map(|k| (k, Redacted)))
+            .finish()
+    }
+}
+
+/// Hand-written: `data` holds secret values. Destructured, so a field added to the proto fails
+/// to compile here.
+impl fmt::Debug for ess::Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ess::Secret {
+            scoped_name,
+            metadata,
+            data,
+        } = self;
+        f.debug_struct("Secret")
+            .field("scoped_name", scoped_name)
+            .field("metadata", &KeysOnly(metadata))
+            .field("data", &KeysOnly(data))
+            .finish()
+    }
+}
+
+/// ess.proto messages with a hand-written `Debug` in this module.
+#[cfg(test)]
+const IMPLEMENTED_ESS: &[&str] = &["Secret"];
 
 /// A `volume_context` map: sorted entries, the token value redacted.
 struct ContextMap<'a>(&'a HashMap<String, String>);
@@ -245,5 +286,58 @@ mod tests {
         let mut implemented = IMPLEMENTED.to_vec();
         implemented.sort_unstable();
         assert_eq!(implemented, SKIP_DEBUG);
+        let mut implemented = IMPLEMENTED_ESS.to_vec();
+        implemented.sort_unstable();
+        assert_eq!(implemented, SKIP_DEBUG_ESS);
+    }
+
+    fn ess_secret() -> ess::Secret {
+        ess::Secret {
+            scoped_name: "team/db".into(),
+            metadata: map(&[("owner", "hunter2")]),
+            data: [
+                ("password".to_string(), b"hunter2".to_vec()),
+                ("username".to_string(), b"s3cr3t-user".to_vec()),
+            ]
+            .into(),
+        }
+    }
+
+    #[test]
+    fn ess_messages_hide_values_and_metadata() {
+        let visible = ["team/db", "\"password\"", "\"username\"", "\"owner\""];
+        check(&ess_secret(), &visible);
+        let config = ess::ConfigReference {
+            api_version: "v1".into(),
+            kind: "VaultConfig".into(),
+            name: "main".into(),
+        };
+        check(
+            &ess::GetSecretRequest {
+                config: Some(config.clone()),
+                secret: Some(ess_secret()),
+            },
+            &["VaultConfig", "team/db"],
+        );
+        check(
+            &ess::GetSecretResponse {
+                secret: Some(ess_secret()),
+            },
+            &visible,
+        );
+        check(
+            &ess::ApplySecretRequest {
+                config: Some(config.clone()),
+                secret: Some(ess_secret()),
+            },
+            &visible,
+        );
+        check(
+            &ess::DeleteKeysRequest {
+                config: Some(config),
+                secret: Some(ess_secret()),
+            },
+            &visible,
+        );
     }
 }

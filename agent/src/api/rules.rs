@@ -187,9 +187,13 @@ pub const DNS_SUBDOMAIN: Pattern = Pattern {
 /// On `spec.provider` (ESO: "store must only have exactly one backend specified").
 pub const ONE_PROVIDER: CelRule = CelRule {
     rule: "(has(self.aws) ? 1 : 0) + (has(self.vault) ? 1 : 0) + \
-           (has(self.kubernetes) ? 1 : 0) + (has(self.fake) ? 1 : 0) == 1",
-    message: "must set exactly one of aws, vault, kubernetes, fake",
+           (has(self.kubernetes) ? 1 : 0) + (has(self.fake) ? 1 : 0) + \
+           (has(self.plugin) ? 1 : 0) == 1",
+    message: "must set exactly one of aws, vault, kubernetes, fake, plugin",
 };
+
+/// `maxLength` of `spec.provider.plugin.endpoint`: a socket path or `host:port` is far shorter.
+pub const MAX_PLUGIN_ENDPOINT_LEN: usize = 512;
 
 /// On a SecretStore's `spec`: the node agent's own AWS identity reaches whatever the node's role
 /// can read, so only a cluster administrator (a ClusterSecretStore) may hand it out.

@@ -975,14 +975,36 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             Expect::Valid,
         ),
         (
+            "plugin on a unix socket",
+            json!({"fake": null, "plugin": {
+                "endpoint": "unix:///var/run/latchkey/plugins/files.sock",
+                "timeout": "2s",
+                "configRef": {"apiVersion": "files.example/v1", "kind": "FileConfig", "name": "main"},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "plugin over TCP",
+            json!({"fake": null, "plugin": {"endpoint": "plugin.secrets.svc:4000"}}),
+            Expect::Valid,
+        ),
+        (
+            "plugin timeout that is no duration",
+            json!({"fake": null, "plugin": {"endpoint": "p:4000", "timeout": "soon"}}),
+            rejected(format!(
+                "spec.provider.plugin.timeout: {}",
+                DURATION.message
+            )),
+        ),
+        (
             "no provider",
             json!({"fake": null}),
-            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake"),
+            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin"),
         ),
         (
             "two providers",
             json!({"kubernetes": {}}),
-            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake"),
+            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin"),
         ),
         (
             "aws ParameterStore",

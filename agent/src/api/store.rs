@@ -113,6 +113,9 @@ pub struct StoreProvider {
     /// Inline values, for demos and tests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fake: Option<FakeProvider>,
+    /// An out-of-tree secret-store plugin speaking Crossplane's External Secret Store protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<PluginProvider>,
 }
 
 /// A reference to one key of a Kubernetes Secret holding a credential.
@@ -307,6 +310,40 @@ impl fmt::Debug for FakeEntry {
             .field("version", &self.version)
             .finish()
     }
+}
+
+/// An External Secret Store plugin (Crossplane's `ess.proto.v1alpha1`), reached over gRPC.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginProvider {
+    /// `unix:///<plugin socket dir>/<name>.sock` (a socket directly inside the agent's
+    /// `--plugin-socket-dir`) or `host:port` (plaintext gRPC).
+    #[schemars(length(min = 1, max = crate::api::rules::MAX_PLUGIN_ENDPOINT_LEN))]
+    pub endpoint: String,
+    /// The plugin configuration object each call names (`config` of the protocol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_ref: Option<PluginConfigRef>,
+    /// How long one call may take, e.g. `10s` (the default); at most `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_DURATION_LEN),
+        regex(pattern = crate::api::rules::DURATION.regex)
+    )]
+    pub timeout: Option<String>,
+}
+
+/// Names a configuration object of the plugin (its `ConfigReference`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginConfigRef {
+    /// API version of the configuration object, e.g. `secrets.example.com/v1alpha1`.
+    #[serde(default)]
+    pub api_version: String,
+    /// Kind of the configuration object.
+    #[serde(default)]
+    pub kind: String,
+    /// Name of the configuration object.
+    pub name: String,
 }
 
 /// Observed state of a store.

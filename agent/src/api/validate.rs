@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::rules::{self, CelRule, Pattern};
-use super::store::{AwsProvider, SecretKeySelector, StoreProvider, VaultProvider};
+use super::store::{AwsProvider, PluginProvider, SecretKeySelector, StoreProvider, VaultProvider};
 
 /// Why an object was rejected; the text names the field and never contains values.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -53,6 +53,8 @@ pub enum ProviderSpec<'a> {
     Kubernetes(&'a super::store::KubernetesProvider),
     /// `provider.fake`
     Fake(&'a super::store::FakeProvider),
+    /// `provider.plugin`
+    Plugin(&'a super::store::PluginProvider),
 }
 
 impl ProviderSpec<'_> {
@@ -63,6 +65,7 @@ impl ProviderSpec<'_> {
             ProviderSpec::Vault(_) => "vault",
             ProviderSpec::Kubernetes(_) => "kubernetes",
             ProviderSpec::Fake(_) => "fake",
+            ProviderSpec::Plugin(_) => "plugin",
         }
     }
 }
@@ -83,6 +86,9 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
     }
     if let Some(f) = &p.fake {
         set.push(ProviderSpec::Fake(f));
+    }
+    if let Some(plugin) = &p.plugin {
+        set.push(ProviderSpec::Plugin(plugin));
     }
     let one = match set.as_slice() {
         [one] => *one,
@@ -105,6 +111,9 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
     match one {
         ProviderSpec::Aws(a) => aws(a)?,
         ProviderSpec::Vault(v) => vault(v)?,
+        ProviderSpec::Plugin(plugin) => {
+            self::plugin(plugin)?;
+        }
         ProviderSpec::Kubernetes(_) | ProviderSpec::Fake(_) => {}
     }
     if kind == StoreKind::SecretStore
@@ -197,6 +206,143 @@ fn vault(v: &VaultProvider) -> Result<(), Invalid> {
         )?;
     }
     Ok(())
+}
+
+/// Default of `spec.provider.plugin.timeout`.
+pub const PLUGIN_DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `spec.provider.plugin.timeout`: a publish waits for it, and kubelet's own call times
+/// out after about two minutes.
+pub const PLUGIN_MAX_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where a plugin listens, parsed from `spec.provider.plugin.endpoint`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginEndpoint<'a> {
+    /// `unix://<dir>/<name>`: a socket `name` in directory `dir` (absolute, no `.`/`..`).
+    Unix {
+        /// The directory as written, without a trailing `/` (`/` for the root).
+        dir: &'a str,
+        /// The socket's file name (`[A-Za-z0-9_.-]{1,64}.sock`).
+        name: &'a str,
+    },
+    /// `host:port`, plaintext gRPC over TCP.
+    Tcp {
+        /// DNS name, IPv4 address or bracketed IPv6 address.
+        host: &'a str,
+        /// TCP port (1-65535).
+        port: u16,
+    },
+}
+
+/// `spec.provider.plugin`: the endpoint's shape, the timeout and the config reference. Whether
+/// a unix socket is in the directory the agent allows is the provider's check (it knows the
+/// flag). Returns the call timeout.
+pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
+    plugin_endpoint(&p.endpoint)?;
+    let timeout = match &p.timeout {
+        None => PLUGIN_DEFAULT_TIMEOUT,
+        Some(text) => {
+            const PATH: &str = "spec.provider.plugin.timeout";
+            shaped(PATH, text, rules::MAX_DURATION_LEN, &rules::DURATION)?;
+            match humantime::parse_duration(text) {
+                Ok(t) if !t.is_zero() && t <= PLUGIN_MAX_TIMEOUT => t,
+                _ => {
+                    return Err(Invalid(format!(
+                        "{PATH}: must be more than 0 and at most {}",
+                        humantime::format_duration(PLUGIN_MAX_TIMEOUT)
+                    )));
+                }
+            }
+        }
+    };
+    if let Some(c) = &p.config_ref {
+        const PATH: &str = "spec.provider.plugin.configRef";
+        not_empty(format_args!("{PATH}.name"), &c.name)?;
+        for (field, value) in [
+            ("apiVersion", &c.api_version),
+            ("kind", &c.kind),
+            ("name", &c.name),
+        ] {
+            if value.chars().count() > rules::MAX_NAME_LEN || value.chars().any(char::is_control) {
+                return Err(Invalid(format!(
+                    "{PATH}.{field}: must be at most {} characters, without control characters",
+                    rules::MAX_NAME_LEN
+                )));
+            }
+        }
+    }
+    Ok(timeout)
+}
+
+/// Parses a plugin endpoint: `unix:///abs/dir/name.sock` or `host:port`. Refuses relative
+/// socket paths, `.`/`..` and empty segments, socket names outside `[A-Za-z0-9_.-]{1,64}.sock`,
+/// URL schemes other than `unix://`, and ports outside 1-65535.
+pub fn plugin_endpoint(text: &str) -> Result<PluginEndpoint<'_>, Invalid> {
+    const PATH: &str = "spec.provider.plugin.endpoint";
+    let bad = |why: &str| {
+        Invalid(format!(
+            "{PATH}: {:?} {why}",
+            crate::telemetry::escape::printable(text, 80)
+        ))
+    };
+    if text.chars().count() > rules::MAX_PLUGIN_ENDPOINT_LEN {
+        return Err(Invalid::schema(
+            PATH,
+            rules::too_long(rules::MAX_PLUGIN_ENDPOINT_LEN),
+        ));
+    }
+    if let Some(path) = text.strip_prefix("unix://") {
+        let Some(rest) = path.strip_prefix('/') else {
+            return Err(bad("must be unix:// followed by an absolute socket path"));
+        };
+        let (dir, name) = match rest.rsplit_once('/') {
+            Some((dir, name)) => (&path[..dir.len() + 1], name),
+            None => ("/", rest),
+        };
+        if dir != "/"
+            && dir[1..]
+                .split('/')
+                .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        {
+            return Err(bad("must not contain empty, '.' or '..' path segments"));
+        }
+        let stem = name.strip_suffix(".sock").unwrap_or_default();
+        let stem_ok = (1..=64).contains(&stem.len())
+            && stem
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !stem_ok || name.starts_with('.') {
+            return Err(bad(
+                "must name a socket file of 1 to 64 letters, digits, '_', '.' or '-' (not \
+                 starting with '.') followed by .sock",
+            ));
+        }
+        return Ok(PluginEndpoint::Unix { dir, name });
+    }
+    if text.contains("://") {
+        return Err(bad("must be unix:///<path> or host:port (no other scheme)"));
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(bad("must be unix:///<path> or host:port"));
+    };
+    let port = match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => return Err(bad("has no valid port (1-65535)")),
+    };
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'))
+    };
+    if !host_ok {
+        return Err(bad(
+            "has no valid host (a DNS name, an IPv4 address or a bracketed IPv6 address)",
+        ));
+    }
+    Ok(PluginEndpoint::Tcp { host, port })
 }
 
 /// The `name` of the credential Secret `selector` (at `path`) points at.
@@ -620,5 +766,82 @@ mod tests {
         }
         let err = object_name("name", "x\n\x1b[2J").unwrap_err().0;
         assert!(!err.chars().any(char::is_control), "{err:?}");
+    }
+
+    #[test]
+    fn plugin_endpoints_are_a_socket_name_in_an_absolute_dir_or_host_port() {
+        assert_eq!(
+            plugin_endpoint("unix:///var/run/latchkey/plugins/vault.sock"),
+            Ok(PluginEndpoint::Unix {
+                dir: "/var/run/latchkey/plugins",
+                name: "vault.sock"
+            })
+        );
+        assert_eq!(
+            plugin_endpoint("unix:///p.sock"),
+            Ok(PluginEndpoint::Unix {
+                dir: "/",
+                name: "p.sock"
+            })
+        );
+        assert_eq!(
+            plugin_endpoint("plugin.ns.svc:4000"),
+            Ok(PluginEndpoint::Tcp {
+                host: "plugin.ns.svc",
+                port: 4000
+            })
+        );
+        assert_eq!(
+            plugin_endpoint("[::1]:4000"),
+            Ok(PluginEndpoint::Tcp {
+                host: "[::1]",
+                port: 4000
+            })
+        );
+        for bad in [
+            "unix://../x.sock",
+            "unix://x.sock",
+            "unix:///var/run/latchkey/plugins/../x.sock",
+            "unix:///var/run/latchkey/plugins/./x.sock",
+            "unix:///var//x.sock",
+            "unix:///var/run/x",
+            "unix:///var/run/.sock",
+            "unix:///var/run/.hidden.sock",
+            "unix:///var/run/a b.sock",
+            "http://plugin:4000",
+            "dns:///plugin:4000",
+            "plugin",
+            "plugin:0",
+            "plugin:99999",
+            "plugin:+80",
+            ":4000",
+            "a/b:4000",
+            "[nope]:4000",
+        ] {
+            assert!(plugin_endpoint(bad).is_err(), "{bad} accepted");
+        }
+        let long = format!("unix:///{}.sock", "a".repeat(65));
+        assert!(plugin_endpoint(&long).is_err());
+    }
+
+    #[test]
+    fn plugin_timeout_defaults_and_is_bounded() {
+        let mut p = PluginProvider {
+            endpoint: "unix:///run/p.sock".into(),
+            ..Default::default()
+        };
+        assert_eq!(plugin(&p), Ok(PLUGIN_DEFAULT_TIMEOUT));
+        p.timeout = Some("1500ms".into());
+        assert_eq!(plugin(&p), Ok(Duration::from_millis(1500)));
+        for bad in ["0", "6m", "1d", "soon"] {
+            p.timeout = Some(bad.into());
+            assert!(plugin(&p).is_err(), "{bad} accepted");
+        }
+        p.timeout = None;
+        p.config_ref = Some(PluginConfigRef {
+            name: String::new(),
+            ..Default::default()
+        });
+        assert!(plugin(&p).is_err());
     }
 }

@@ -68,6 +68,10 @@ pub struct ControllerArgs {
     /// Longest one ExternalSecret may spend rendering its values.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub compute_timeout: Duration,
+    /// Directory of secret-store plugin sockets: a `plugin` store's `unix://` endpoint must
+    /// name a socket directly in it (no other path, no symbolic link).
+    #[arg(long, default_value = providers::plugin::DEFAULT_SOCKET_DIR)]
+    pub plugin_socket_dir: std::path::PathBuf,
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -118,6 +122,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             agent_namespace: args.pod_namespace.clone(),
             aws_sessions: Default::default(),
             vault_tokens: Default::default(),
+            plugins: Arc::new(providers::plugin::Plugins::new(
+                args.plugin_socket_dir.clone(),
+            )),
         },
         CacheLimits {
             max_entries: args.cache_max_entries,

@@ -92,6 +92,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             agent_namespace: DEMO_NAMESPACE.into(),
             aws_sessions: Default::default(),
             vault_tokens: Default::default(),
+            plugins: Default::default(),
         },
         CacheLimits::default(),
         Arc::new(NoEvents),

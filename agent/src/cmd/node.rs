@@ -53,6 +53,10 @@ pub struct NodeArgs {
     /// the agent's compute threads; past it the publish fails with DEADLINE_EXCEEDED.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub compute_timeout: std::time::Duration,
+    /// Directory of secret-store plugin sockets: a `plugin` store's `unix://` endpoint must
+    /// name a socket directly in it (no other path, no symbolic link).
+    #[arg(long, default_value = providers::plugin::DEFAULT_SOCKET_DIR)]
+    pub plugin_socket_dir: PathBuf,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -96,6 +100,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             agent_namespace: args.namespace.clone(),
             aws_sessions: Default::default(),
             vault_tokens: Default::default(),
+            plugins: Arc::new(providers::plugin::Plugins::new(
+                args.plugin_socket_dir.clone(),
+            )),
         },
         CacheLimits {
             max_entries: args.cache_max_entries,

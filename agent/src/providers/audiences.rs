@@ -38,7 +38,8 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             }
         }
         ProviderSpec::Kubernetes(k) => out.push(k.audience.clone().unwrap_or_default()),
-        ProviderSpec::Fake(_) => {}
+        // The plugin protocol carries no identity: no token is passed to a plugin.
+        ProviderSpec::Fake(_) | ProviderSpec::Plugin(_) => {}
     }
     out.sort();
     out.dedup();
@@ -98,5 +99,7 @@ mod tests {
         );
         let fake = FakeProvider::default();
         assert!(token_audiences(ProviderSpec::Fake(&fake), StoreKind::SecretStore).is_empty());
+        let plugin = PluginProvider::default();
+        assert!(token_audiences(ProviderSpec::Plugin(&plugin), StoreKind::SecretStore).is_empty());
     }
 }

@@ -6,6 +6,7 @@ pub mod aws;
 pub mod credentials;
 pub mod fake;
 pub mod kubernetes;
+pub mod plugin;
 pub mod vault;
 
 use std::sync::Arc;
@@ -159,6 +160,8 @@ pub struct Env {
     pub aws_sessions: Arc<aws::SessionCache>,
     /// Vault login tokens, shared by every publish (one login per identity per token lifetime).
     pub vault_tokens: Arc<vault::TokenCache>,
+    /// Secret-store plugins: the allowed socket directory and one channel per endpoint.
+    pub plugins: Arc<plugin::Plugins>,
 }
 
 /// Everything a provider may need to be built for one publish.
@@ -186,6 +189,7 @@ pub async fn build(
             ctx.pod,
         )?),
         ProviderSpec::Vault(v) => Arc::new(vault::Vault::new(v, ctx).await?),
+        ProviderSpec::Plugin(p) => Arc::new(plugin::Plugin::new(p, ctx)?),
     };
     Ok(Arc::new(Instrumented {
         inner,

@@ -1,0 +1,169 @@
+//! A plugin's gRPC status as a [`ProviderError`], with the same codes as built-in providers.
+//! Every message names the plugin endpoint (the publish error adds the store); the plugin's own
+//! text is escaped and bounded, since a tenant may run the plugin.
+
+use std::error::Error;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use super::super::{MAX_RESPONSE_BYTES, ProviderError};
+use crate::telemetry::escape::printable;
+
+/// Longest part of a plugin's message that reaches an error.
+const MAX_MESSAGE_CHARS: usize = 200;
+
+/// How a failed call is reported, and whether another attempt may help.
+pub(super) struct Failure {
+    /// The error, if this was the last attempt.
+    pub error: ProviderError,
+    /// True for transport failures (connection refused, reset, plugin gone mid-call) and
+    /// `UNAVAILABLE`: the only ones retried.
+    pub retry: bool,
+}
+
+/// The store's `timeout` ran out during a call to the plugin at `at`.
+pub(super) fn timed_out(at: &str, timeout: Duration) -> Failure {
+    Failure {
+        error: ProviderError::Timeout(format!(
+            "plugin {at} did not answer within {} (the store's plugin.timeout)",
+            humantime::format_duration(timeout)
+        )),
+        retry: false,
+    }
+}
+
+/// Maps the status of a failed call to the plugin at `at` (the endpoint as written), made
+/// with the store's `timeout`.
+pub(super) fn failure(at: &str, timeout: Duration, status: &Status) -> Failure {
+    let message = printable(status.message(), MAX_MESSAGE_CHARS);
+    // A status with a source was made by the client: the call's own deadline (the
+    // `grpc-timeout` it sends, enforced by the channel too), or a transport error. One the
+    // plugin sent has none.
+    if let Some(source) = status.source() {
+        if caused_by_timeout(source) {
+            return timed_out(at, timeout);
+        }
+        return Failure {
+            error: ProviderError::Unavailable(format!(
+                "plugin {at} unreachable or it failed mid-call: {}",
+                chain(source)
+            )),
+            retry: true,
+        };
+    }
+    let code = status.code();
+    let error = match code {
+        Code::NotFound => ProviderError::NotFound,
+        Code::PermissionDenied | Code::Unauthenticated => ProviderError::PermissionDenied(format!(
+            "plugin {at} answered {}: {message}",
+            name(code)
+        )),
+        Code::DeadlineExceeded => {
+            ProviderError::Timeout(format!("plugin {at} answered DEADLINE_EXCEEDED: {message}"))
+        }
+        // tonic's own check of the response size (`max_decoding_message_size`).
+        Code::OutOfRange
+            if status
+                .message()
+                .contains("decoded message length too large") =>
+        {
+            ProviderError::Unavailable(format!(
+                "plugin {at} sent a response larger than the {} MiB limit",
+                MAX_RESPONSE_BYTES >> 20
+            ))
+        }
+        Code::ResourceExhausted => ProviderError::Throttled(format!(
+            "plugin {at} answered RESOURCE_EXHAUSTED: {message}"
+        )),
+        Code::Unimplemented => ProviderError::Config(format!(
+            "plugin {at} does not serve ess.proto.v1alpha1.ExternalSecretStorePluginService/\
+             GetSecret (UNIMPLEMENTED: {message})"
+        )),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            ProviderError::Config(format!(
+                "plugin {at} refused the request: {}: {message}",
+                name(code)
+            ))
+        }
+        Code::Unavailable => {
+            ProviderError::Unavailable(format!("plugin {at} answered UNAVAILABLE: {message}"))
+        }
+        _ => ProviderError::Unavailable(format!("plugin {at} failed: {}: {message}", name(code))),
+    };
+    Failure {
+        retry: code == Code::Unavailable,
+        error,
+    }
+}
+
+/// Whether `error` or one of its causes is tonic's client-side deadline.
+fn caused_by_timeout(error: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// A transport error and its causes, escaped and bounded.
+fn chain(error: &(dyn Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        next = e.source();
+    }
+    printable(&text, MAX_MESSAGE_CHARS)
+}
+
+/// The gRPC name of a code (`PERMISSION_DENIED`).
+fn name(code: Code) -> String {
+    crate::csi::status::code_label(code).to_ascii_uppercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_like_built_in_providers() {
+        let at = "unix:///run/p/x.sock";
+        let f = |s: Status| failure(at, Duration::from_secs(1), &s);
+        assert!(matches!(
+            f(Status::not_found("x")).error,
+            ProviderError::NotFound
+        ));
+        assert!(matches!(
+            f(Status::permission_denied("no")).error,
+            ProviderError::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            f(Status::unauthenticated("no")).error,
+            ProviderError::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            f(Status::deadline_exceeded("slow")).error,
+            ProviderError::Timeout(_)
+        ));
+        let unavailable = f(Status::unavailable("down"));
+        assert!(unavailable.retry);
+        assert!(matches!(unavailable.error, ProviderError::Unavailable(_)));
+        assert!(!f(Status::not_found("x")).retry);
+        assert!(!f(Status::permission_denied("x")).retry);
+        let huge = f(Status::out_of_range(
+            "Error, decoded message length too large: found 17000000 bytes, the limit is: 16777216 bytes",
+        ));
+        assert!(
+            matches!(huge.error, ProviderError::Unavailable(ref m) if m.contains("16 MiB limit"))
+        );
+        let other = f(Status::data_loss("bad\n\x1b[31mforged log line"));
+        let text = other.error.to_string();
+        assert!(text.contains("DATA_LOSS") && text.contains(at), "{text}");
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+    }
+}
