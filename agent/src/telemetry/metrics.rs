@@ -233,7 +233,7 @@ impl Metrics {
         }
         // Providers that log in are a closed set: expose their series from the start, at zero,
         // so dashboards and alerts see the family before the first login.
-        for provider in ["aws", "vault", "kubernetes"] {
+        for provider in ["aws", "vault"] {
             drop(m.logins.get_or_create(&ProviderLabel { provider }));
         }
         Self { registry, ..m }
