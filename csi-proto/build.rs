@@ -1,23 +1,31 @@
 //! Generates the CSI v1 messages plus tonic clients and servers from
 //! `proto/csi.proto`, and the External Secret Store plugin protocol
-//! (`ess.proto.v1alpha1`) from `proto/ess.proto`.
+//! (`ess.proto.v1alpha1`) from `proto/ess.proto`, and the Secrets Store CSI
+//! Driver's provider protocol (`v1alpha1`) from
+//! `proto/secrets_store_provider.proto`.
 //!
 //! Messages that carry credentials get no derived `Debug`; `src/redact.rs`
 //! implements a redacting one instead. The list is derived from the proto
 //! itself (every message with a `csi_secret` field, plus
 //! `NodePublishVolumeRequest`, whose `volume_context` carries service account
 //! tokens; in ess.proto every message with a `bytes` field, which carries secret
-//! values) and written to `$OUT_DIR/redacted_types.rs` so the crate's tests can
+//! values; in the provider protocol `MountRequest`, whose `attributes` carry
+//! tokens and `secrets` credentials, and `File`, whose `contents` is a value)
+//! and written to `$OUT_DIR/redacted_types.rs` so the crate's tests can
 //! check that each of them has a hand-written impl.
 
 use std::{env, fs, io, path::PathBuf};
 
 const PROTO: &str = "proto/csi.proto";
 const ESS_PROTO: &str = "proto/ess.proto";
+const SSCSI_PROTO: &str = "proto/secrets_store_provider.proto";
+/// Provider-protocol messages that carry tokens, credentials or values.
+const SSCSI_REDACTED: [&str; 2] = ["File", "MountRequest"];
 
 fn main() -> io::Result<()> {
     println!("cargo:rerun-if-changed={PROTO}");
     println!("cargo:rerun-if-changed={ESS_PROTO}");
+    println!("cargo:rerun-if-changed={SSCSI_PROTO}");
     println!("cargo:rerun-if-changed=build.rs");
 
     let protoc = protoc_bin_vendored::protoc_bin_path().map_err(io::Error::other)?;
@@ -41,9 +49,11 @@ fn main() -> io::Result<()> {
         out_dir.join("redacted_types.rs"),
         format!(
             "/// Messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG: &[&str] = &[\n{}];\n\
-             /// ess.proto messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_ESS: &[&str] = &[\n{}];\n",
+             /// ess.proto messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_ESS: &[&str] = &[\n{}];\n\
+             /// Provider-protocol messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_SSCSI: &[&str] = &[\n{}];\n",
             list(&redacted),
             list(&ess_redacted),
+            list(&SSCSI_REDACTED.map(String::from)),
         ),
     )?;
 
@@ -56,11 +66,16 @@ fn main() -> io::Result<()> {
             redacted.iter().map(|m| format!(".csi.v1.{m}")).chain(
                 ess_redacted
                     .iter()
-                    .map(|m| format!(".ess.proto.v1alpha1.{m}")),
+                    .map(|m| format!(".ess.proto.v1alpha1.{m}"))
+                    .chain(SSCSI_REDACTED.iter().map(|m| format!(".v1alpha1.{m}"))),
             ),
         )
         .compile_protos(
-            &[PathBuf::from(PROTO), PathBuf::from(ESS_PROTO)],
+            &[
+                PathBuf::from(PROTO),
+                PathBuf::from(ESS_PROTO),
+                PathBuf::from(SSCSI_PROTO),
+            ],
             &[PathBuf::from("proto"), wkt_include],
         )
 }

@@ -186,6 +186,7 @@ fn changed_values() -> Value {
         "node": {
             "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
             "pluginSocketDir": "/run/secret-plugins",
+            "secretsStoreProviderDir": "/etc/kubernetes/secrets-store-csi-providers",
             "priorityClassName": "node-prio",
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "secrets",
@@ -360,7 +361,8 @@ fn every_changed_value_lands_where_it_belongs() {
             format!("{kubelet}/plugins/csi.latchkey.dev"),
             format!("{kubelet}/pods"),
             format!("{kubelet}/plugins_registry"),
-            "/run/secret-plugins".to_string()
+            "/run/secret-plugins".to_string(),
+            "/etc/kubernetes/secrets-store-csi-providers".to_string(),
         ]
     );
     // Plugin sockets: the flag, the mount and the host path name the same directory.
@@ -373,6 +375,22 @@ fn every_changed_value_lands_where_it_belongs() {
         .unwrap();
     assert_eq!(plugins_mount["mountPath"], "/run/secret-plugins");
     assert_eq!(plugins_mount["readOnly"], true);
+    // Secrets Store CSI Driver providers: the same, for their directory.
+    assert!(
+        args(agent)
+            .contains(&"--secrets-store-provider-dir=/etc/kubernetes/secrets-store-csi-providers")
+    );
+    let providers_mount = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "secrets-store-providers-dir")
+        .unwrap();
+    assert_eq!(
+        providers_mount["mountPath"],
+        "/etc/kubernetes/secrets-store-csi-providers"
+    );
+    assert_eq!(providers_mount["readOnly"], true);
     // The agent mounts at the path kubelet names on the host, so the two must be the same.
     let pods_mount = agent["volumeMounts"]
         .as_array()

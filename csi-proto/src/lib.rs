@@ -8,7 +8,9 @@
 //!
 //! Also the External Secret Store plugin protocol (`ess.proto.v1alpha1`, from
 //! `proto/ess.proto`), which Latchkey speaks to out-of-tree secret-store
-//! plugins: see [`ess`].
+//! plugins: see [`ess`]. And the Secrets Store CSI Driver's provider protocol
+//! (`v1alpha1.CSIDriverProvider`, from `proto/secrets_store_provider.proto`),
+//! which Latchkey speaks to that driver's provider pods: see [`secrets_store`].
 
 /// Generated CSI v1 messages, servers (`*_server`) and clients (`*_client`).
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -22,6 +24,15 @@ pub mod ess {
     #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
     pub mod v1alpha1 {
         tonic::include_proto!("ess.proto.v1alpha1");
+    }
+}
+
+/// The Secrets Store CSI Driver's provider protocol.
+pub mod secrets_store {
+    /// Generated `v1alpha1` messages (the driver's package name), server and client.
+    #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    pub mod v1alpha1 {
+        tonic::include_proto!("v1alpha1");
     }
 }
 

@@ -10,11 +10,17 @@
 //! `metadata` (keys only too: a plugin may put anything there). Messages that
 //! contain a `Secret` keep their derived `Debug`, which prints the `Secret`
 //! through this redacting one.
+//!
+//! And the Secrets Store CSI Driver's provider protocol: `MountRequest` hides
+//! `attributes` (pod tokens inside a JSON string) and `secrets` whole, `File`
+//! its `contents`; `MountResponse` keeps its derived `Debug`, which prints each
+//! `File` through the redacting one.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use crate::ess::v1alpha1 as ess;
+use crate::secrets_store::v1alpha1 as sscsi;
 use crate::v1;
 
 /// `volume_context` key under which kubelet passes service account tokens.
@@ -75,6 +81,48 @@ impl fmt::Debug for ess::Secret {
 /// ess.proto messages with a hand-written `Debug` in this module.
 #[cfg(test)]
 const IMPLEMENTED_ESS: &[&str] = &["Secret"];
+
+/// Hand-written: `attributes` is a JSON string with the pod's tokens, `secrets` one with
+/// credentials; neither can be shown in part without parsing, so both are hidden whole.
+impl fmt::Debug for sscsi::MountRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sscsi::MountRequest {
+            attributes: _,
+            secrets: _,
+            target_path,
+            permission,
+            current_object_version,
+        } = self;
+        f.debug_struct("MountRequest")
+            .field("attributes", &Redacted)
+            .field("secrets", &Redacted)
+            .field("target_path", target_path)
+            .field("permission", permission)
+            .field("current_object_version", current_object_version)
+            .finish()
+    }
+}
+
+/// Hand-written: `contents` is a secret value; only its length is shown.
+impl fmt::Debug for sscsi::File {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sscsi::File {
+            path,
+            mode,
+            contents,
+        } = self;
+        f.debug_struct("File")
+            .field("path", path)
+            .field("mode", mode)
+            .field("contents", &Redacted)
+            .field("contents_len", &contents.len())
+            .finish()
+    }
+}
+
+/// Provider-protocol messages with a hand-written `Debug` in this module.
+#[cfg(test)]
+const IMPLEMENTED_SSCSI: &[&str] = &["File", "MountRequest"];
 
 /// A `volume_context` map: sorted entries, the token value redacted.
 struct ContextMap<'a>(&'a HashMap<String, String>);
@@ -289,6 +337,45 @@ mod tests {
         let mut implemented = IMPLEMENTED_ESS.to_vec();
         implemented.sort_unstable();
         assert_eq!(implemented, SKIP_DEBUG_ESS);
+        let mut implemented = IMPLEMENTED_SSCSI.to_vec();
+        implemented.sort_unstable();
+        assert_eq!(implemented, SKIP_DEBUG_SSCSI);
+    }
+
+    #[test]
+    fn provider_messages_hide_tokens_credentials_and_contents() {
+        let versions = vec![sscsi::ObjectVersion {
+            id: "secret/db".into(),
+            version: "v7".into(),
+        }];
+        let attributes = format!(
+            r#"{{"keyvaultName":"kv","csi.storage.k8s.io/serviceAccount.tokens":{:?}}}"#,
+            volume_context()[SERVICE_ACCOUNT_TOKENS_KEY]
+        );
+        check(
+            &sscsi::MountRequest {
+                attributes,
+                secrets: r#"{"clientsecret":"hunter2"}"#.into(),
+                target_path: "/nonexistent/target".into(),
+                permission: "420".into(),
+                current_object_version: versions.clone(),
+            },
+            &["/nonexistent/target", "420", "secret/db", "v7"],
+        );
+        let file = sscsi::File {
+            path: "db/password".into(),
+            mode: 0o640,
+            contents: b"hunter2".to_vec(),
+        };
+        check(&file, &["db/password", "416", "contents_len: 7"]);
+        check(
+            &sscsi::MountResponse {
+                object_version: versions,
+                error: None,
+                files: vec![file],
+            },
+            &["db/password", "secret/db"],
+        );
     }
 
     fn ess_secret() -> ess::Secret {

@@ -188,9 +188,21 @@ pub const DNS_SUBDOMAIN: Pattern = Pattern {
 pub const ONE_PROVIDER: CelRule = CelRule {
     rule: "(has(self.aws) ? 1 : 0) + (has(self.vault) ? 1 : 0) + \
            (has(self.kubernetes) ? 1 : 0) + (has(self.fake) ? 1 : 0) + \
-           (has(self.plugin) ? 1 : 0) == 1",
-    message: "must set exactly one of aws, vault, kubernetes, fake, plugin",
+           (has(self.plugin) ? 1 : 0) + (has(self.secretsStoreCSI) ? 1 : 0) == 1",
+    message: "must set exactly one of aws, vault, kubernetes, fake, plugin, secretsStoreCSI",
 };
+
+/// The `pattern` of `spec.provider.secretsStoreCSI.provider`: the Secrets Store CSI Driver's
+/// own rule for provider names (its socket is `<name>.sock`), non-empty. No `/` or `.`, so the
+/// name never leaves the provider directory.
+pub const SECRETS_STORE_PROVIDER: Pattern = Pattern {
+    regex: r"^[a-zA-Z0-9_-]{1,30}$",
+    message: "must be 1 to 30 letters, digits, '_' or '-' (a Secrets Store CSI Driver provider \
+              name)",
+};
+
+/// `maxItems` of `spec.provider.secretsStoreCSI.audiences`.
+pub const MAX_AUDIENCES: usize = 8;
 
 /// `maxLength` of `spec.provider.plugin.endpoint`: a socket path or `host:port` is far shorter.
 pub const MAX_PLUGIN_ENDPOINT_LEN: usize = 512;
@@ -250,7 +262,12 @@ pub struct Pattern {
 }
 
 /// Every [`Pattern`] of the API; the agent compiles these once.
-pub const PATTERNS: [&Pattern; 3] = [&FILE_PATH, &DURATION, &DNS_SUBDOMAIN];
+pub const PATTERNS: [&Pattern; 4] = [
+    &FILE_PATH,
+    &DURATION,
+    &DNS_SUBDOMAIN,
+    &SECRETS_STORE_PROVIDER,
+];
 
 static COMPILED: LazyLock<HashMap<&'static str, Regex>> = LazyLock::new(|| {
     PATTERNS

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::crd::render_all;
 use super::external_secret::{ExternalSecret, StoreKind};
-use super::rules::{self, DNS_SUBDOMAIN, DURATION, FILE_PATH};
+use super::rules::{self, DNS_SUBDOMAIN, DURATION, FILE_PATH, SECRETS_STORE_PROVIDER};
 use super::store::{ClusterSecretStore, SecretStore};
 use super::validate::{self, Invalid};
 use crate::volume::FilePath;
@@ -997,14 +997,60 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             )),
         ),
         (
+            "secretsStoreCSI provider",
+            json!({"fake": null, "secretsStoreCSI": {
+                "provider": "azure",
+                "parameters": {"keyvaultName": "kv", "objects": "array: []"},
+                "audiences": ["api://AzureADTokenExchange"],
+                "timeout": "20s",
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "secretsStoreCSI provider name that leaves the directory",
+            json!({"fake": null, "secretsStoreCSI": {"provider": "../containerd/containerd"}}),
+            rejected(format!(
+                "spec.provider.secretsStoreCSI.provider: {}",
+                SECRETS_STORE_PROVIDER.message
+            )),
+        ),
+        (
+            "secretsStoreCSI timeout that is no duration",
+            json!({"fake": null, "secretsStoreCSI": {"provider": "gcp", "timeout": "soon"}}),
+            rejected(format!(
+                "spec.provider.secretsStoreCSI.timeout: {}",
+                DURATION.message
+            )),
+        ),
+        (
+            "secretsStoreCSI with too many audiences",
+            json!({"fake": null, "secretsStoreCSI": {"provider": "gcp", "audiences": vec!["a"; 9]}}),
+            rejected(format!(
+                "spec.provider.secretsStoreCSI.audiences: {}",
+                rules::too_many_items(rules::MAX_AUDIENCES)
+            )),
+        ),
+        (
+            "secretsStoreCSI provider name too long",
+            json!({"fake": null, "secretsStoreCSI": {"provider": "a".repeat(31)}}),
+            rejected(format!(
+                "spec.provider.secretsStoreCSI.provider: {}",
+                SECRETS_STORE_PROVIDER.message
+            )),
+        ),
+        (
             "no provider",
             json!({"fake": null}),
-            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin"),
+            rejected(
+                "spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin, secretsStoreCSI",
+            ),
         ),
         (
             "two providers",
             json!({"kubernetes": {}}),
-            rejected("spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin"),
+            rejected(
+                "spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin, secretsStoreCSI",
+            ),
         ),
         (
             "aws ParameterStore",

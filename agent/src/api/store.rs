@@ -116,6 +116,14 @@ pub struct StoreProvider {
     /// An out-of-tree secret-store plugin speaking Crossplane's External Secret Store protocol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin: Option<PluginProvider>,
+    /// A provider pod of the Kubernetes Secrets Store CSI Driver (Azure Key Vault, GCP, AWS,
+    /// Vault, ...), reached on its socket in the agent's `--secrets-store-provider-dir`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "secretsStoreCSI"
+    )]
+    pub secrets_store_csi: Option<SecretsStoreCsiProvider>,
 }
 
 /// A reference to one key of a Kubernetes Secret holding a credential.
@@ -344,6 +352,31 @@ pub struct PluginConfigRef {
     pub kind: String,
     /// Name of the configuration object.
     pub name: String,
+}
+
+/// A Secrets Store CSI Driver provider (`v1alpha1.CSIDriverProvider`), called as the pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretsStoreCsiProvider {
+    /// The provider's name, as in a SecretProviderClass's `spec.provider` (`azure`, `gcp`,
+    /// `aws`, `vault`, ...): its socket is `<--secrets-store-provider-dir>/<provider>.sock`.
+    #[schemars(regex(pattern = crate::api::rules::SECRETS_STORE_PROVIDER.regex))]
+    pub provider: String,
+    /// The provider's parameters, as in a SecretProviderClass's `spec.parameters`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub parameters: std::collections::BTreeMap<String, String>,
+    /// The audiences of the pod's service-account tokens passed to the provider (the
+    /// CSIDriver's `tokenRequests` of that driver); none when empty. Only these are passed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::api::rules::MAX_AUDIENCES))]
+    pub audiences: Vec<String>,
+    /// How long one Mount call may take, e.g. `10s` (the default); at most `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_DURATION_LEN),
+        regex(pattern = crate::api::rules::DURATION.regex)
+    )]
+    pub timeout: Option<String>,
 }
 
 /// Observed state of a store.

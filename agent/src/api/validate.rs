@@ -13,7 +13,10 @@ use std::time::Duration;
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::rules::{self, CelRule, Pattern};
-use super::store::{AwsProvider, PluginProvider, SecretKeySelector, StoreProvider, VaultProvider};
+use super::store::{
+    AwsProvider, PluginProvider, SecretKeySelector, SecretsStoreCsiProvider, StoreProvider,
+    VaultProvider,
+};
 
 /// Why an object was rejected; the text names the field and never contains values.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -55,6 +58,8 @@ pub enum ProviderSpec<'a> {
     Fake(&'a super::store::FakeProvider),
     /// `provider.plugin`
     Plugin(&'a super::store::PluginProvider),
+    /// `provider.secretsStoreCSI`
+    SecretsStoreCsi(&'a super::store::SecretsStoreCsiProvider),
 }
 
 impl ProviderSpec<'_> {
@@ -66,6 +71,7 @@ impl ProviderSpec<'_> {
             ProviderSpec::Kubernetes(_) => "kubernetes",
             ProviderSpec::Fake(_) => "fake",
             ProviderSpec::Plugin(_) => "plugin",
+            ProviderSpec::SecretsStoreCsi(_) => "secretsStoreCSI",
         }
     }
 }
@@ -90,6 +96,9 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
     if let Some(plugin) = &p.plugin {
         set.push(ProviderSpec::Plugin(plugin));
     }
+    if let Some(p) = &p.secrets_store_csi {
+        set.push(ProviderSpec::SecretsStoreCsi(p));
+    }
     let one = match set.as_slice() {
         [one] => *one,
         [] => {
@@ -113,6 +122,9 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
         ProviderSpec::Vault(v) => vault(v)?,
         ProviderSpec::Plugin(plugin) => {
             self::plugin(plugin)?;
+        }
+        ProviderSpec::SecretsStoreCsi(p) => {
+            secrets_store_csi(p)?;
         }
         ProviderSpec::Kubernetes(_) | ProviderSpec::Fake(_) => {}
     }
@@ -238,22 +250,7 @@ pub enum PluginEndpoint<'a> {
 /// flag). Returns the call timeout.
 pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
     plugin_endpoint(&p.endpoint)?;
-    let timeout = match &p.timeout {
-        None => PLUGIN_DEFAULT_TIMEOUT,
-        Some(text) => {
-            const PATH: &str = "spec.provider.plugin.timeout";
-            shaped(PATH, text, rules::MAX_DURATION_LEN, &rules::DURATION)?;
-            match humantime::parse_duration(text) {
-                Ok(t) if !t.is_zero() && t <= PLUGIN_MAX_TIMEOUT => t,
-                _ => {
-                    return Err(Invalid(format!(
-                        "{PATH}: must be more than 0 and at most {}",
-                        humantime::format_duration(PLUGIN_MAX_TIMEOUT)
-                    )));
-                }
-            }
-        }
-    };
+    let timeout = call_timeout("spec.provider.plugin.timeout", p.timeout.as_deref())?;
     if let Some(c) = &p.config_ref {
         const PATH: &str = "spec.provider.plugin.configRef";
         not_empty(format_args!("{PATH}.name"), &c.name)?;
@@ -271,6 +268,72 @@ pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
         }
     }
     Ok(timeout)
+}
+
+/// A call timeout at `path`: [`PLUGIN_DEFAULT_TIMEOUT`] when absent, else more than 0 and at
+/// most [`PLUGIN_MAX_TIMEOUT`].
+fn call_timeout(path: &str, text: Option<&str>) -> Result<Duration, Invalid> {
+    let Some(text) = text else {
+        return Ok(PLUGIN_DEFAULT_TIMEOUT);
+    };
+    shaped(path, text, rules::MAX_DURATION_LEN, &rules::DURATION)?;
+    match humantime::parse_duration(text) {
+        Ok(t) if !t.is_zero() && t <= PLUGIN_MAX_TIMEOUT => Ok(t),
+        _ => Err(Invalid(format!(
+            "{path}: must be more than 0 and at most {}",
+            humantime::format_duration(PLUGIN_MAX_TIMEOUT)
+        ))),
+    }
+}
+
+/// Most bytes of `spec.provider.secretsStoreCSI.parameters` (keys and values): they travel in
+/// every Mount call; a SecretProviderClass's are a few KiB.
+pub const MAX_SECRETS_STORE_PARAMETERS_BYTES: usize = 64 << 10;
+
+/// `spec.provider.secretsStoreCSI`: the provider name (it names a socket: no `/`, no `.`), the
+/// parameters' size, the audiences and the timeout. Returns the call timeout.
+pub fn secrets_store_csi(p: &SecretsStoreCsiProvider) -> Result<Duration, Invalid> {
+    const AT: &str = "spec.provider.secretsStoreCSI";
+    if !rules::SECRETS_STORE_PROVIDER.is_match(&p.provider) {
+        return Err(Invalid::pattern(
+            format_args!("{AT}.provider"),
+            &rules::SECRETS_STORE_PROVIDER,
+        ));
+    }
+    let bytes: usize = p.parameters.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_SECRETS_STORE_PARAMETERS_BYTES {
+        return Err(Invalid(format!(
+            "{AT}.parameters: must be at most {} KiB in all",
+            MAX_SECRETS_STORE_PARAMETERS_BYTES >> 10
+        )));
+    }
+    if p.parameters
+        .keys()
+        .any(|k| k.starts_with(crate::identity::POD_INFO_PREFIX))
+    {
+        // The pod attributes are the agent's to set: a store must not forge another pod's.
+        return Err(Invalid(format!(
+            "{AT}.parameters: keys starting with {} are set by the agent (the pod's attributes \
+             and tokens)",
+            crate::identity::POD_INFO_PREFIX
+        )));
+    }
+    if p.audiences.len() > rules::MAX_AUDIENCES {
+        return Err(Invalid::schema(
+            format_args!("{AT}.audiences"),
+            rules::too_many_items(rules::MAX_AUDIENCES),
+        ));
+    }
+    for (i, audience) in p.audiences.iter().enumerate() {
+        if audience.chars().count() > rules::MAX_NAME_LEN || audience.chars().any(char::is_control)
+        {
+            return Err(Invalid(format!(
+                "{AT}.audiences[{i}]: must be at most {} characters, without control characters",
+                rules::MAX_NAME_LEN
+            )));
+        }
+    }
+    call_timeout(&format!("{AT}.timeout"), p.timeout.as_deref())
 }
 
 /// Parses a plugin endpoint: `unix:///abs/dir/name.sock` or `host:port`. Refuses relative
@@ -822,6 +885,35 @@ mod tests {
         }
         let long = format!("unix:///{}.sock", "a".repeat(65));
         assert!(plugin_endpoint(&long).is_err());
+    }
+
+    #[test]
+    fn secrets_store_csi_names_a_socket_and_never_forges_pod_attributes() {
+        let mut p = SecretsStoreCsiProvider {
+            provider: "azure".into(),
+            ..Default::default()
+        };
+        assert_eq!(secrets_store_csi(&p), Ok(PLUGIN_DEFAULT_TIMEOUT));
+        for bad in ["", "../x", "a/b", "a.b", "x".repeat(31).as_str()] {
+            p.provider = bad.into();
+            assert!(secrets_store_csi(&p).is_err(), "{bad:?} accepted");
+        }
+        p.provider = "azure".into();
+        p.parameters.insert(
+            "csi.storage.k8s.io/pod.namespace".into(),
+            "kube-system".into(),
+        );
+        let err = secrets_store_csi(&p).unwrap_err().to_string();
+        assert!(err.contains("set by the agent"), "{err}");
+        p.parameters.clear();
+        p.parameters.insert(
+            "objects".into(),
+            "x".repeat(MAX_SECRETS_STORE_PARAMETERS_BYTES),
+        );
+        assert!(secrets_store_csi(&p).is_err());
+        p.parameters.clear();
+        p.timeout = Some("6m".into());
+        assert!(secrets_store_csi(&p).is_err());
     }
 
     #[test]

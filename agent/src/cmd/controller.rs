@@ -125,6 +125,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             plugins: Arc::new(providers::plugin::Plugins::new(
                 args.plugin_socket_dir.clone(),
             )),
+            // The controller runs on no particular node and mounts no provider directory: a
+            // secretsStoreCSI store is for the node agent (see docs/providers.md).
+            secrets_store: Default::default(),
         },
         CacheLimits {
             max_entries: args.cache_max_entries,

@@ -93,6 +93,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             aws_sessions: Default::default(),
             vault_tokens: Default::default(),
             plugins: Default::default(),
+            secrets_store: Default::default(),
         },
         CacheLimits::default(),
         Arc::new(NoEvents),

@@ -57,6 +57,11 @@ pub struct NodeArgs {
     /// name a socket directly in it (no other path, no symbolic link).
     #[arg(long, default_value = providers::plugin::DEFAULT_SOCKET_DIR)]
     pub plugin_socket_dir: PathBuf,
+    /// Directory of the Secrets Store CSI Driver's provider sockets: a `secretsStoreCSI` store
+    /// names provider `<name>`, the agent calls `<dir>/<name>.sock` (no symbolic link). The
+    /// driver's other usual directory is `/etc/kubernetes/secrets-store-csi-providers`.
+    #[arg(long, default_value = providers::secrets_store_csi::DEFAULT_PROVIDER_DIR)]
+    pub secrets_store_provider_dir: PathBuf,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -102,6 +107,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             vault_tokens: Default::default(),
             plugins: Arc::new(providers::plugin::Plugins::new(
                 args.plugin_socket_dir.clone(),
+            )),
+            secrets_store: Arc::new(providers::secrets_store_csi::SecretsStoreProviders::new(
+                args.secrets_store_provider_dir.clone(),
             )),
         },
         CacheLimits {

@@ -40,6 +40,8 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
         ProviderSpec::Kubernetes(k) => out.push(k.audience.clone().unwrap_or_default()),
         // The plugin protocol carries no identity: no token is passed to a plugin.
         ProviderSpec::Fake(_) | ProviderSpec::Plugin(_) => {}
+        // Exactly the audiences the store lists, as the driver's CSIDriver `tokenRequests`.
+        ProviderSpec::SecretsStoreCsi(p) => out.extend(p.audiences.iter().cloned()),
     }
     out.sort();
     out.dedup();
@@ -101,5 +103,21 @@ mod tests {
         assert!(token_audiences(ProviderSpec::Fake(&fake), StoreKind::SecretStore).is_empty());
         let plugin = PluginProvider::default();
         assert!(token_audiences(ProviderSpec::Plugin(&plugin), StoreKind::SecretStore).is_empty());
+        let sscsi = SecretsStoreCsiProvider {
+            provider: "azure".into(),
+            audiences: vec![
+                "vault".into(),
+                "api://AzureADTokenExchange".into(),
+                "vault".into(),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            token_audiences(
+                ProviderSpec::SecretsStoreCsi(&sscsi),
+                StoreKind::SecretStore
+            ),
+            ["api://AzureADTokenExchange", "vault"]
+        );
     }
 }

@@ -7,6 +7,7 @@ pub mod credentials;
 pub mod fake;
 pub mod kubernetes;
 pub mod plugin;
+pub mod secrets_store_csi;
 pub mod vault;
 
 use std::sync::Arc;
@@ -162,6 +163,9 @@ pub struct Env {
     pub vault_tokens: Arc<vault::TokenCache>,
     /// Secret-store plugins: the allowed socket directory and one channel per endpoint.
     pub plugins: Arc<plugin::Plugins>,
+    /// Secrets Store CSI Driver providers: their socket directory, channels and the object
+    /// versions last returned.
+    pub secrets_store: Arc<secrets_store_csi::SecretsStoreProviders>,
 }
 
 /// Everything a provider may need to be built for one publish.
@@ -190,6 +194,9 @@ pub async fn build(
         )?),
         ProviderSpec::Vault(v) => Arc::new(vault::Vault::new(v, ctx).await?),
         ProviderSpec::Plugin(p) => Arc::new(plugin::Plugin::new(p, ctx)?),
+        ProviderSpec::SecretsStoreCsi(p) => {
+            Arc::new(secrets_store_csi::SecretsStoreCsi::new(p, ctx)?)
+        }
     };
     Ok(Arc::new(Instrumented {
         inner,

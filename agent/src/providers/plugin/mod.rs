@@ -10,8 +10,8 @@
 //! Calls have the store's timeout; transport failures (and `UNAVAILABLE`) are retried twice
 //! with a short backoff, nothing else is. Responses are capped at [`MAX_RESPONSE_BYTES`].
 
-mod socket;
-mod status;
+pub(crate) mod socket;
+pub(crate) mod status;
 mod value;
 
 use std::time::Duration;

@@ -70,7 +70,7 @@ impl Plugins {
             PluginEndpoint::Unix { dir, name } => {
                 let path = self.allowed(text, dir, name)?;
                 // Fails early and precisely (missing, symlink, not a socket).
-                open_socket(text, &path)?;
+                open_socket(&format!("plugin {text}"), &path)?;
                 Some(path)
             }
             PluginEndpoint::Tcp { .. } => None,
@@ -83,7 +83,7 @@ impl Plugins {
             channels.clear();
         }
         let channel = match (socket, endpoint) {
-            (Some(path), _) => unix_channel(text.to_owned(), path),
+            (Some(path), _) => unix_channel(format!("plugin {text}"), path),
             (None, PluginEndpoint::Tcp { host, port }) => {
                 Endpoint::from_shared(format!("http://{host}:{port}"))
                     .map_err(|_| {
@@ -122,14 +122,16 @@ impl Plugins {
     }
 }
 
-/// A lazily connecting channel to the socket at `path`, re-checked on every connect.
-fn unix_channel(text: String, path: PathBuf) -> Channel {
+/// A lazily connecting channel to the socket at `path`, re-checked on every connect; `what`
+/// names the callee in errors (`plugin unix:///...`). Also used for the Secrets Store CSI
+/// Driver's providers.
+pub(crate) fn unix_channel(what: String, path: PathBuf) -> Channel {
     // The URI is required by the HTTP/2 client but unused: the connector picks the socket.
     Endpoint::from_static("http://plugin.invalid").connect_with_connector_lazy(service_fn(
         move |_: Uri| {
-            let (text, path) = (text.clone(), path.clone());
+            let (what, path) = (what.clone(), path.clone());
             async move {
-                let fd = open_socket(&text, &path).map_err(std::io::Error::other)?;
+                let fd = open_socket(&what, &path).map_err(std::io::Error::other)?;
                 // Through the descriptor: the inode checked is the one connected to.
                 let via = format!("/proc/self/fd/{}", fd.as_raw_fd());
                 let stream = UnixStream::connect(via).await;
@@ -141,37 +143,31 @@ fn unix_channel(text: String, path: PathBuf) -> Channel {
 }
 
 /// Opens the socket file at `path` without following a symbolic link, checking that it is a
-/// socket.
-fn open_socket(text: &str, path: &Path) -> Result<OwnedFd, ProviderError> {
+/// socket; `what` names the callee in errors.
+pub(crate) fn open_socket(what: &str, path: &Path) -> Result<OwnedFd, ProviderError> {
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(|e| {
         if e == rustix::io::Errno::NOENT {
             ProviderError::Unavailable(format!(
-                "plugin {text}: no socket at {} (is the plugin running?)",
+                "{what}: no socket at {} (is it running?)",
                 path.display()
             ))
         } else {
-            ProviderError::Unavailable(format!(
-                "plugin {text}: cannot open {}: {e}",
-                path.display()
-            ))
+            ProviderError::Unavailable(format!("{what}: cannot open {}: {e}", path.display()))
         }
     })?;
     let stat = rustix::fs::fstat(&fd).map_err(|e| {
-        ProviderError::Unavailable(format!(
-            "plugin {text}: cannot stat {}: {e}",
-            path.display()
-        ))
+        ProviderError::Unavailable(format!("{what}: cannot stat {}: {e}", path.display()))
     })?;
     match FileType::from_raw_mode(stat.st_mode) {
         FileType::Socket => Ok(fd),
         FileType::Symlink => Err(ProviderError::Config(format!(
-            "plugin {text}: {} is a symbolic link; plugin sockets must be sockets directly in \
-             the plugin socket directory, links are not followed",
+            "{what}: {} is a symbolic link; sockets must be directly in the allowed \
+             directory, links are not followed",
             path.display()
         ))),
         _ => Err(ProviderError::Config(format!(
-            "plugin {text}: {} is not a socket",
+            "{what}: {} is not a socket",
             path.display()
         ))),
     }
@@ -214,8 +210,6 @@ mod tests {
         let err = plugins
             .channel("m", unix(&dir, "missing.sock"))
             .unwrap_err();
-        assert!(
-            matches!(err, ProviderError::Unavailable(ref m) if m.contains("is the plugin running"))
-        );
+        assert!(matches!(err, ProviderError::Unavailable(ref m) if m.contains("is it running")));
     }
 }

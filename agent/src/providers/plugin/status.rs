@@ -13,8 +13,18 @@ use crate::telemetry::escape::printable;
 /// Longest part of a plugin's message that reaches an error.
 const MAX_MESSAGE_CHARS: usize = 200;
 
+/// Who was called, for messages: a plugin, or a Secrets Store CSI Driver provider.
+pub(crate) struct Callee<'a> {
+    /// Names it, e.g. `plugin unix:///run/p/x.sock`.
+    pub what: &'a str,
+    /// The RPC called, for an UNIMPLEMENTED answer.
+    pub rpc: &'a str,
+    /// The store field that sets the timeout, e.g. `plugin.timeout`.
+    pub timeout_field: &'a str,
+}
+
 /// How a failed call is reported, and whether another attempt may help.
-pub(super) struct Failure {
+pub(crate) struct Failure {
     /// The error, if this was the last attempt.
     pub error: ProviderError,
     /// True for transport failures (connection refused, reset, plugin gone mid-call) and
@@ -22,31 +32,69 @@ pub(super) struct Failure {
     pub retry: bool,
 }
 
+/// The plugin at `at` (its endpoint as written).
+fn plugin(at: &str) -> (String, Callee<'static>) {
+    let callee = Callee {
+        what: "",
+        rpc: "ess.proto.v1alpha1.ExternalSecretStorePluginService/GetSecret",
+        timeout_field: "plugin.timeout",
+    };
+    (format!("plugin {at}"), callee)
+}
+
 /// The store's `timeout` ran out during a call to the plugin at `at`.
 pub(super) fn timed_out(at: &str, timeout: Duration) -> Failure {
-    Failure {
-        error: ProviderError::Timeout(format!(
-            "plugin {at} did not answer within {} (the store's plugin.timeout)",
-            humantime::format_duration(timeout)
-        )),
-        retry: false,
-    }
+    let (what, callee) = plugin(at);
+    timed_out_of(
+        &Callee {
+            what: &what,
+            ..callee
+        },
+        timeout,
+    )
 }
 
 /// Maps the status of a failed call to the plugin at `at` (the endpoint as written), made
 /// with the store's `timeout`.
 pub(super) fn failure(at: &str, timeout: Duration, status: &Status) -> Failure {
+    let (what, callee) = plugin(at);
+    failure_of(
+        &Callee {
+            what: &what,
+            ..callee
+        },
+        timeout,
+        status,
+    )
+}
+
+/// The store's `timeout` ran out during a call to `callee`.
+pub(crate) fn timed_out_of(callee: &Callee<'_>, timeout: Duration) -> Failure {
+    Failure {
+        error: ProviderError::Timeout(format!(
+            "{} did not answer within {} (the store's {})",
+            callee.what,
+            humantime::format_duration(timeout),
+            callee.timeout_field
+        )),
+        retry: false,
+    }
+}
+
+/// Maps the status of a failed call to `callee`, made with the store's `timeout`.
+pub(crate) fn failure_of(callee: &Callee<'_>, timeout: Duration, status: &Status) -> Failure {
+    let at = callee.what;
     let message = printable(status.message(), MAX_MESSAGE_CHARS);
     // A status with a source was made by the client: the call's own deadline (the
     // `grpc-timeout` it sends, enforced by the channel too), or a transport error. One the
     // plugin sent has none.
     if let Some(source) = status.source() {
         if caused_by_timeout(source) {
-            return timed_out(at, timeout);
+            return timed_out_of(callee, timeout);
         }
         return Failure {
             error: ProviderError::Unavailable(format!(
-                "plugin {at} unreachable or it failed mid-call: {}",
+                "{at} unreachable or it failed mid-call: {}",
                 chain(source)
             )),
             retry: true,
@@ -55,12 +103,11 @@ pub(super) fn failure(at: &str, timeout: Duration, status: &Status) -> Failure {
     let code = status.code();
     let error = match code {
         Code::NotFound => ProviderError::NotFound,
-        Code::PermissionDenied | Code::Unauthenticated => ProviderError::PermissionDenied(format!(
-            "plugin {at} answered {}: {message}",
-            name(code)
-        )),
+        Code::PermissionDenied | Code::Unauthenticated => {
+            ProviderError::PermissionDenied(format!("{at} answered {}: {message}", name(code)))
+        }
         Code::DeadlineExceeded => {
-            ProviderError::Timeout(format!("plugin {at} answered DEADLINE_EXCEEDED: {message}"))
+            ProviderError::Timeout(format!("{at} answered DEADLINE_EXCEEDED: {message}"))
         }
         // tonic's own check of the response size (`max_decoding_message_size`).
         Code::OutOfRange
@@ -69,27 +116,27 @@ pub(super) fn failure(at: &str, timeout: Duration, status: &Status) -> Failure {
                 .contains("decoded message length too large") =>
         {
             ProviderError::Unavailable(format!(
-                "plugin {at} sent a response larger than the {} MiB limit",
+                "{at} sent a response larger than the {} MiB limit",
                 MAX_RESPONSE_BYTES >> 20
             ))
         }
-        Code::ResourceExhausted => ProviderError::Throttled(format!(
-            "plugin {at} answered RESOURCE_EXHAUSTED: {message}"
-        )),
+        Code::ResourceExhausted => {
+            ProviderError::Throttled(format!("{at} answered RESOURCE_EXHAUSTED: {message}"))
+        }
         Code::Unimplemented => ProviderError::Config(format!(
-            "plugin {at} does not serve ess.proto.v1alpha1.ExternalSecretStorePluginService/\
-             GetSecret (UNIMPLEMENTED: {message})"
+            "{at} does not serve {} (UNIMPLEMENTED: {message})",
+            callee.rpc
         )),
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
             ProviderError::Config(format!(
-                "plugin {at} refused the request: {}: {message}",
+                "{at} refused the request: {}: {message}",
                 name(code)
             ))
         }
         Code::Unavailable => {
-            ProviderError::Unavailable(format!("plugin {at} answered UNAVAILABLE: {message}"))
+            ProviderError::Unavailable(format!("{at} answered UNAVAILABLE: {message}"))
         }
-        _ => ProviderError::Unavailable(format!("plugin {at} failed: {}: {message}", name(code))),
+        _ => ProviderError::Unavailable(format!("{at} failed: {}: {message}", name(code))),
     };
     Failure {
         retry: code == Code::Unavailable,

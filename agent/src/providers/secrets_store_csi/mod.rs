@@ -1,0 +1,161 @@
+//! The `secretsStoreCSI` provider: a provider pod of the Kubernetes Secrets Store CSI Driver
+//! (`v1alpha1.CSIDriverProvider`), on its socket `<--secrets-store-provider-dir>/<name>.sock`.
+//!
+//! One Mount call returns everything the store's parameters name, as files; each file is an
+//! entry named by its path (see [`response`]). `remoteRef.key` picks a file by path, and
+//! `dataFrom.find` lists the files, so `find: {name: {regexp: ".*"}}` mounts them all. The
+//! provider never writes to disk: the request's `target_path` is a path that does not exist
+//! (see [`request::TARGET_PATH`]), and providers that still write their files themselves are
+//! refused. The provider is called as the pod: the attributes carry the pod's name, namespace,
+//! uid, service account and its tokens for the store's `audiences` (and no others).
+//!
+//! All reads of one fetch share one Mount call (this provider is built once per fetch, and the
+//! shared cache makes concurrent fetches of one identity share that fetch). The object versions
+//! a Mount returns are sent back on the next one for the same store and identity.
+
+mod registry;
+mod request;
+mod response;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use csi_proto::secrets_store::v1alpha1::MountRequest;
+use csi_proto::secrets_store::v1alpha1::csi_driver_provider_client::CsiDriverProviderClient;
+use tokio::sync::OnceCell;
+use tonic::transport::Channel;
+
+pub use registry::{DEFAULT_PROVIDER_DIR, SecretsStoreProviders};
+pub use request::TARGET_PATH;
+
+use super::plugin::status::{self, Callee};
+use super::{BuildContext, FindQuery, MAX_RESPONSE_BYTES, Provider, ProviderError, RemoteKey};
+use crate::api::store::SecretsStoreCsiProvider;
+use crate::api::validate;
+use crate::secret::{SecretBytes, SecretString};
+
+/// The RPC called, for an UNIMPLEMENTED answer.
+const MOUNT_RPC: &str = "v1alpha1.CSIDriverProvider/Mount";
+
+/// One store's provider, for one fetch as one pod.
+pub struct SecretsStoreCsi {
+    /// `secretsStoreCSI provider <name>`, for messages.
+    what: String,
+    channel: Channel,
+    /// The request's attributes JSON; holds the pod's tokens.
+    attributes: SecretString,
+    timeout: Duration,
+    /// Names the store and identity whose object versions are kept.
+    versions_key: String,
+    shared: Arc<SecretsStoreProviders>,
+    /// The one Mount of this fetch, its failure included (so N reads never make N calls).
+    mounted: OnceCell<Result<Arc<response::Mounted>, ProviderError>>,
+}
+
+impl SecretsStoreCsi {
+    /// Checks the spec, opens the provider's socket (no symbolic link) and builds the
+    /// attributes for `ctx.pod`; nothing is sent yet.
+    pub fn new(
+        spec: &SecretsStoreCsiProvider,
+        ctx: &BuildContext<'_>,
+    ) -> Result<Self, ProviderError> {
+        let timeout =
+            validate::secrets_store_csi(spec).map_err(|e| ProviderError::Config(e.to_string()))?;
+        let what = format!("secretsStoreCSI provider {}", spec.provider);
+        let shared = Arc::clone(&ctx.env.secrets_store);
+        let channel = shared.channel(&what, &spec.provider)?;
+        let attributes = request::attributes(spec, ctx.pod)?;
+        Ok(Self {
+            what,
+            channel,
+            attributes,
+            timeout,
+            versions_key: versions_key(spec, ctx),
+            shared,
+            mounted: OnceCell::new(),
+        })
+    }
+
+    /// The files, from the one Mount call of this fetch.
+    async fn mounted(&self) -> Result<Arc<response::Mounted>, ProviderError> {
+        self.mounted
+            .get_or_init(|| async { self.mount().await.map(Arc::new) })
+            .await
+            .clone()
+    }
+
+    /// One Mount call, bounded by the store's timeout.
+    async fn mount(&self) -> Result<response::Mounted, ProviderError> {
+        let callee = Callee {
+            what: &self.what,
+            rpc: MOUNT_RPC,
+            timeout_field: "secretsStoreCSI.timeout",
+        };
+        let mut client = CsiDriverProviderClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let mut request = tonic::Request::new(MountRequest {
+            attributes: self.attributes.expose().to_owned(),
+            secrets: request::SECRETS.to_owned(),
+            target_path: request::TARGET_PATH.to_owned(),
+            permission: request::PERMISSION.to_owned(),
+            current_object_version: self.shared.versions(&self.versions_key),
+        });
+        request.set_timeout(self.timeout);
+        let answer = match tokio::time::timeout(self.timeout, client.mount(request)).await {
+            Err(_) => return Err(status::timed_out_of(&callee, self.timeout).error),
+            Ok(Err(s)) => return Err(status::failure_of(&callee, self.timeout, &s).error),
+            Ok(Ok(answer)) => answer.into_inner(),
+        };
+        let mounted = response::mounted(&self.what, answer)?;
+        self.shared
+            .set_versions(self.versions_key.clone(), mounted.versions.clone());
+        Ok(mounted)
+    }
+}
+
+/// Names a store (its provider block) and the identity it is read as, without holding either.
+fn versions_key(spec: &SecretsStoreCsiProvider, ctx: &BuildContext<'_>) -> String {
+    let mut hasher = DefaultHasher::new();
+    spec.provider.hash(&mut hasher);
+    spec.parameters.hash(&mut hasher);
+    spec.audiences.hash(&mut hasher);
+    format!(
+        "{}/{}/{:016x}",
+        ctx.pod.namespace,
+        ctx.pod.service_account,
+        hasher.finish()
+    )
+}
+
+#[async_trait]
+impl Provider for SecretsStoreCsi {
+    async fn get(&self, key: &RemoteKey) -> Result<SecretBytes, ProviderError> {
+        if key.version.is_some() {
+            return Err(ProviderError::Config(format!(
+                "{}: remoteRef.version is not available; the provider picks versions from its \
+                 parameters",
+                self.what
+            )));
+        }
+        let mounted = self.mounted().await?;
+        mounted
+            .files
+            .get(&key.key)
+            .cloned()
+            .ok_or(ProviderError::NotFound)
+    }
+
+    async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        let mounted = self.mounted().await?;
+        let matched = mounted
+            .files
+            .iter()
+            .filter(|(name, _)| query.matches(name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        super::found(matched)
+    }
+}

@@ -1,0 +1,404 @@
+//! End to end with a Secrets Store CSI Driver provider: the `latchkey node` binary, the
+//! `secrets-store-provider` example (`v1alpha1.CSIDriverProvider`) on a real unix socket in the
+//! agent's `--secrets-store-provider-dir`, real tmpfs mounts. Files picked by path and renamed,
+//! every file mounted, hostile paths, provider errors, providers that write files themselves,
+//! object versions sent back, tokens for the listed audiences only, the socket rules, the mount
+//! storm, and that no value, token or attribute reaches a log or a status.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use latchkey::csi::client::{PodVolume, volume_id_for};
+use support::{Agent, require_root};
+use tonic::Code;
+
+const DB_PASSWORD: &str = "sscsi-db-password-e2e-4471";
+const API_KEY: &str = "sscsi-api-key-e2e-8810";
+const VAULT_TOKEN: &str = "eyJ.sscsi-vault-token-e2e.sig";
+const OTHER_TOKEN: &str = "eyJ.sscsi-other-token-e2e.sig";
+/// A parameter value: attributes must not reach the agent's log either.
+const PARAMETER: &str = "sscsi-parameter-marker-3392";
+
+/// The example provider, built by Cargo with this test (`[[example]]` of the agent crate).
+fn provider_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in target/<profile>/deps")
+        .join("examples")
+        .join("secrets-store-provider");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p latchkey --example secrets-store-provider`",
+        bin.display()
+    );
+    bin
+}
+
+/// A running provider and its scratch space.
+struct Provider {
+    child: Child,
+    /// The provider directory (the agent's `--secrets-store-provider-dir`).
+    dir: PathBuf,
+    /// One JSON line per Mount call.
+    calls: PathBuf,
+    _scratch: tempfile::TempDir,
+}
+
+impl Provider {
+    async fn start() -> Self {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("providers");
+        let data = scratch.path().join("data");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(data.join("db")).unwrap();
+        std::fs::write(data.join("db/password"), DB_PASSWORD).unwrap();
+        std::fs::write(data.join("api"), API_KEY).unwrap();
+        std::fs::write(data.join("db/user"), "shop").unwrap();
+        let socket = dir.join("files.sock");
+        let calls = scratch.path().join("calls.jsonl");
+        let child = Command::new(provider_binary())
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--dir")
+            .arg(&data)
+            .arg("--calls")
+            .arg(&calls)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start secrets-store-provider");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "the provider did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self {
+            child,
+            dir,
+            calls,
+            _scratch: scratch,
+        }
+    }
+
+    /// Every Mount call so far.
+    fn calls(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.calls)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A SecretStore `name` on provider `provider` with extra parameters (YAML flow entries).
+fn store(name: &str, provider: &str, parameters: &str) -> String {
+    format!(
+        "---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {{name: {name}, namespace: shop}}\n\
+         spec:\n  provider:\n    secretsStoreCSI:\n      provider: {provider}\n      audiences: [vault]\n\
+         \x20     timeout: 2s\n      parameters: {{marker: {PARAMETER}{parameters}}}\n"
+    )
+}
+
+/// An ExternalSecret `name` on `store` with the given `spec` lines after secretStoreRef.
+fn es(name: &str, store: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {{name: {name}, namespace: shop}}\n\
+         spec:\n  secretStoreRef: {{name: {store}}}\n{spec}"
+    )
+}
+
+const ALL: &str = "  dataFrom: [{find: {name: {regexp: \".*\"}}}]\n";
+
+fn manifests() -> String {
+    let mut out = store("files", "files", "");
+    out += &store("slow", "files", ", delay: 200ms");
+    out += &store("dotdot", "files", ", hostilePath: ../x");
+    out += &store("absolute", "files", ", hostilePath: /abs");
+    out += &store("empty-segment", "files", ", hostilePath: a//b");
+    out += &store("failing", "files", ", errorCode: KeyVaultAccessDenied");
+    out += &store("old", "files", ", writesFiles: \"true\"");
+    out += &store("link", "link", "");
+    out += &store("absent", "absent", "");
+    out += &es(
+        "pick",
+        "files",
+        "  refreshInterval: 200ms\n  data: [{secretKey: password, remoteRef: {key: db/password}}]\n",
+    );
+    out += &es("all", "files", ALL);
+    out += &es(
+        "storm",
+        "slow",
+        "  data:\n  - {secretKey: password, remoteRef: {key: db/password}}\n  - {secretKey: api, remoteRef: {key: api}}\n",
+    );
+    out += &es(
+        "missing",
+        "files",
+        "  data: [{secretKey: x, remoteRef: {key: nope}}]\n",
+    );
+    for name in [
+        "dotdot",
+        "absolute",
+        "empty-segment",
+        "failing",
+        "old",
+        "link",
+        "absent",
+    ] {
+        out += &es(name, name, ALL);
+    }
+    out
+}
+
+/// The agent and the provider, with a socket outside the provider directory (linked from
+/// `link.sock` in it) that must never be connected to.
+struct Setup {
+    agent: Agent,
+    provider: Provider,
+    outside: tokio::net::UnixListener,
+    _outside_dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    require_root();
+    let provider = Provider::start().await;
+    let outside_dir = tempfile::tempdir().unwrap();
+    let outside = tokio::net::UnixListener::bind(outside_dir.path().join("evil.sock")).unwrap();
+    std::os::unix::fs::symlink(
+        outside_dir.path().join("evil.sock"),
+        provider.dir.join("link.sock"),
+    )
+    .unwrap();
+    let dir = provider.dir.display().to_string();
+    let agent = Agent::start(
+        &[("shop.yaml", &manifests())],
+        &["--secrets-store-provider-dir", &dir],
+    )
+    .await;
+    Setup {
+        agent,
+        provider,
+        outside,
+        _outside_dir: outside_dir,
+    }
+}
+
+/// The pod's tokens: two audiences, of which the stores list one.
+fn tokens() -> String {
+    format!(
+        r#"{{"vault":{{"token":"{VAULT_TOKEN}","expirationTimestamp":"2030-01-01T00:00:00Z"}},"other":{{"token":"{OTHER_TOKEN}"}}}}"#
+    )
+}
+
+async fn publish(
+    agent: &Agent,
+    pod: &str,
+    service_account: &str,
+    external_secret: &str,
+) -> Result<PathBuf, tonic::Status> {
+    let target = agent.target(pod);
+    let mut p = PodVolume::new("shop", pod, external_secret);
+    p.service_account = service_account.into();
+    p.tokens_json = Some(tokens());
+    let req = p.publish_request(&volume_id_for(&target), &target);
+    agent.node().await.node_publish_volume(req).await?;
+    Ok(target)
+}
+
+fn read(target: &Path, file: &str) -> Vec<u8> {
+    std::fs::read(target.join(file)).unwrap()
+}
+
+fn assert_no_leak(agent: &Agent, text: &str) {
+    let log = agent.log_text();
+    for secret in [DB_PASSWORD, API_KEY, VAULT_TOKEN, OTHER_TOKEN, PARAMETER] {
+        assert!(!text.contains(secret), "a status leaks {secret:?}: {text}");
+        assert!(!log.contains(secret), "the agent log leaks {secret:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_tokens() {
+    let s = setup().await;
+    let t = publish(&s.agent, "app", "web", "pick").await.unwrap();
+    assert_eq!(read(&t, "password"), DB_PASSWORD.as_bytes());
+    assert!(!t.join("api").exists() && !t.join("db").exists());
+
+    let calls = s.provider.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = &calls[0];
+    assert_eq!(call["audiences"], serde_json::json!(["vault"]), "{call}");
+    assert_eq!(
+        call["keys"],
+        serde_json::json!([
+            "csi.storage.k8s.io/pod.name",
+            "csi.storage.k8s.io/pod.namespace",
+            "csi.storage.k8s.io/pod.uid",
+            "csi.storage.k8s.io/serviceAccount.name",
+            "csi.storage.k8s.io/serviceAccount.tokens",
+            "marker",
+        ]),
+        "exactly the parameters and the driver's pod attributes: {call}"
+    );
+    let uid = PodVolume::new("shop", "app", "pick").pod_uid;
+    assert_eq!(call["pod"], format!("shop/app/{uid}/web"));
+    assert_eq!(call["permission"], "420");
+    assert_eq!(call["secrets"], "{}");
+    assert_eq!(
+        call["target"],
+        latchkey::providers::secrets_store_csi::TARGET_PATH
+    );
+    assert!(!Path::new(latchkey::providers::secrets_store_csi::TARGET_PATH).exists());
+    assert_eq!(
+        call["versions"],
+        serde_json::json!([]),
+        "nothing mounted yet"
+    );
+    assert_no_leak(&s.agent, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_mounts_every_file_and_a_missing_path_is_not_found() {
+    let s = setup().await;
+    let t = publish(&s.agent, "all", "web", "all").await.unwrap();
+    assert_eq!(read(&t, "db/password"), DB_PASSWORD.as_bytes());
+    assert_eq!(read(&t, "db/user"), b"shop");
+    assert_eq!(read(&t, "api"), API_KEY.as_bytes());
+    // Modes are the ExternalSecret's (default 0444), never the provider's.
+    let mode = std::fs::metadata(t.join("db/password"))
+        .unwrap()
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
+        0o444
+    );
+
+    let err = publish(&s.agent, "missing", "other", "missing")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("\"nope\""), "{:?}", err.message());
+    assert_no_leak(&s.agent, err.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_versions_are_sent_back_on_refresh() {
+    let s = setup().await;
+    let t = publish(&s.agent, "app", "web", "pick").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    publish(&s.agent, "app", "web", "pick").await.unwrap();
+    assert_eq!(read(&t, "password"), DB_PASSWORD.as_bytes());
+    let calls = s.provider.calls();
+    assert_eq!(calls.len(), 2, "the refresh is a second Mount: {calls:?}");
+    let sent = calls[1]["versions"].as_array().unwrap();
+    let ids: Vec<&str> = sent
+        .iter()
+        .map(|v| v.as_str().unwrap().split('=').next().unwrap())
+        .collect();
+    assert_eq!(ids, ["api", "db/password", "db/user"], "{sent:?}");
+    assert_no_leak(&s.agent, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_paths_provider_errors_and_providers_writing_files_are_refused() {
+    let s = setup().await;
+    let cases: [(&str, Code, &[&str]); 7] = [
+        ("dotdot", Code::Unavailable, &["unusable path", "\"../x\""]),
+        (
+            "absolute",
+            Code::Unavailable,
+            &["unusable path", "\"/abs\""],
+        ),
+        (
+            "empty-segment",
+            Code::Unavailable,
+            &["unusable path", "\"a//b\""],
+        ),
+        (
+            "failing",
+            Code::Unavailable,
+            &["error code \"KeyVaultAccessDenied\""],
+        ),
+        (
+            "old",
+            Code::FailedPrecondition,
+            &["wrote its files itself", "driver-written files"],
+        ),
+        ("link", Code::FailedPrecondition, &["symbolic link"]),
+        (
+            "absent",
+            Code::Unavailable,
+            &["no socket at", "absent.sock"],
+        ),
+    ];
+    for (name, code, wants) in cases {
+        // One service account each: a transient failure makes that identity back off.
+        let err = publish(&s.agent, name, name, name).await.unwrap_err();
+        assert_eq!(err.code(), code, "{name}: {err:?}");
+        let message = err.message();
+        let store = format!("SecretStore \"{name}\"");
+        for want in wants
+            .iter()
+            .copied()
+            .chain([store.as_str(), "secretsStoreCSI provider"])
+        {
+            assert!(message.contains(want), "{name}: {message:?} lacks {want:?}");
+        }
+        assert!(!message.contains("hostile"), "{name}: {message:?}");
+        assert_no_leak(&s.agent, message);
+    }
+    // The link points outside the directory: never followed, never connected to; the other
+    // stores each made one call.
+    let accepted = tokio::time::timeout(Duration::from_millis(200), s.outside.accept()).await;
+    assert!(
+        accepted.is_err(),
+        "the agent connected through a symbolic link"
+    );
+    assert_eq!(s.provider.calls().len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_storm_makes_one_mount_call() {
+    let s = setup().await;
+    let mut tasks = Vec::new();
+    for pod in 0..200 {
+        let target = s.agent.target(&format!("storm-{pod}"));
+        let mut p = PodVolume::new("shop", &format!("storm-{pod}"), "storm");
+        p.tokens_json = Some(tokens());
+        let req = p.publish_request(&volume_id_for(&target), &target);
+        let mut node = s.agent.node().await;
+        tasks.push(tokio::spawn(async move {
+            node.node_publish_volume(req).await.map(|_| target)
+        }));
+    }
+    for t in tasks {
+        let target = t.await.unwrap().unwrap();
+        assert_eq!(read(&target, "password"), DB_PASSWORD.as_bytes());
+        assert_eq!(read(&target, "api"), API_KEY.as_bytes());
+    }
+    assert_eq!(
+        s.provider.calls().len(),
+        1,
+        "200 pods, two keys of one store: one Mount call"
+    );
+    assert!(
+        s.agent
+            .metric(
+                "latchkey_backend_requests_total{provider=\"secretsStoreCSI\",operation=\"get\",result=\"success\"}"
+            )
+            .await
+            == 2.0
+    );
+    assert_no_leak(&s.agent, "");
+}
