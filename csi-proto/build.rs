@@ -2,7 +2,8 @@
 //! `proto/csi.proto`, and the External Secret Store plugin protocol
 //! (`ess.proto.v1alpha1`) from `proto/ess.proto`, and the Secrets Store CSI
 //! Driver's provider protocol (`v1alpha1`) from
-//! `proto/secrets_store_provider.proto`.
+//! `proto/secrets_store_provider.proto`, and Latchkey's own plugin protocol
+//! (`latchkey.plugin.v1`) from `proto/latchkey_plugin.proto`.
 //!
 //! Messages that carry credentials get no derived `Debug`; `src/redact.rs`
 //! implements a redacting one instead. The list is derived from the proto
@@ -10,7 +11,8 @@
 //! `NodePublishVolumeRequest`, whose `volume_context` carries service account
 //! tokens; in ess.proto every message with a `bytes` field, which carries secret
 //! values; in the provider protocol `MountRequest`, whose `attributes` carry
-//! tokens and `secrets` credentials, and `File`, whose `contents` is a value)
+//! tokens and `secrets` credentials, and `File`, whose `contents` is a value;
+//! in latchkey_plugin.proto every message with a `bytes` field plus `Token`)
 //! and written to `$OUT_DIR/redacted_types.rs` so the crate's tests can
 //! check that each of them has a hand-written impl.
 
@@ -19,6 +21,9 @@ use std::{env, fs, io, path::PathBuf};
 const PROTO: &str = "proto/csi.proto";
 const ESS_PROTO: &str = "proto/ess.proto";
 const SSCSI_PROTO: &str = "proto/secrets_store_provider.proto";
+const LATCHKEY_PROTO: &str = "proto/latchkey_plugin.proto";
+/// latchkey.plugin.v1 messages that carry a token (besides those with `bytes` fields).
+const LATCHKEY_TOKEN_MESSAGES: [&str; 1] = ["Token"];
 /// Provider-protocol messages that carry tokens, credentials or values.
 const SSCSI_REDACTED: [&str; 2] = ["File", "MountRequest"];
 
@@ -26,6 +31,7 @@ fn main() -> io::Result<()> {
     println!("cargo:rerun-if-changed={PROTO}");
     println!("cargo:rerun-if-changed={ESS_PROTO}");
     println!("cargo:rerun-if-changed={SSCSI_PROTO}");
+    println!("cargo:rerun-if-changed={LATCHKEY_PROTO}");
     println!("cargo:rerun-if-changed=build.rs");
 
     let protoc = protoc_bin_vendored::protoc_bin_path().map_err(io::Error::other)?;
@@ -42,6 +48,11 @@ fn main() -> io::Result<()> {
     let mut ess_redacted = bytes_messages(&fs::read_to_string(ESS_PROTO)?);
     ess_redacted.sort();
 
+    let mut latchkey_redacted = bytes_messages(&fs::read_to_string(LATCHKEY_PROTO)?);
+    latchkey_redacted.extend(LATCHKEY_TOKEN_MESSAGES.map(String::from));
+    latchkey_redacted.sort();
+    latchkey_redacted.dedup();
+
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let list =
         |names: &[String]| -> String { names.iter().map(|m| format!("    \"{m}\",\n")).collect() };
@@ -50,10 +61,12 @@ fn main() -> io::Result<()> {
         format!(
             "/// Messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG: &[&str] = &[\n{}];\n\
              /// ess.proto messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_ESS: &[&str] = &[\n{}];\n\
-             /// Provider-protocol messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_SSCSI: &[&str] = &[\n{}];\n",
+             /// Provider-protocol messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_SSCSI: &[&str] = &[\n{}];\n\
+             /// latchkey.plugin.v1 messages built without a derived `Debug`.\npub(crate) const SKIP_DEBUG_LATCHKEY: &[&str] = &[\n{}];\n",
             list(&redacted),
             list(&ess_redacted),
             list(&SSCSI_REDACTED.map(String::from)),
+            list(&latchkey_redacted),
         ),
     )?;
 
@@ -67,7 +80,12 @@ fn main() -> io::Result<()> {
                 ess_redacted
                     .iter()
                     .map(|m| format!(".ess.proto.v1alpha1.{m}"))
-                    .chain(SSCSI_REDACTED.iter().map(|m| format!(".v1alpha1.{m}"))),
+                    .chain(SSCSI_REDACTED.iter().map(|m| format!(".v1alpha1.{m}")))
+                    .chain(
+                        latchkey_redacted
+                            .iter()
+                            .map(|m| format!(".latchkey.plugin.v1.{m}")),
+                    ),
             ),
         )
         .compile_protos(
@@ -75,12 +93,13 @@ fn main() -> io::Result<()> {
                 PathBuf::from(PROTO),
                 PathBuf::from(ESS_PROTO),
                 PathBuf::from(SSCSI_PROTO),
+                PathBuf::from(LATCHKEY_PROTO),
             ],
             &[PathBuf::from("proto"), wkt_include],
         )
 }
 
-/// Messages of ess.proto with a `bytes` field (a scalar or a map value): these
+/// Messages of ess.proto (or latchkey_plugin.proto) with a `bytes` field (a scalar or a map value): these
 /// carry secret values. Its messages are flat, one field a line.
 fn bytes_messages(proto: &str) -> Vec<String> {
     let mut current: Option<&str> = None;

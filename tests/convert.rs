@@ -55,7 +55,13 @@ const CASES: &[Case] = &[
         name: "spc-azure",
         args: &["spc-azure.input.yaml"],
         stdin: None,
-        code: 1,
+        code: 0,
+    },
+    Case {
+        name: "spc-gcp",
+        args: &["spc-gcp.input.yaml"],
+        stdin: None,
+        code: 0,
     },
     Case {
         name: "eso-external-secret-v1",

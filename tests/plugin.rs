@@ -1,7 +1,9 @@
 //! End to end with a real secret-store plugin: the `latchkey node` binary, the `plugin-file`
-//! example (ess.proto.v1alpha1) on a real unix socket, real tmpfs mounts. Values, properties,
-//! extract, every error a plugin can cause (not found, denied, slow, crashed, oversize, garbage),
-//! the socket directory rule, the mount storm, and that no value reaches a log or a status.
+//! example on a real unix socket (latchkey.plugin.v1, or ess.proto.v1alpha1 only) and on TCP with
+//! mutual TLS, real tmpfs mounts. Values, properties, extract, find, versions, the caller's
+//! identity with only the listed audience's token, every error a plugin can cause (not found,
+//! denied, slow, crashed, oversize, garbage, refused certificates), the socket directory rule,
+//! the mount storm, and that no value or token reaches a log or a status.
 
 mod support;
 
@@ -16,6 +18,12 @@ use tonic::Code;
 const DB_PASSWORD: &str = "plugin-db-password-e2e-7731";
 const API_KEY: &str = "plugin-api-key-e2e-9154";
 const BINARY: &[u8] = &[0xff, 0xfe, 0x00, 0x42, 0x80];
+const OLD_API_KEY: &str = "plugin-old-api-key-e2e-4410";
+const TEAM_A: &str = "plugin-team-a-e2e-5120";
+const TEAM_B: &str = "plugin-team-b-e2e-6231";
+/// The pod's tokens: the plugin's audience, and one it must never get.
+const PLUGIN_TOKEN: &str = "eyJhbGciOiJub25lIn0.plugin-audience-token-e2e-8812";
+const OTHER_TOKEN: &str = "eyJhbGciOiJub25lIn0.other-audience-token-e2e-9923";
 
 /// The example plugin, built by Cargo with this test (`[[example]]` of the agent crate).
 fn plugin_binary() -> PathBuf {
@@ -52,6 +60,12 @@ struct Plugin {
 
 impl Plugin {
     async fn start() -> Self {
+        Self::start_with(&[], None).await
+    }
+
+    /// A plugin with `extra` flags, on TCP `listen` (a `host:port`, with its TLS flags in
+    /// `extra`) instead of the socket when given.
+    async fn start_with(extra: &[&str], listen: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket_dir = dir.path().join("plugins");
         let data = dir.path().join("data");
@@ -65,12 +79,21 @@ impl Plugin {
         std::fs::write(data.join("api"), API_KEY).unwrap();
         std::fs::write(data.join("nested/api"), API_KEY).unwrap();
         std::fs::write(data.join("bin"), BINARY).unwrap();
+        // Version v1 of `api` (the plugin's `<name>@<version>` convention), and two of a kind
+        // for `dataFrom.find`.
+        std::fs::write(data.join("api@v1"), OLD_API_KEY).unwrap();
+        std::fs::write(data.join("team-a"), TEAM_A).unwrap();
+        std::fs::write(data.join("team-b"), TEAM_B).unwrap();
         let socket = socket_dir.join("files.sock");
         let calls = dir.path().join("calls.log");
         let crash_file = dir.path().join("crash");
-        let child = Command::new(plugin_binary())
-            .arg("--socket")
-            .arg(&socket)
+        let mut command = Command::new(plugin_binary());
+        match listen {
+            Some(address) => command.args(["--listen", address]),
+            None => command.arg("--socket").arg(&socket),
+        };
+        let child = command
+            .args(extra)
             .arg("--dir")
             .arg(&data)
             .arg("--calls")
@@ -83,7 +106,14 @@ impl Plugin {
             .spawn()
             .expect("start plugin-file");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
+        loop {
+            let up = match listen {
+                Some(address) => tokio::net::TcpStream::connect(address).await.is_ok(),
+                None => socket.exists(),
+            };
+            if up {
+                break;
+            }
             assert!(Instant::now() < deadline, "plugin-file did not listen");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -421,4 +451,314 @@ async fn a_mount_storm_makes_one_plugin_call() {
             == 1.0
     );
     assert_no_leak(&s.agent, "");
+}
+
+/// Publishes `external_secret` for a pod with `tokens_json` (kubelet's tokens value).
+async fn publish_with_tokens(
+    agent: &Agent,
+    pod: &str,
+    external_secret: &str,
+    tokens_json: &str,
+) -> Result<PathBuf, tonic::Status> {
+    let target = agent.target(pod);
+    let mut p = PodVolume::new("shop", pod, external_secret);
+    p.service_account = "web".into();
+    p.tokens_json = Some(tokens_json.into());
+    let req = p.publish_request(&volume_id_for(&target), &target);
+    agent.node().await.node_publish_volume(req).await?;
+    Ok(target)
+}
+
+fn text(target: &Path, file: &str) -> String {
+    String::from_utf8(read(target, file)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latchkey_plugin_v1_passes_identity_with_only_the_listed_token_finds_and_reads_versions() {
+    require_root();
+    let plugin = Plugin::start_with(&[], None).await;
+    let ep = plugin.endpoint();
+    let mut m = store("ident", &ep, "      audiences: [plugin.example]\n");
+    m += &store("plain", &ep, "");
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: whoami, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: ident}\n  dataFrom:\n  - extract: {key: whoami/me}\n";
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: found, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: plain}\n  dataFrom:\n  - find: {name: {regexp: \"^team-\"}}\n";
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: versions, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: plain}\n  data:\n  - {secretKey: old, remoteRef: {key: api, version: v1, property: value}}\n  \
+          - {secretKey: current, remoteRef: {key: api, property: value}}\n";
+    let dir = plugin.socket_dir.display().to_string();
+    let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
+    let tokens = format!(
+        r#"{{"plugin.example":{{"token":"{PLUGIN_TOKEN}","expirationTimestamp":"2030-01-01T00:00:00Z"}},"other":{{"token":"{OTHER_TOKEN}"}}}}"#
+    );
+
+    let t = publish_with_tokens(&agent, "web-0", "whoami", &tokens)
+        .await
+        .unwrap();
+    assert_eq!(text(&t, "namespace"), "shop");
+    assert_eq!(text(&t, "pod"), "web-0");
+    assert_eq!(text(&t, "serviceAccount"), "web");
+    assert_eq!(
+        text(&t, "audiences"),
+        "plugin.example",
+        "only the listed audience"
+    );
+    assert_eq!(text(&t, "token.plugin.example"), PLUGIN_TOKEN);
+    assert!(
+        !t.join("token.other").exists(),
+        "a token of another audience reached the plugin"
+    );
+
+    let t = publish_with_tokens(&agent, "web-1", "found", &tokens)
+        .await
+        .unwrap();
+    let a: serde_json::Value = serde_json::from_slice(&read(&t, "team-a")).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&read(&t, "team-b")).unwrap();
+    assert_eq!(
+        (a["value"].as_str(), b["value"].as_str()),
+        (Some(TEAM_A), Some(TEAM_B))
+    );
+    assert!(
+        !t.join("api").exists(),
+        "find returned a name outside its regexp"
+    );
+
+    let t = publish_with_tokens(&agent, "web-2", "versions", &tokens)
+        .await
+        .unwrap();
+    assert_eq!(text(&t, "old"), OLD_API_KEY);
+    assert_eq!(text(&t, "current"), API_KEY);
+
+    let calls = std::fs::read_to_string(&plugin.calls).unwrap();
+    assert!(
+        calls.contains("GetSecret \"whoami/me\"") || calls.contains("GetSecret whoami/me"),
+        "{calls}"
+    );
+    assert!(
+        calls.contains("caller=shop/web pod=web-0 audiences=[plugin.example]"),
+        "{calls}"
+    );
+    assert!(calls.contains("ListSecrets path= regexp=^team-"), "{calls}");
+    assert!(calls.contains("version=v1"), "{calls}");
+    let log = agent.log_text();
+    for secret in [
+        PLUGIN_TOKEN,
+        OTHER_TOKEN,
+        API_KEY,
+        OLD_API_KEY,
+        TEAM_A,
+        TEAM_B,
+    ] {
+        assert!(
+            !log.contains(secret),
+            "the agent log leaks a token or value"
+        );
+        assert!(
+            !calls.contains(secret),
+            "the call record holds a token or value"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ess_only_plugin_is_called_with_ess_after_the_handshake_fails() {
+    require_root();
+    let plugin = Plugin::start_with(&["--ess-only"], None).await;
+    let ep = plugin.endpoint();
+    let mut m = store("ess", &ep, "");
+    m += &store("ident", &ep, "      audiences: [plugin.example]\n");
+    m += &es("value", "ess", "db", "password");
+    m += &es("ident", "ident", "db", "password");
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: found, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: ess}\n  dataFrom:\n  - find: {name: {regexp: \"^team-\"}}\n";
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: versioned, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: ess}\n  data:\n  - {secretKey: old, remoteRef: {key: api, version: v1}}\n";
+    let dir = plugin.socket_dir.display().to_string();
+    let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
+    let t = publish(&agent, "a", "a", "value").await.unwrap();
+    assert_eq!(read(&t, "value"), DB_PASSWORD.as_bytes());
+    for (es, wants) in [
+        ("found", "cannot list secrets"),
+        ("versioned", "remoteRef.version is not available"),
+        ("ident", "plugin.audiences"),
+    ] {
+        let err = publish(&agent, es, es, es).await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{es}: {err:?}");
+        assert!(
+            err.message().contains(wants),
+            "{es}: {:?} lacks {wants:?}",
+            err.message()
+        );
+    }
+    assert_no_leak(&agent, "");
+}
+
+/// A CA and the certificates it signs, in PEM.
+struct Pki {
+    ca: String,
+    ca_key: rcgen::KeyPair,
+    ca_params: rcgen::CertificateParams,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca_cert = params.self_signed(&ca_key).unwrap();
+        Self {
+            ca: ca_cert.pem(),
+            ca_key,
+            ca_params: params,
+        }
+    }
+
+    /// A certificate for `names` and its key (PEM).
+    fn issue(&self, names: &[&str]) -> (String, String) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let params = rcgen::CertificateParams::new(names).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `kubernetes.io/tls` Secret `name` in `shop`.
+fn tls_secret(name: &str, cert: &str, key: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: shop}}\ntype: kubernetes.io/tls\n\
+         stringData:\n  tls.crt: {cert:?}\n  tls.key: {key:?}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_over_tcp_works_and_refuses_wrong_certificates() {
+    require_root();
+    latchkey::tls::install_crypto_provider();
+    let pki = Pki::new("plugin test CA");
+    let rogue = Pki::new("rogue CA");
+    let (server_cert, server_key) = pki.issue(&["127.0.0.1", "localhost"]);
+    let (client_cert, client_key) = pki.issue(&["latchkey-agent"]);
+    let (rogue_cert, rogue_key) = rogue.issue(&["latchkey-agent"]);
+    let certs = tempfile::tempdir().unwrap();
+    let write = |name: &str, pem: &str| {
+        let path = certs.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let (cert_path, key_path, ca_path) = (
+        write("server.crt", &server_cert),
+        write("server.key", &server_key),
+        write("ca.crt", &pki.ca),
+    );
+    let address = format!("127.0.0.1:{}", free_port());
+    let plugin = Plugin::start_with(
+        &[
+            "--tls-cert",
+            &cert_path,
+            "--tls-key",
+            &key_path,
+            "--client-ca",
+            &ca_path,
+        ],
+        Some(&address),
+    )
+    .await;
+    let tls = |ca: &str, secret: &str| {
+        format!(
+            "      tls:\n        caBundle: {ca:?}\n        clientCertSecretRef: {{name: {secret}}}\n"
+        )
+    };
+    let mut m = store("good", &address, &tls(&pki.ca, "client"));
+    m += &store("wrong-client", &address, &tls(&pki.ca, "rogue"));
+    m += &store("wrong-ca", &address, &tls(&rogue.ca, "client"));
+    m += &store(
+        "no-client",
+        &address,
+        &format!("      tls: {{caBundle: {:?}}}\n", pki.ca),
+    );
+    m += &tls_secret("client", &client_cert, &client_key);
+    m += &tls_secret("rogue", &rogue_cert, &rogue_key);
+    for name in ["good", "wrong-client", "wrong-ca", "no-client"] {
+        m += &es(name, name, "api", "value");
+    }
+    let dir = plugin.socket_dir.display().to_string();
+    let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
+
+    let t = publish(&agent, "good", "good", "good").await.unwrap();
+    assert_eq!(read(&t, "value"), API_KEY.as_bytes());
+
+    for (name, code, wants) in [
+        (
+            "wrong-client",
+            Code::PermissionDenied,
+            "the plugin refused the connection",
+        ),
+        (
+            "no-client",
+            Code::PermissionDenied,
+            "the plugin refused the connection",
+        ),
+        ("wrong-ca", Code::Unavailable, "certificate is not trusted"),
+    ] {
+        let err = publish(&agent, name, name, name).await.unwrap_err();
+        assert_eq!(err.code(), code, "{name}: {err:?}");
+        for want in [wants, address.as_str()] {
+            assert!(
+                err.message().contains(want),
+                "{name}: {:?} lacks {want:?}",
+                err.message()
+            );
+        }
+        for key in [&client_key, &rogue_key] {
+            let body = key.lines().nth(1).unwrap();
+            assert!(!err.message().contains(body), "a private key in a status");
+            assert!(!agent.log_text().contains(body), "a private key in the log");
+        }
+        assert_no_leak(&agent, err.message());
+    }
+    // Only the good connection reached the service.
+    assert_eq!(plugin.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_authorizes_on_the_callers_namespace() {
+    require_root();
+    let allow = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(allow.path(), r#"{"shop": ["team-"], "billing": ["db"]}"#).unwrap();
+    let allow_path = allow.path().display().to_string();
+    let plugin = Plugin::start_with(&["--allow", &allow_path], None).await;
+    let ep = plugin.endpoint();
+    let mut m = store("files", &ep, "");
+    m += &es("mine", "files", "team-a", "value");
+    m += &es("theirs", "files", "db", "password");
+    let dir = plugin.socket_dir.display().to_string();
+    let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
+    let t = publish(&agent, "mine", "mine", "mine").await.unwrap();
+    assert_eq!(read(&t, "value"), TEAM_A.as_bytes());
+    let err = publish(&agent, "theirs", "theirs", "theirs")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message()
+            .contains(r#"namespace "shop" may not read "db""#),
+        "{}",
+        err.message()
+    );
+    assert_no_leak(&agent, err.message());
 }

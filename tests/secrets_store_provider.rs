@@ -1,12 +1,14 @@
 //! End to end with a Secrets Store CSI Driver provider: the `latchkey node` binary, the
 //! `secrets-store-provider` example (`v1alpha1.CSIDriverProvider`) on a real unix socket in the
 //! agent's `--secrets-store-provider-dir`, real tmpfs mounts. Files picked by path and renamed,
-//! every file mounted, hostile paths, provider errors, providers that write files themselves,
-//! object versions sent back, tokens for the listed audiences only, the socket rules, the mount
-//! storm, and that no value, token or attribute reaches a log or a status.
+//! every file mounted with the provider's modes made safe (unless the ExternalSecret sets its
+//! own), hostile paths, provider errors, providers that write files themselves, object versions
+//! sent back, tokens for the listed audiences only, the socket rules, the mount storms (gets and
+//! finds), and that no value, token or attribute reaches a log or a status.
 
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -59,6 +61,14 @@ impl Provider {
         std::fs::write(data.join("db/password"), DB_PASSWORD).unwrap();
         std::fs::write(data.join("api"), API_KEY).unwrap();
         std::fs::write(data.join("db/user"), "shop").unwrap();
+        // Modes the provider sends as they are: Latchkey must keep only read and execute bits.
+        let chmod = |file: &str, mode: u32| {
+            std::fs::set_permissions(data.join(file), std::fs::Permissions::from_mode(mode))
+                .unwrap()
+        };
+        chmod("db/password", 0o600);
+        chmod("api", 0o4755);
+        chmod("db/user", 0o664);
         let socket = dir.join("files.sock");
         let calls = scratch.path().join("calls.jsonl");
         let child = Command::new(provider_binary())
@@ -137,6 +147,13 @@ fn manifests() -> String {
         "  refreshInterval: 200ms\n  data: [{secretKey: password, remoteRef: {key: db/password}}]\n",
     );
     out += &es("all", "files", ALL);
+    // 0o440: the ExternalSecret's defaultMode, which wins over the provider's modes.
+    out += &es(
+        "pinned",
+        "files",
+        &format!("{ALL}  target: {{files: {{defaultMode: 288}}}}\n"),
+    );
+    out += &es("storm-find", "slow", ALL);
     out += &es(
         "storm",
         "slow",
@@ -220,6 +237,14 @@ fn read(target: &Path, file: &str) -> Vec<u8> {
     std::fs::read(target.join(file)).unwrap()
 }
 
+fn mode(target: &Path, file: &str) -> u32 {
+    std::fs::metadata(target.join(file))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
 fn assert_no_leak(agent: &Agent, text: &str) {
     let log = agent.log_text();
     for secret in [DB_PASSWORD, API_KEY, VAULT_TOKEN, OTHER_TOKEN, PARAMETER] {
@@ -234,6 +259,11 @@ async fn a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_to
     let t = publish(&s.agent, "app", "web", "pick").await.unwrap();
     assert_eq!(read(&t, "password"), DB_PASSWORD.as_bytes());
     assert!(!t.join("api").exists() && !t.join("db").exists());
+    assert_eq!(
+        mode(&t, "password"),
+        0o400,
+        "the provider's 0600, made read-only"
+    );
 
     let calls = s.provider.calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
@@ -275,14 +305,18 @@ async fn find_mounts_every_file_and_a_missing_path_is_not_found() {
     assert_eq!(read(&t, "db/password"), DB_PASSWORD.as_bytes());
     assert_eq!(read(&t, "db/user"), b"shop");
     assert_eq!(read(&t, "api"), API_KEY.as_bytes());
-    // Modes are the ExternalSecret's (default 0444), never the provider's.
-    let mode = std::fs::metadata(t.join("db/password"))
-        .unwrap()
-        .permissions();
-    assert_eq!(
-        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
-        0o444
-    );
+    // The provider's modes, with setuid, setgid, sticky and write bits stripped.
+    assert_eq!(mode(&t, "db/password"), 0o400, "0600");
+    assert_eq!(mode(&t, "api"), 0o555, "04755");
+    assert_eq!(mode(&t, "db/user"), 0o444, "0664");
+
+    // The ExternalSecret's own mode wins over the provider's.
+    let t = publish(&s.agent, "pinned", "pinned", "pinned")
+        .await
+        .unwrap();
+    for file in ["db/password", "api", "db/user"] {
+        assert_eq!(mode(&t, file), 0o440, "{file}");
+    }
 
     let err = publish(&s.agent, "missing", "other", "missing")
         .await
@@ -399,6 +433,31 @@ async fn a_mount_storm_makes_one_mount_call() {
             )
             .await
             == 2.0
+    );
+
+    // Finds are not in the shared value cache: the provider shares its Mount instead.
+    let mut tasks = Vec::new();
+    for pod in 0..200 {
+        let name = format!("finder-{pod}");
+        let target = s.agent.target(&name);
+        let mut p = PodVolume::new("shop", &name, "storm-find");
+        p.service_account = "finder".into();
+        p.tokens_json = Some(tokens());
+        let req = p.publish_request(&volume_id_for(&target), &target);
+        let mut node = s.agent.node().await;
+        tasks.push(tokio::spawn(async move {
+            node.node_publish_volume(req).await.map(|_| target)
+        }));
+    }
+    for t in tasks {
+        let target = t.await.unwrap().unwrap();
+        assert_eq!(read(&target, "db/password"), DB_PASSWORD.as_bytes());
+        assert_eq!(mode(&target, "api"), 0o555);
+    }
+    assert_eq!(
+        s.provider.calls().len(),
+        2,
+        "200 more pods, dataFrom.find on one store as one service account: one more Mount call"
     );
     assert_no_leak(&s.agent, "");
 }

@@ -11,6 +11,8 @@
 //! plugins: see [`ess`]. And the Secrets Store CSI Driver's provider protocol
 //! (`v1alpha1.CSIDriverProvider`, from `proto/secrets_store_provider.proto`),
 //! which Latchkey speaks to that driver's provider pods: see [`secrets_store`].
+//! And Latchkey's own plugin protocol (`latchkey.plugin.v1`, from
+//! `proto/latchkey_plugin.proto`): see [`latchkey_plugin`].
 
 /// Generated CSI v1 messages, servers (`*_server`) and clients (`*_client`).
 #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -34,6 +36,20 @@ pub mod secrets_store {
     pub mod v1alpha1 {
         tonic::include_proto!("v1alpha1");
     }
+}
+
+/// Latchkey's own secret-store plugin protocol: identity, listing, versions, handshake.
+pub mod latchkey_plugin {
+    /// Generated `latchkey.plugin.v1` messages, server and client.
+    #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    pub mod v1 {
+        tonic::include_proto!("latchkey.plugin.v1");
+    }
+
+    /// Full name of the `latchkey.plugin.v1` service, as a `VersionResponse` lists it.
+    pub const SERVICE: &str = "latchkey.plugin.v1.SecretStorePlugin";
+    /// Full name of the ESS service, as a `VersionResponse` lists it.
+    pub const ESS_SERVICE: &str = "ess.proto.v1alpha1.ExternalSecretStorePluginService";
 }
 
 pub mod redact;

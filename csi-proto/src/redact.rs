@@ -15,11 +15,17 @@
 //! `attributes` (pod tokens inside a JSON string) and `secrets` whole, `File`
 //! its `contents`; `MountResponse` keeps its derived `Debug`, which prints each
 //! `File` through the redacting one.
+//!
+//! And Latchkey's own plugin protocol (`latchkey.plugin.v1`): `Token` hides its
+//! JWT, `GetSecretResponse` and `SecretEntry` show only the names of their
+//! `data` entries. `Caller` and the requests keep their derived `Debug`, which
+//! prints each `Token` through the redacting one.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use crate::ess::v1alpha1 as ess;
+use crate::latchkey_plugin::v1 as lk;
 use crate::secrets_store::v1alpha1 as sscsi;
 use crate::v1;
 
@@ -123,6 +129,54 @@ impl fmt::Debug for sscsi::File {
 /// Provider-protocol messages with a hand-written `Debug` in this module.
 #[cfg(test)]
 const IMPLEMENTED_SSCSI: &[&str] = &["File", "MountRequest"];
+
+/// Hand-written: `token` is a pod's service-account JWT; only its length is shown.
+impl fmt::Debug for lk::Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lk::Token {
+            audience,
+            token,
+            expiration_timestamp,
+        } = self;
+        f.debug_struct("Token")
+            .field("audience", audience)
+            .field("token", &Redacted)
+            .field("token_len", &token.len())
+            .field("expiration_timestamp", expiration_timestamp)
+            .finish()
+    }
+}
+
+/// Hand-written: `data` holds secret values (shown as sorted key names only).
+impl fmt::Debug for lk::GetSecretResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lk::GetSecretResponse { data, version } = self;
+        f.debug_struct("GetSecretResponse")
+            .field("data", &KeysOnly(data))
+            .field("version", version)
+            .finish()
+    }
+}
+
+/// Hand-written: `data` holds secret values (shown as sorted key names only).
+impl fmt::Debug for lk::SecretEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lk::SecretEntry {
+            name,
+            data,
+            version,
+        } = self;
+        f.debug_struct("SecretEntry")
+            .field("name", name)
+            .field("data", &KeysOnly(data))
+            .field("version", version)
+            .finish()
+    }
+}
+
+/// latchkey.plugin.v1 messages with a hand-written `Debug` in this module.
+#[cfg(test)]
+const IMPLEMENTED_LATCHKEY: &[&str] = &["GetSecretResponse", "SecretEntry", "Token"];
 
 /// A `volume_context` map: sorted entries, the token value redacted.
 struct ContextMap<'a>(&'a HashMap<String, String>);
@@ -340,6 +394,81 @@ mod tests {
         let mut implemented = IMPLEMENTED_SSCSI.to_vec();
         implemented.sort_unstable();
         assert_eq!(implemented, SKIP_DEBUG_SSCSI);
+        let mut implemented = IMPLEMENTED_LATCHKEY.to_vec();
+        implemented.sort_unstable();
+        assert_eq!(implemented, SKIP_DEBUG_LATCHKEY);
+    }
+
+    fn lk_data() -> HashMap<String, Vec<u8>> {
+        [
+            ("password".to_string(), b"hunter2".to_vec()),
+            ("username".to_string(), b"s3cr3t-user".to_vec()),
+        ]
+        .into()
+    }
+
+    #[test]
+    fn latchkey_plugin_messages_hide_tokens_and_values() {
+        let caller = lk::Caller {
+            namespace: "shop".into(),
+            pod_name: "web-0".into(),
+            service_account: "web".into(),
+            tokens: vec![lk::Token {
+                audience: "vault".into(),
+                token: "eyJhbGciOiJSUzI1NiJ9.tok".into(),
+                expiration_timestamp: "2030-01-01T00:00:00Z".into(),
+            }],
+            pod_uid: "uid-1".into(),
+        };
+        let config = lk::ConfigReference {
+            api_version: "v1".into(),
+            kind: "FileConfig".into(),
+            name: "main".into(),
+        };
+        let visible = [
+            "shop",
+            "web-0",
+            "\"vault\"",
+            "2030-01-01T00:00:00Z",
+            "token_len: 24",
+        ];
+        check(&caller, &visible);
+        check(
+            &lk::GetSecretRequest {
+                config: Some(config.clone()),
+                caller: Some(caller.clone()),
+                name: "team/db".into(),
+                version: "v3".into(),
+            },
+            &["FileConfig", "team/db", "v3", "\"vault\""],
+        );
+        check(
+            &lk::ListSecretsRequest {
+                config: Some(config),
+                caller: Some(caller),
+                path: "team/".into(),
+                name_regexp: "db.*".into(),
+                max_results: 501,
+            },
+            &["team/", "db.*", "501"],
+        );
+        check(
+            &lk::GetSecretResponse {
+                data: lk_data(),
+                version: "v3".into(),
+            },
+            &["\"password\"", "\"username\"", "v3"],
+        );
+        check(
+            &lk::ListSecretsResponse {
+                secrets: vec![lk::SecretEntry {
+                    name: "team/db".into(),
+                    data: lk_data(),
+                    version: "v9".into(),
+                }],
+            },
+            &["team/db", "\"password\"", "v9"],
+        );
     }
 
     #[test]

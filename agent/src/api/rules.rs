@@ -204,6 +204,9 @@ pub const SECRETS_STORE_PROVIDER: Pattern = Pattern {
 /// `maxItems` of `spec.provider.secretsStoreCSI.audiences`.
 pub const MAX_AUDIENCES: usize = 8;
 
+/// `maxLength` of `spec.provider.plugin.tls.caBundle`: a few CA certificates.
+pub const MAX_CA_BUNDLE_LEN: usize = 64 * 1024;
+
 /// `maxLength` of `spec.provider.plugin.endpoint`: a socket path or `host:port` is far shorter.
 pub const MAX_PLUGIN_ENDPOINT_LEN: usize = 512;
 

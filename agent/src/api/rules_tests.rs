@@ -989,6 +989,15 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             Expect::Valid,
         ),
         (
+            "plugin over TCP with mutual TLS and audiences",
+            json!({"fake": null, "plugin": {
+                "endpoint": "plugin.secrets.svc:4000",
+                "audiences": ["plugin.example"],
+                "tls": {"caBundle": "-----BEGIN CERTIFICATE-----", "clientCertSecretRef": {"name": "plugin-client"}},
+            }}),
+            Expect::Valid,
+        ),
+        (
             "plugin timeout that is no duration",
             json!({"fake": null, "plugin": {"endpoint": "p:4000", "timeout": "soon"}}),
             rejected(format!(
@@ -1124,6 +1133,14 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             "vault token in a badly named Secret",
             vault(json!({"tokenSecretRef": {"name": "vault token", "key": "t"}})),
             bad_name("vault.auth.tokenSecretRef"),
+        ),
+        (
+            "plugin client certificate in a badly named Secret",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {"caBundle": "-----BEGIN CERTIFICATE-----", "clientCertSecretRef": {"name": "Client"}},
+            }}),
+            bad_name("plugin.tls.clientCertSecretRef"),
         ),
         (
             "vault approle secret id in a badly named Secret",

@@ -320,12 +320,13 @@ impl fmt::Debug for FakeEntry {
     }
 }
 
-/// An External Secret Store plugin (Crossplane's `ess.proto.v1alpha1`), reached over gRPC.
+/// A secret-store plugin reached over gRPC: Latchkey's `latchkey.plugin.v1` when it serves it,
+/// else Crossplane's External Secret Store protocol (`ess.proto.v1alpha1`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginProvider {
     /// `unix:///<plugin socket dir>/<name>.sock` (a socket directly inside the agent's
-    /// `--plugin-socket-dir`) or `host:port` (plaintext gRPC).
+    /// `--plugin-socket-dir`) or `host:port` (gRPC over TCP; TLS with `tls`).
     #[schemars(length(min = 1, max = crate::api::rules::MAX_PLUGIN_ENDPOINT_LEN))]
     pub endpoint: String,
     /// The plugin configuration object each call names (`config` of the protocol).
@@ -338,6 +339,43 @@ pub struct PluginProvider {
         regex(pattern = crate::api::rules::DURATION.regex)
     )]
     pub timeout: Option<String>,
+    /// The audiences of the pod's service-account tokens passed to the plugin (latchkey.plugin.v1
+    /// only); none when empty. Only these are passed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::api::rules::MAX_AUDIENCES))]
+    pub audiences: Vec<String>,
+    /// TLS for a `host:port` endpoint (refused with a unix one): the CA that signed the
+    /// plugin's certificate, and optionally the client certificate for mutual TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PluginTls>,
+}
+
+/// TLS to a plugin on TCP.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginTls {
+    /// PEM certificates (as text, or base64 of the PEM as `vault.caBundle`) the plugin's server
+    /// certificate must chain to; the only roots trusted.
+    #[schemars(length(min = 1, max = crate::api::rules::MAX_CA_BUNDLE_LEN))]
+    pub ca_bundle: String,
+    /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) with the client certificate and key,
+    /// read as other credential Secrets are; no client certificate when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret_ref: Option<TlsSecretRef>,
+}
+
+/// A `kubernetes.io/tls` Secret: its `tls.crt` and `tls.key`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct TlsSecretRef {
+    /// Secret name.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
+    pub name: String,
+    /// Namespace; only meaningful for ClusterSecretStores (must be the agent's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// Names a configuration object of the plugin (its `ConfigReference`).

@@ -245,12 +245,36 @@ pub enum PluginEndpoint<'a> {
     },
 }
 
-/// `spec.provider.plugin`: the endpoint's shape, the timeout and the config reference. Whether
-/// a unix socket is in the directory the agent allows is the provider's check (it knows the
-/// flag). Returns the call timeout.
+/// `spec.provider.plugin`: the endpoint's shape, the timeout, the config reference, the
+/// audiences and `tls` (TCP only). Whether a unix socket is in the directory the agent allows
+/// is the provider's check (it knows the flag), as is whether `tls.caBundle` holds certificates.
+/// Returns the call timeout.
 pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
-    plugin_endpoint(&p.endpoint)?;
+    const AT: &str = "spec.provider.plugin";
+    let endpoint = plugin_endpoint(&p.endpoint)?;
     let timeout = call_timeout("spec.provider.plugin.timeout", p.timeout.as_deref())?;
+    audiences(format_args!("{AT}.audiences"), &p.audiences)?;
+    if let Some(tls) = &p.tls {
+        if matches!(endpoint, PluginEndpoint::Unix { .. }) {
+            // The socket's directory permissions already decide who is at the other end.
+            return Err(Invalid(format!(
+                "{AT}.tls: only for a host:port endpoint; a unix socket needs no TLS"
+            )));
+        }
+        not_empty(format_args!("{AT}.tls.caBundle"), tls.ca_bundle.trim())?;
+        if tls.ca_bundle.len() > rules::MAX_CA_BUNDLE_LEN {
+            return Err(Invalid::schema(
+                format_args!("{AT}.tls.caBundle"),
+                format!("must be at most {} KiB", rules::MAX_CA_BUNDLE_LEN >> 10),
+            ));
+        }
+        if let Some(secret) = &tls.client_cert_secret_ref {
+            name(
+                format_args!("{AT}.tls.clientCertSecretRef.name"),
+                &secret.name,
+            )?;
+        }
+    }
     if let Some(c) = &p.config_ref {
         const PATH: &str = "spec.provider.plugin.configRef";
         not_empty(format_args!("{PATH}.name"), &c.name)?;
@@ -334,6 +358,27 @@ pub fn secrets_store_csi(p: &SecretsStoreCsiProvider) -> Result<Duration, Invali
         }
     }
     call_timeout(&format!("{AT}.timeout"), p.timeout.as_deref())
+}
+
+/// A list of token audiences at `path`: at most [`rules::MAX_AUDIENCES`], each bounded and
+/// without control characters.
+fn audiences(path: impl Display, list: &[String]) -> Result<(), Invalid> {
+    if list.len() > rules::MAX_AUDIENCES {
+        return Err(Invalid::schema(
+            path,
+            rules::too_many_items(rules::MAX_AUDIENCES),
+        ));
+    }
+    for (i, audience) in list.iter().enumerate() {
+        if audience.chars().count() > rules::MAX_NAME_LEN || audience.chars().any(char::is_control)
+        {
+            return Err(Invalid(format!(
+                "{path}[{i}]: must be at most {} characters, without control characters",
+                rules::MAX_NAME_LEN
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Parses a plugin endpoint: `unix:///abs/dir/name.sock` or `host:port`. Refuses relative
@@ -935,5 +980,49 @@ mod tests {
             ..Default::default()
         });
         assert!(plugin(&p).is_err());
+    }
+
+    #[test]
+    fn plugin_tls_only_on_tcp_with_a_ca_bundle() {
+        use crate::api::store::{PluginTls, TlsSecretRef};
+        let tls = PluginTls {
+            ca_bundle: "-----BEGIN CERTIFICATE-----".into(),
+            client_cert_secret_ref: Some(TlsSecretRef {
+                name: "plugin-client".into(),
+                namespace: None,
+            }),
+        };
+        let mut p = PluginProvider {
+            endpoint: "plugin.ns.svc:4000".into(),
+            tls: Some(tls.clone()),
+            audiences: vec!["vault".into()],
+            ..Default::default()
+        };
+        assert!(plugin(&p).is_ok());
+        p.endpoint = "unix:///run/p.sock".into();
+        let err = plugin(&p).unwrap_err().0;
+        assert!(
+            err.contains("spec.provider.plugin.tls") && err.contains("unix"),
+            "{err}"
+        );
+        p.endpoint = "plugin.ns.svc:4000".into();
+        p.tls = Some(PluginTls {
+            ca_bundle: " ".into(),
+            ..tls.clone()
+        });
+        assert!(plugin(&p).is_err(), "an empty caBundle");
+        p.tls = Some(PluginTls {
+            client_cert_secret_ref: Some(TlsSecretRef {
+                name: "../x".into(),
+                namespace: None,
+            }),
+            ..tls
+        });
+        assert!(plugin(&p).is_err(), "a bad Secret name");
+        p.tls = None;
+        p.audiences = vec!["a\nb".into()];
+        assert!(plugin(&p).is_err(), "a control character in an audience");
+        p.audiences = vec!["a".into(); rules::MAX_AUDIENCES + 1];
+        assert!(plugin(&p).is_err(), "too many audiences");
     }
 }

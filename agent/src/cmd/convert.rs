@@ -9,7 +9,8 @@ use crate::convert::{self, ConvertError, Input};
 /// Flags of `latchkey convert`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Reads Secrets Store CSI Driver SecretProviderClasses (providers aws and vault) and External \
+Reads Secrets Store CSI Driver SecretProviderClasses (aws and vault natively, any other provider \
+through its provider pod) and External \
 Secrets Operator ExternalSecrets, SecretStores and ClusterSecretStores (v1, v1beta1), in \
 multi-document YAML or kubectl's List output, and prints the equivalent latchkey.dev/v1alpha1 \
 manifests on stdout. Every field that could not be carried over is named in a \

@@ -29,7 +29,7 @@ pub enum ConvertError {
     /// Every object was skipped or failed.
     #[error(
         "nothing could be converted ({objects} object(s) read; see the messages above); \
-         latchkey convert reads SecretProviderClasses (aws, vault) and External Secrets Operator \
+         latchkey convert reads SecretProviderClasses and External Secrets Operator \
          ExternalSecrets, SecretStores and ClusterSecretStores"
     )]
     NothingConverted {

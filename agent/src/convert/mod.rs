@@ -15,6 +15,7 @@ mod notes;
 mod output;
 mod spc;
 mod spc_aws;
+mod spc_csi;
 mod spc_vault;
 mod template;
 

@@ -68,7 +68,9 @@ impl Document {
     pub fn to_yaml(&self) -> Result<String, ConvertError> {
         let rendered = match self {
             Document::ExternalSecret(o) => serde_norway::to_string(o),
-            Document::SecretStore(o) => serde_norway::to_string(o),
+            Document::SecretStore(o) => {
+                serde_norway::to_value(o).and_then(|v| serde_norway::to_string(&with_audiences(v)))
+            }
             Document::ClusterSecretStore(o) => serde_norway::to_string(o),
         };
         rendered.map_err(|source| ConvertError::Render {
@@ -76,6 +78,31 @@ impl Document {
             source,
         })
     }
+}
+
+/// A `secretsStoreCSI` store with `audiences: []` written out (serialization leaves an empty list
+/// out): the user must fill it in, as a note says, and an empty list shows where.
+fn with_audiences(mut store: serde_norway::Value) -> serde_norway::Value {
+    use serde_norway::Value;
+    let csi = store
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("provider"))
+        .and_then(|p| p.get_mut("secretsStoreCSI"))
+        .and_then(Value::as_mapping_mut);
+    if let Some(csi) = csi
+        && !csi.contains_key("audiences")
+    {
+        // Right after `provider`, before the (often long) parameters.
+        let rest = std::mem::take(csi);
+        for (key, value) in rest {
+            let after = key.as_str() == Some("provider");
+            csi.insert(key, value);
+            if after {
+                csi.insert("audiences".into(), Value::Sequence(Vec::new()));
+            }
+        }
+    }
+    store
 }
 
 /// Name, namespace, labels and annotations carried from the input object.

@@ -1,6 +1,7 @@
 //! Secrets Store CSI Driver `SecretProviderClass` -> a SecretStore and an ExternalSecret per
 //! backend location (the provider modules read the parameters), `secretObjects` -> mirrored
-//! Secrets, and the pod volume that replaces the CSI driver's.
+//! Secrets, and the pod volume that replaces the CSI driver's. aws and vault classes become
+//! native stores; any other provider becomes a `secretsStoreCSI` store ([`spc_csi`]).
 
 use std::collections::BTreeSet;
 
@@ -9,7 +10,7 @@ use serde_norway::Mapping;
 use super::fields::Fields;
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
-use super::{spc_aws, spc_vault};
+use super::{spc_aws, spc_csi, spc_vault};
 use crate::api::external_secret::{
     CreationPolicy, ExternalSecretData, FileItem, Files, SecretStoreRef, Target, Template,
     TemplateMetadata,
@@ -64,13 +65,13 @@ pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<C
     let mut groups = match provider.as_str() {
         "aws" => spc_aws::convert(&mut params, meta, notes)?,
         "vault" => spc_vault::convert(&mut params, meta, notes)?,
-        other => {
-            return Err(format!(
-                "spec.provider: unknown provider {}: Latchkey converts SecretProviderClasses of \
-                 the aws and vault providers only",
-                quoted(other)
-            ));
+        "" => {
+            return Err(
+                "spec.provider: unknown provider \"\": the class names no provider".to_string(),
+            );
         }
+        // Any other provider is called as it is, through its own provider pod.
+        other => return spc_csi::convert(other, &mut spec, &mut params, meta, notes),
     };
     params.finish(notes);
     drop_duplicate_files(&mut groups, notes);
@@ -396,7 +397,7 @@ fn synced_secret(
 }
 
 /// The commented pod volume(s) replacing `csi: {driver: secrets-store.csi.k8s.io, ...}`.
-fn volume_snippet(class: &str, names: &[String]) -> Vec<String> {
+pub fn volume_snippet(class: &str, names: &[String]) -> Vec<String> {
     let c = super::output::COMMENT;
     let mut lines = vec![
         format!(

@@ -53,14 +53,53 @@ fn nothing_convertible_yields_no_document() {
     assert_eq!((c.documents, c.objects), (0, 1));
     let c = run(
         "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\nmetadata: {name: \
-         a}\nspec: {provider: azure}\n",
+         a}\nspec: {provider: \"\"}\n",
     )
     .unwrap();
     assert_eq!(c.documents, 0);
     assert!(
         c.messages
             .iter()
-            .any(|m| m.contains("unknown provider \"azure\""))
+            .any(|m| m.contains("unknown provider \"\""))
+    );
+    // A provider name the driver could not have used (it names a socket) is refused too.
+    let c = run(
+        "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\nmetadata: {name: \
+         a}\nspec: {provider: ../azure}\n",
+    )
+    .unwrap();
+    assert_eq!(c.documents, 0);
+    assert!(
+        c.messages
+            .iter()
+            .any(|m| m.contains("secretsStoreCSI.provider")),
+        "{:?}",
+        c.messages
+    );
+}
+
+#[test]
+fn other_providers_become_secrets_store_csi_stores_mounting_every_file() {
+    let c = run(
+        "apiVersion: secrets-store.csi.x-k8s.io/v1\nkind: SecretProviderClass\nmetadata: {name: \
+         a, namespace: shop}\nspec: {provider: akeyless, parameters: {akeylessGatewayURL: \
+         https://gw, objects: x}}\n",
+    )
+    .unwrap();
+    assert_eq!(c.documents, 2);
+    for want in [
+        "secretsStoreCSI:",
+        "provider: akeyless",
+        "akeylessGatewayURL: https://gw",
+        "regexp: .*",
+        "externalSecret: a",
+    ] {
+        assert!(c.yaml.contains(want), "{want}: {}", c.yaml);
+    }
+    assert!(
+        c.messages.iter().any(|m| m.contains("audiences")),
+        "{:?}",
+        c.messages
     );
 }
 

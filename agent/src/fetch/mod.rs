@@ -153,6 +153,7 @@ impl Fetcher {
                         env: &self.providers,
                         pod: source.pod,
                         store_kind: source.store_kind,
+                        max_age,
                     };
                     async move { providers::build(source.spec, &ctx).await }
                 })

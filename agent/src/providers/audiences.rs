@@ -38,8 +38,19 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             }
         }
         ProviderSpec::Kubernetes(k) => out.push(k.audience.clone().unwrap_or_default()),
-        // The plugin protocol carries no identity: no token is passed to a plugin.
-        ProviderSpec::Fake(_) | ProviderSpec::Plugin(_) => {}
+        ProviderSpec::Fake(_) => {}
+        // Exactly the audiences the store lists (latchkey.plugin.v1 passes only these), plus the
+        // API server's for a client certificate Secret read as the caller.
+        ProviderSpec::Plugin(p) => {
+            out.extend(p.audiences.iter().cloned());
+            let client_cert = p
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.client_cert_secret_ref.is_some());
+            if client_cert && credentials_as_caller {
+                out.push(api_server());
+            }
+        }
         // Exactly the audiences the store lists, as the driver's CSIDriver `tokenRequests`.
         ProviderSpec::SecretsStoreCsi(p) => out.extend(p.audiences.iter().cloned()),
     }
@@ -103,6 +114,26 @@ mod tests {
         assert!(token_audiences(ProviderSpec::Fake(&fake), StoreKind::SecretStore).is_empty());
         let plugin = PluginProvider::default();
         assert!(token_audiences(ProviderSpec::Plugin(&plugin), StoreKind::SecretStore).is_empty());
+        let plugin = PluginProvider {
+            endpoint: "plugin:4000".into(),
+            audiences: vec!["vault".into()],
+            tls: Some(PluginTls {
+                ca_bundle: "-----BEGIN CERTIFICATE-----".into(),
+                client_cert_secret_ref: Some(TlsSecretRef {
+                    name: "plugin-client".into(),
+                    namespace: None,
+                }),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            token_audiences(ProviderSpec::Plugin(&plugin), StoreKind::SecretStore),
+            ["", "vault"]
+        );
+        assert_eq!(
+            token_audiences(ProviderSpec::Plugin(&plugin), StoreKind::ClusterSecretStore),
+            ["vault"]
+        );
         let sscsi = SecretsStoreCsiProvider {
             provider: "azure".into(),
             audiences: vec![

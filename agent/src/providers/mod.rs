@@ -11,7 +11,7 @@ pub mod secrets_store_csi;
 pub mod vault;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -176,6 +176,9 @@ pub struct BuildContext<'a> {
     pub pod: &'a PodInfo,
     /// Whether the store is namespaced or cluster-wide (decides where credentials may live).
     pub store_kind: StoreKind,
+    /// How old a value this fetch accepts (its refresh interval); `None`: any age. Lets a
+    /// provider that reads many values in one call share that call across fetches.
+    pub max_age: Option<Duration>,
 }
 
 /// Builds the provider a store's (validated) spec selects for one pod, with every request
@@ -193,7 +196,7 @@ pub async fn build(
             ctx.pod,
         )?),
         ProviderSpec::Vault(v) => Arc::new(vault::Vault::new(v, ctx).await?),
-        ProviderSpec::Plugin(p) => Arc::new(plugin::Plugin::new(p, ctx)?),
+        ProviderSpec::Plugin(p) => Arc::new(plugin::Plugin::new(p, ctx).await?),
         ProviderSpec::SecretsStoreCsi(p) => {
             Arc::new(secrets_store_csi::SecretsStoreCsi::new(p, ctx)?)
         }

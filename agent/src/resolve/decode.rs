@@ -21,20 +21,19 @@ pub fn apply(
         strategy,
     };
     let input = raw.expose();
+    // A decoded file is still that file: it keeps the mode its backend gave it.
+    let new = |bytes: Vec<u8>| SecretBytes::new(bytes).with_file_mode(raw.file_mode());
     match strategy.unwrap_or_default() {
         DecodingStrategy::None => Ok(raw.clone()),
-        DecodingStrategy::Base64 => STANDARD
-            .decode(input)
-            .map(SecretBytes::new)
-            .map_err(|_| fail("Base64")),
+        DecodingStrategy::Base64 => STANDARD.decode(input).map(new).map_err(|_| fail("Base64")),
         DecodingStrategy::Base64Url => URL_SAFE
             .decode(input)
-            .map(SecretBytes::new)
+            .map(new)
             .map_err(|_| fail("Base64URL")),
         DecodingStrategy::Auto => Ok(STANDARD
             .decode(input)
             .or_else(|_| URL_SAFE.decode(input))
-            .map(SecretBytes::new)
+            .map(new)
             .unwrap_or_else(|_| raw.clone())),
     }
 }

@@ -1,5 +1,9 @@
 //! Entries -> files: `target.files.items` picks keys and paths, `defaultMode` and per-item `mode`
 //! set permissions (default 0444: readable by any user of the pod, writable by none).
+//!
+//! A file's mode, first match wins: its item's `mode`, then `defaultMode` (the pod author's
+//! choice always wins), then the mode the backend gave the value (only providers that return
+//! files give one, already made safe), then 0444.
 
 use std::collections::BTreeMap;
 
@@ -19,11 +23,15 @@ pub fn files(
         reason,
     };
     let layout = target.and_then(|t| t.files.as_ref());
-    let default_mode = match layout.and_then(|f| f.default_mode) {
-        Some(m) => {
-            mode(m).ok_or_else(|| fail(format!("target.files.defaultMode {m} is negative")))?
-        }
-        None => DEFAULT_FILE_MODE,
+    let default_mode = layout
+        .and_then(|f| f.default_mode)
+        .map(|m| mode(m).ok_or_else(|| fail(format!("target.files.defaultMode {m} is negative"))))
+        .transpose()?;
+    // The ExternalSecret's default, else the backend's mode for this value, else 0444.
+    let fallback = |contents: &SecretBytes| {
+        default_mode
+            .or(contents.file_mode())
+            .unwrap_or(DEFAULT_FILE_MODE)
     };
     let path = |p: &str| FilePath::parse(p).map_err(|e| fail(e.to_string()));
     let items = layout.map(|f| f.items.as_slice()).unwrap_or_default();
@@ -33,8 +41,8 @@ pub fn files(
             .map(|(name, contents)| {
                 Ok(VolumeFile {
                     path: path(&name)?,
+                    mode: fallback(&contents),
                     contents,
-                    mode: default_mode,
                 })
             })
             .collect();
@@ -52,7 +60,7 @@ pub fn files(
             let mode = match item.mode {
                 Some(m) => mode(m)
                     .ok_or_else(|| fail(format!("target.files.items[{i}].mode {m} is negative")))?,
-                None => default_mode,
+                None => fallback(&contents),
             };
             Ok(VolumeFile { path: path(&item.path)?, contents, mode })
         })
@@ -105,6 +113,73 @@ mod tests {
         let f = files(&super::super::tests::ctx(), Some(&target), entries()).unwrap();
         let got: Vec<_> = f.iter().map(|f| (f.path.as_str(), f.mode)).collect();
         assert_eq!(got, [("db/url", 0o400), ("b.txt", 0o440)]);
+    }
+
+    #[test]
+    fn the_external_secret_modes_win_over_the_backend_mode() {
+        let from_backend = || {
+            BTreeMap::from([
+                (
+                    "a".to_string(),
+                    SecretBytes::from("1").with_file_mode(Some(0o555)),
+                ),
+                (
+                    "b".into(),
+                    SecretBytes::from("2").with_file_mode(Some(0o400)),
+                ),
+                ("c".into(), SecretBytes::from("3")),
+            ])
+        };
+        let modes = |target: Option<&Target>| {
+            files(&super::super::tests::ctx(), target, from_backend())
+                .unwrap()
+                .iter()
+                .map(|f| (f.path.as_str().to_owned(), f.mode))
+                .collect::<Vec<_>>()
+        };
+        let got = |pairs: &[(&str, u32)]| {
+            pairs
+                .iter()
+                .map(|(p, m)| (p.to_string(), *m))
+                .collect::<Vec<_>>()
+        };
+        // No layout: the backend's modes, 0444 where it gave none.
+        assert_eq!(
+            modes(None),
+            got(&[("a", 0o555), ("b", 0o400), ("c", 0o444)])
+        );
+        // An item's mode beats the backend's; an item without one keeps the backend's.
+        let items = Target {
+            files: Some(Files {
+                default_mode: None,
+                items: vec![
+                    FileItem {
+                        key: "a".into(),
+                        path: "x".into(),
+                        mode: Some(0o440),
+                    },
+                    FileItem {
+                        key: "b".into(),
+                        path: "y".into(),
+                        mode: None,
+                    },
+                ],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(modes(Some(&items)), got(&[("x", 0o440), ("y", 0o400)]));
+        // defaultMode beats the backend's for every file.
+        let default = Target {
+            files: Some(Files {
+                default_mode: Some(0o444),
+                items: vec![],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            modes(Some(&default)),
+            got(&[("a", 0o444), ("b", 0o444), ("c", 0o444)])
+        );
     }
 
     #[test]

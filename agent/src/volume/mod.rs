@@ -29,7 +29,7 @@ use std::sync::Arc;
 pub use error::{ErrorClass, VolumeError};
 pub use path::FilePath;
 pub use tmpfs::SOURCE as MOUNT_SOURCE;
-pub use writer::{DEFAULT_FILE_MODE, VolumeFile};
+pub use writer::{DEFAULT_FILE_MODE, VolumeFile, untrusted_file_mode};
 
 use probe::{OurMounts, Seen};
 use writer::AtomicWriter;

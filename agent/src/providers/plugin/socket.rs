@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tower::service_fn;
 
 use super::super::ProviderError;
+use super::tls::Material;
 use crate::api::validate::PluginEndpoint;
 
 /// Default of `--plugin-socket-dir`.
@@ -29,14 +30,54 @@ pub const DEFAULT_SOCKET_DIR: &str = "/var/run/latchkey/plugins";
 /// still in use are re-created lazily on their next call).
 const MAX_CHANNELS: usize = 256;
 
-/// How long a TCP connection to a plugin may take to establish.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a TCP connection (and a TLS handshake) to a plugin may take to establish.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which protocol a plugin serves, as its `Version` answer told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// `latchkey.plugin.v1` (identity, listing, versions).
+    Latchkey,
+    /// Only Crossplane's `ess.proto.v1alpha1`.
+    Ess,
+}
+
+/// The handshake's answer for one channel, asked once and forgotten when the connection fails
+/// (a restarted plugin may serve something else).
+#[derive(Debug, Default)]
+pub(crate) struct Handshake(Mutex<Option<Protocol>>);
+
+impl Handshake {
+    /// The answer, if known.
+    pub(crate) fn get(&self) -> Option<Protocol> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the answer.
+    pub(crate) fn set(&self, protocol: Protocol) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(protocol);
+    }
+
+    /// Forgets the answer: the next call asks again.
+    pub(crate) fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// A channel to a plugin and its handshake's answer.
+#[derive(Clone, Debug)]
+pub(crate) struct Connection {
+    /// The gRPC channel (shared by every store naming the endpoint with the same TLS).
+    pub channel: Channel,
+    /// Which protocol the plugin serves, once asked.
+    pub handshake: Arc<Handshake>,
+}
 
 /// Shared by every publish: the allowed socket directory, and one gRPC channel per endpoint
-/// (connections are made lazily and kept).
+/// and TLS material (connections are made lazily and kept).
 pub struct Plugins {
     socket_dir: PathBuf,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Connection>>,
 }
 
 impl Default for Plugins {
@@ -59,13 +100,15 @@ impl Plugins {
         &self.socket_dir
     }
 
-    /// The channel for `endpoint` (its text, as in the store). A unix socket is checked here,
-    /// before any connection, and again on every (re)connect.
-    pub fn channel(
+    /// The channel for `endpoint` (its text, as in the store), with TLS when `tls` is given (TCP
+    /// only). A unix socket is checked here, before any connection, and again on every
+    /// (re)connect.
+    pub(crate) fn channel(
         &self,
         text: &str,
         endpoint: PluginEndpoint<'_>,
-    ) -> Result<Channel, ProviderError> {
+        tls: Option<&Material>,
+    ) -> Result<Connection, ProviderError> {
         let socket = match endpoint {
             PluginEndpoint::Unix { dir, name } => {
                 let path = self.allowed(text, dir, name)?;
@@ -75,23 +118,46 @@ impl Plugins {
             }
             PluginEndpoint::Tcp { .. } => None,
         };
+        let key = match tls {
+            Some(material) => format!("{text}#tls-{}", material.fingerprint()),
+            None => text.to_owned(),
+        };
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(channel) = channels.get(text) {
-            return Ok(channel.clone());
+        if let Some(connection) = channels.get(&key) {
+            return Ok(connection.clone());
         }
         if channels.len() >= MAX_CHANNELS {
             channels.clear();
         }
         let channel = match (socket, endpoint) {
-            (Some(path), _) => unix_channel(format!("plugin {text}"), path),
+            (Some(path), _) if tls.is_none() => unix_channel(format!("plugin {text}"), path),
+            (Some(_), _) => {
+                // Validation refuses `tls` with a unix endpoint; kept as a second line.
+                return Err(ProviderError::Config(format!(
+                    "plugin {text}: plugin.tls is only for a host:port endpoint"
+                )));
+            }
             (None, PluginEndpoint::Tcp { host, port }) => {
-                Endpoint::from_shared(format!("http://{host}:{port}"))
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{host}:{port}"))
                     .map_err(|_| {
                         ProviderError::Config(format!("plugin {text}: not a usable host:port"))
                     })?
                     .connect_timeout(CONNECT_TIMEOUT)
-                    .tcp_nodelay(true)
-                    .connect_lazy()
+                    .tcp_nodelay(true);
+                if let Some(material) = tls {
+                    // Fails only for unusable material, which `Material::load` checked; tonic's
+                    // message is not quoted (it could describe the key).
+                    endpoint = endpoint
+                        .tls_config(material.client_config(host))
+                        .map_err(|_| {
+                            ProviderError::Config(format!(
+                                "plugin {text}: plugin.tls: the CA bundle or the client \
+                                 certificate and key cannot be used together"
+                            ))
+                        })?;
+                }
+                endpoint.connect_lazy()
             }
             (None, PluginEndpoint::Unix { .. }) => {
                 // `socket` is Some for every unix endpoint (set above).
@@ -100,8 +166,12 @@ impl Plugins {
                 )));
             }
         };
-        channels.insert(text.to_owned(), channel.clone());
-        Ok(channel)
+        let connection = Connection {
+            channel,
+            handshake: Arc::default(),
+        };
+        channels.insert(key, connection.clone());
+        Ok(connection)
     }
 
     /// `dir/name` when `dir` is the allowed directory.
@@ -187,11 +257,11 @@ mod tests {
         let dir = tmp.path().to_str().unwrap().to_owned();
         let plugins = Plugins::new(tmp.path().join("")); // a trailing '/' is ignored
         let _listener = tokio::net::UnixListener::bind(tmp.path().join("p.sock")).unwrap();
-        assert!(plugins.channel("ok", unix(&dir, "p.sock")).is_ok());
+        assert!(plugins.channel("ok", unix(&dir, "p.sock"), None).is_ok());
 
         let other = "/var/run/containerd";
         let err = plugins
-            .channel("x", unix(other, "containerd.sock"))
+            .channel("x", unix(other, "containerd.sock"), None)
             .unwrap_err();
         assert!(matches!(err, ProviderError::Config(ref m) if m.contains("--plugin-socket-dir")));
 
@@ -200,15 +270,19 @@ mod tests {
             tmp.path().join("l.sock"),
         )
         .unwrap();
-        let err = plugins.channel("l", unix(&dir, "l.sock")).unwrap_err();
+        let err = plugins
+            .channel("l", unix(&dir, "l.sock"), None)
+            .unwrap_err();
         assert!(matches!(err, ProviderError::Config(ref m) if m.contains("symbolic link")));
 
         std::fs::write(tmp.path().join("f.sock"), "").unwrap();
-        let err = plugins.channel("f", unix(&dir, "f.sock")).unwrap_err();
+        let err = plugins
+            .channel("f", unix(&dir, "f.sock"), None)
+            .unwrap_err();
         assert!(matches!(err, ProviderError::Config(ref m) if m.contains("not a socket")));
 
         let err = plugins
-            .channel("m", unix(&dir, "missing.sock"))
+            .channel("m", unix(&dir, "missing.sock"), None)
             .unwrap_err();
         assert!(matches!(err, ProviderError::Unavailable(ref m) if m.contains("is it running")));
     }

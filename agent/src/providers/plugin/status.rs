@@ -32,36 +32,28 @@ pub(crate) struct Failure {
     pub retry: bool,
 }
 
-/// The plugin at `at` (its endpoint as written).
-fn plugin(at: &str) -> (String, Callee<'static>) {
-    let callee = Callee {
-        what: "",
-        rpc: "ess.proto.v1alpha1.ExternalSecretStorePluginService/GetSecret",
-        timeout_field: "plugin.timeout",
-    };
-    (format!("plugin {at}"), callee)
-}
-
 /// The store's `timeout` ran out during a call to the plugin at `at`.
-pub(super) fn timed_out(at: &str, timeout: Duration) -> Failure {
-    let (what, callee) = plugin(at);
+pub(super) fn timed_out(at: &str, rpc: &str, timeout: Duration) -> Failure {
+    let what = format!("plugin {at}");
     timed_out_of(
         &Callee {
             what: &what,
-            ..callee
+            rpc,
+            timeout_field: "plugin.timeout",
         },
         timeout,
     )
 }
 
-/// Maps the status of a failed call to the plugin at `at` (the endpoint as written), made
-/// with the store's `timeout`.
-pub(super) fn failure(at: &str, timeout: Duration, status: &Status) -> Failure {
-    let (what, callee) = plugin(at);
+/// Maps the status of a failed call of `rpc` to the plugin at `at` (the endpoint as written),
+/// made with the store's `timeout`.
+pub(super) fn failure(at: &str, rpc: &str, timeout: Duration, status: &Status) -> Failure {
+    let what = format!("plugin {at}");
     failure_of(
         &Callee {
             what: &what,
-            ..callee
+            rpc,
+            timeout_field: "plugin.timeout",
         },
         timeout,
         status,
@@ -91,6 +83,13 @@ pub(crate) fn failure_of(callee: &Callee<'_>, timeout: Duration, status: &Status
     if let Some(source) = status.source() {
         if caused_by_timeout(source) {
             return timed_out_of(callee, timeout);
+        }
+        if let Some(error) = tls_failure(at, source) {
+            // Certificates do not change between attempts: no retry.
+            return Failure {
+                error,
+                retry: false,
+            };
         }
         return Failure {
             error: ProviderError::Unavailable(format!(
@@ -144,6 +143,30 @@ pub(crate) fn failure_of(callee: &Callee<'_>, timeout: Duration, status: &Status
     }
 }
 
+/// A TLS handshake failure in `error`'s chain, told apart by rustls' messages: our side refusing
+/// the plugin's certificate (`plugin.tls.caBundle`), or the plugin refusing ours (an alert).
+fn tls_failure(at: &str, error: &(dyn Error + 'static)) -> Option<ProviderError> {
+    tls_failure_in(at, &chain(error))
+}
+
+/// [`tls_failure`] of a text (a transport error's, or a TLS probe's), escaped and bounded here.
+pub(super) fn tls_failure_in(at: &str, text: &str) -> Option<ProviderError> {
+    let text = printable(text, MAX_MESSAGE_CHARS);
+    if text.contains("invalid peer certificate") {
+        return Some(ProviderError::Unavailable(format!(
+            "{at}: TLS handshake failed, the plugin's certificate is not trusted ({text}); \
+             plugin.tls.caBundle must hold the CA that signed it, for the endpoint's host name"
+        )));
+    }
+    if text.contains("received fatal alert") {
+        return Some(ProviderError::PermissionDenied(format!(
+            "{at}: TLS handshake failed, the plugin refused the connection ({text}); check the \
+             client certificate of plugin.tls.clientCertSecretRef"
+        )));
+    }
+    None
+}
+
 /// Whether `error` or one of its causes is tonic's client-side deadline.
 fn caused_by_timeout(error: &(dyn Error + 'static)) -> bool {
     let mut next = Some(error);
@@ -180,7 +203,7 @@ mod tests {
     #[test]
     fn codes_map_like_built_in_providers() {
         let at = "unix:///run/p/x.sock";
-        let f = |s: Status| failure(at, Duration::from_secs(1), &s);
+        let f = |s: Status| failure(at, "x/GetSecret", Duration::from_secs(1), &s);
         assert!(matches!(
             f(Status::not_found("x")).error,
             ProviderError::NotFound

@@ -9,9 +9,12 @@
 //! refused. The provider is called as the pod: the attributes carry the pod's name, namespace,
 //! uid, service account and its tokens for the store's `audiences` (and no others).
 //!
-//! All reads of one fetch share one Mount call (this provider is built once per fetch, and the
-//! shared cache makes concurrent fetches of one identity share that fetch). The object versions
-//! a Mount returns are sent back on the next one for the same store and identity.
+//! All reads of one fetch share one Mount call. Fetches of one store as one identity share it
+//! too, gets and `dataFrom.find` alike: while it runs, and after it succeeded for as long as
+//! the fetch's refresh interval accepts (at most [`registry::MAX_MOUNT_REUSE`]), so a storm of
+//! pods of one service account makes one call even where the shared value cache does not apply
+//! (finds). The object versions a Mount returns are sent back on the next one for the same store
+//! and identity.
 
 mod registry;
 mod request;
@@ -20,7 +23,7 @@ mod response;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use csi_proto::secrets_store::v1alpha1::MountRequest;
@@ -48,8 +51,10 @@ pub struct SecretsStoreCsi {
     /// The request's attributes JSON; holds the pod's tokens.
     attributes: SecretString,
     timeout: Duration,
-    /// Names the store and identity whose object versions are kept.
-    versions_key: String,
+    /// Names the store and identity whose Mount is shared and whose object versions are kept.
+    key: String,
+    /// How old a shared Mount this fetch accepts.
+    max_age: Option<Duration>,
     shared: Arc<SecretsStoreProviders>,
     /// The one Mount of this fetch, its failure included (so N reads never make N calls).
     mounted: OnceCell<Result<Arc<response::Mounted>, ProviderError>>,
@@ -73,16 +78,27 @@ impl SecretsStoreCsi {
             channel,
             attributes,
             timeout,
-            versions_key: versions_key(spec, ctx),
+            key: shared_key(spec, ctx),
+            max_age: ctx.max_age,
             shared,
             mounted: OnceCell::new(),
         })
     }
 
-    /// The files, from the one Mount call of this fetch.
+    /// The files, from the one Mount of this fetch (shared with other fetches, see the module).
     async fn mounted(&self) -> Result<Arc<response::Mounted>, ProviderError> {
         self.mounted
-            .get_or_init(|| async { self.mount().await.map(Arc::new) })
+            .get_or_init(|| async {
+                let shared = self.shared.mount(&self.key, self.max_age);
+                let (_, result) = shared
+                    .get_or_init(|| async {
+                        // The start, not the end: the files are at least this fresh.
+                        let started = Instant::now();
+                        (started, self.mount().await.map(Arc::new))
+                    })
+                    .await;
+                result.clone()
+            })
             .await
             .clone()
     }
@@ -101,7 +117,7 @@ impl SecretsStoreCsi {
             secrets: request::SECRETS.to_owned(),
             target_path: request::TARGET_PATH.to_owned(),
             permission: request::PERMISSION.to_owned(),
-            current_object_version: self.shared.versions(&self.versions_key),
+            current_object_version: self.shared.versions(&self.key),
         });
         request.set_timeout(self.timeout);
         let answer = match tokio::time::timeout(self.timeout, client.mount(request)).await {
@@ -111,13 +127,13 @@ impl SecretsStoreCsi {
         };
         let mounted = response::mounted(&self.what, answer)?;
         self.shared
-            .set_versions(self.versions_key.clone(), mounted.versions.clone());
+            .set_versions(self.key.clone(), mounted.versions.clone());
         Ok(mounted)
     }
 }
 
 /// Names a store (its provider block) and the identity it is read as, without holding either.
-fn versions_key(spec: &SecretsStoreCsiProvider, ctx: &BuildContext<'_>) -> String {
+fn shared_key(spec: &SecretsStoreCsiProvider, ctx: &BuildContext<'_>) -> String {
     let mut hasher = DefaultHasher::new();
     spec.provider.hash(&mut hasher);
     spec.parameters.hash(&mut hasher);

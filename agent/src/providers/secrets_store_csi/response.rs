@@ -1,6 +1,8 @@
 //! The Mount response as entries: each returned file is one, named by its path. Paths pass the
 //! agent's own file-path rules (relative, no `.`/`..`/empty segments, nothing starting with `..`),
-//! since a provider is a program the agent does not trust with the volume's layout.
+//! since a provider is a program the agent does not trust with the volume's layout. Modes are
+//! made safe ([`untrusted_file_mode`]: read and execute bits only) and ride beside the bytes,
+//! so resolution can use them where the ExternalSecret sets no mode of its own.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +11,7 @@ use csi_proto::secrets_store::v1alpha1::{File, MountResponse, ObjectVersion};
 use super::super::ProviderError;
 use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
-use crate::volume::FilePath;
+use crate::volume::{FilePath, untrusted_file_mode};
 
 /// Longest part of a provider's error code that reaches an error.
 const MAX_CODE_CHARS: usize = 100;
@@ -53,12 +55,24 @@ pub fn mounted(what: &str, response: MountResponse) -> Result<Mounted, ProviderE
         )));
     }
     let mut out = BTreeMap::new();
-    for File { path, contents, .. } in files {
+    for File {
+        path,
+        mode,
+        contents,
+    } in files
+    {
         let checked = FilePath::parse(&path).map_err(|e| {
             ProviderError::Unavailable(format!("{what} returned a file with an unusable path: {e}"))
         })?;
+        let mode = file_mode(mode).ok_or_else(|| {
+            ProviderError::Unavailable(format!(
+                "{what} returned the file {} with an unusable mode {mode}",
+                checked.as_str()
+            ))
+        })?;
         let name = checked.as_str().to_owned();
-        if out.insert(name, SecretBytes::new(contents)).is_some() {
+        let value = SecretBytes::new(contents).with_file_mode(mode);
+        if out.insert(name, value).is_some() {
             return Err(ProviderError::Unavailable(format!(
                 "{what} returned the file {} twice",
                 checked.as_str()
@@ -69,6 +83,14 @@ pub fn mounted(what: &str, response: MountResponse) -> Result<Mounted, ProviderE
         files: out,
         versions: object_version,
     })
+}
+
+/// The mode of a returned file, made safe: `Some(None)` for 0, which is what a provider that
+/// sets no mode sends (proto3 cannot tell it from an explicit 0, and a file nobody may read is
+/// never what a provider means); `None` for a negative mode, which is refused.
+fn file_mode(mode: i32) -> Option<Option<u32>> {
+    let mode = u32::try_from(mode).ok()?;
+    Some((mode != 0).then(|| untrusted_file_mode(mode)))
 }
 
 #[cfg(test)]
@@ -120,6 +142,43 @@ mod tests {
         }
         let dup = mounted("p", response(vec![file("a", "1"), file("a", "2")]));
         assert!(dup.err().unwrap().to_string().contains("twice"));
+    }
+
+    #[test]
+    fn modes_are_made_safe_and_ride_beside_the_bytes() {
+        let with_mode = |path: &str, mode: i32| File {
+            path: path.into(),
+            mode,
+            contents: b"v".to_vec(),
+        };
+        let m = mounted(
+            "p",
+            response(vec![
+                with_mode("setuid", 0o4755),
+                with_mode("private", 0o600),
+                with_mode("unset", 0),
+            ]),
+        )
+        .unwrap();
+        let modes: Vec<_> = m
+            .files
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.file_mode()))
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                ("private", Some(0o400)),
+                ("setuid", Some(0o555)),
+                ("unset", None)
+            ]
+        );
+        assert_eq!(m.files["private"].expose(), b"v");
+        let err = mounted("p", response(vec![with_mode("neg", -1)]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("file neg with an unusable mode -1"), "{err}");
     }
 
     #[test]

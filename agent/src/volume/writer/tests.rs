@@ -57,6 +57,27 @@ fn budget_counts_pages_and_top_level_links() {
 }
 
 #[test]
+fn untrusted_modes_keep_only_read_and_execute_bits() {
+    for (given, kept) in [
+        (0o4755, 0o555),
+        (0o2755, 0o555),
+        (0o1777, 0o555),
+        (0o600, 0o400),
+        (0o644, 0o444),
+        (0o640, 0o440),
+        (0o222, 0),
+        (0o444, 0o444),
+        (0o777_777, 0o555),
+        (u32::MAX, 0o555),
+    ] {
+        let mode = untrusted_file_mode(given);
+        assert_eq!(mode, kept, "{given:#o}");
+        // Whatever a provider sends, the result passes the writer's own mode check.
+        assert!(check(&[file_with_mode("a", "x", mode)], LIMIT).is_ok());
+    }
+}
+
+#[test]
 fn check_rejects_bad_modes_and_conflicts() {
     let setuid = [file_with_mode("a", "x", 0o4755)];
     assert!(matches!(
