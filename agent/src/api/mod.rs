@@ -5,6 +5,7 @@
 //! `apiVersion`. Types only: nothing here talks to a backend or the API server.
 
 pub mod crd;
+pub mod duration;
 pub mod external_secret;
 pub mod mode;
 pub mod rules;

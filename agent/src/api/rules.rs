@@ -68,10 +68,10 @@ macro_rules! duration_regex {
     };
 }
 
-/// The `pattern` of `spec.refreshInterval`: what both Go's `time.ParseDuration` (ESO's
-/// `metav1.Duration`, Kubernetes' CEL `duration()`) and the agent's parser (`humantime`) read the
-/// same way. Go alone takes signs, `.5h`, `5.h` and `μs` (Greek mu); `humantime` alone takes
-/// spaces, `d`, `w`, `M`, `y`, long unit names and fractional nanoseconds: all are refused.
+/// The `pattern` of `spec.refreshInterval`: durations as Go's `time.ParseDuration` reads them
+/// (ESO's `metav1.Duration`, Kubernetes' CEL `duration()`, and the agent: [`super::duration`]),
+/// without the rarer forms Go also takes (signs, `.5h`, `5.h`, `μs` in Greek mu). Spaces, `d`,
+/// `w`, long unit names and fractional nanoseconds are refused, as Go refuses them.
 pub const DURATION: Pattern = Pattern {
     regex: duration_regex!(),
     message: "must be a duration such as 1h, 15m, 1h30m or 0 (units h, m, s, ms, us, ns)",

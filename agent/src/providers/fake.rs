@@ -30,7 +30,7 @@ impl Fake {
             })
             .collect();
         let latency = match &spec.latency {
-            Some(l) => humantime::parse_duration(l).map_err(|_| {
+            Some(l) => crate::api::duration::parse(l).ok_or_else(|| {
                 ProviderError::Config(format!("fake.latency {l:?} is not a duration like 5ms"))
             })?,
             None => Duration::ZERO,
