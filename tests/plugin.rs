@@ -25,25 +25,6 @@ const TEAM_B: &str = "plugin-team-b-e2e-6231";
 const PLUGIN_TOKEN: &str = "eyJhbGciOiJub25lIn0.plugin-audience-token-e2e-8812";
 const OTHER_TOKEN: &str = "eyJhbGciOiJub25lIn0.other-audience-token-e2e-9923";
 
-/// The example plugin, built by Cargo with this test (`[[example]]` of the agent crate).
-fn plugin_binary() -> PathBuf {
-    // target/debug/deps/plugin-<hash> -> target/debug/examples/plugin-file
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary is in target/<profile>/deps")
-        .join("examples")
-        .join("plugin-file");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p latchkey --example plugin-file` (cargo test \
-         builds it too)",
-        bin.display()
-    );
-    bin
-}
-
 /// A running `plugin-file` and its scratch space.
 struct Plugin {
     child: Option<Child>,
@@ -87,7 +68,7 @@ impl Plugin {
         let socket = socket_dir.join("files.sock");
         let calls = dir.path().join("calls.log");
         let crash_file = dir.path().join("crash");
-        let mut command = Command::new(plugin_binary());
+        let mut command = Command::new(support::example_binary("plugin-file"));
         match listen {
             Some(address) => command.args(["--listen", address]),
             None => command.arg("--socket").arg(&socket),

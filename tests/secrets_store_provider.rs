@@ -24,23 +24,6 @@ const OTHER_TOKEN: &str = "eyJ.sscsi-other-token-e2e.sig";
 /// A parameter value: attributes must not reach the agent's log either.
 const PARAMETER: &str = "sscsi-parameter-marker-3392";
 
-/// The example provider, built by Cargo with this test (`[[example]]` of the agent crate).
-fn provider_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary is in target/<profile>/deps")
-        .join("examples")
-        .join("secrets-store-provider");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p latchkey --example secrets-store-provider`",
-        bin.display()
-    );
-    bin
-}
-
 /// A running provider and its scratch space.
 struct Provider {
     child: Child,
@@ -71,7 +54,7 @@ impl Provider {
         chmod("db/user", 0o664);
         let socket = dir.join("files.sock");
         let calls = scratch.path().join("calls.jsonl");
-        let child = Command::new(provider_binary())
+        let child = Command::new(support::example_binary("secrets-store-provider"))
             .arg("--socket")
             .arg(&socket)
             .arg("--dir")

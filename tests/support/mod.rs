@@ -252,6 +252,25 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
     Some((code, body))
 }
 
+/// A cargo example of the agent crate (`[[example]]`), which `cargo test` builds beside the test
+/// binaries: `target/<profile>/deps/<test>` -> `target/<profile>/examples/<name>`.
+pub fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in target/<profile>/deps")
+        .join("examples")
+        .join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p latchkey --example {name}` (cargo test \
+         builds it too)",
+        bin.display()
+    );
+    bin
+}
+
 /// The value of one series (`name{labels}`) in a Prometheus text body, 0 when absent.
 pub fn metric_value(body: &str, series: &str) -> f64 {
     body.lines()

@@ -118,6 +118,22 @@ pub fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
+/// A pod of service account `shop/web` holding tokens for the audiences `vault` and `other`
+/// (unit tests of code that passes a pod's identity on).
+#[cfg(test)]
+pub(crate) fn test_pod() -> PodInfo {
+    PodInfo {
+        namespace: "shop".into(),
+        name: "web-0".into(),
+        uid: "uid-1".into(),
+        service_account: "web".into(),
+        tokens: PodTokens::parse(Some(
+            r#"{"vault":{"token":"eyJ.vault.sig","expirationTimestamp":"2030-01-01T00:00:00Z"},"other":{"token":"eyJ.other.sig"}}"#,
+        ))
+        .expect("a valid tokens attribute"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

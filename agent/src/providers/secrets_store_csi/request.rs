@@ -90,19 +90,9 @@ fn to_json(value: &impl Serialize) -> Result<String, ProviderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::PodTokens;
 
     fn pod() -> PodInfo {
-        PodInfo {
-            namespace: "shop".into(),
-            name: "web-0".into(),
-            uid: "uid-1".into(),
-            service_account: "web".into(),
-            tokens: PodTokens::parse(Some(
-                r#"{"vault":{"token":"eyJ.vault.sig","expirationTimestamp":"2030-01-01T00:00:00Z"},"other":{"token":"eyJ.other.sig"}}"#,
-            ))
-            .unwrap(),
-        }
+        crate::identity::test_pod()
     }
 
     #[test]
