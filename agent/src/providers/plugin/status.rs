@@ -100,6 +100,11 @@ pub(crate) fn failure_of(callee: &Callee<'_>, timeout: Duration, status: &Status
         };
     }
     let code = status.code();
+    // A tonic server answers its deadline (our `grpc-timeout`) with CANCELLED "Timeout
+    // expired", and that answer can beat the client's own timer: the same timeout.
+    if code == Code::Cancelled && status.message() == "Timeout expired" {
+        return timed_out_of(callee, timeout);
+    }
     let error = match code {
         Code::NotFound => ProviderError::NotFound,
         Code::PermissionDenied | Code::Unauthenticated => {
@@ -220,6 +225,10 @@ mod tests {
             f(Status::deadline_exceeded("slow")).error,
             ProviderError::Timeout(_)
         ));
+        // A tonic plugin's answer to our grpc-timeout is the timeout too.
+        let expired = f(Status::cancelled("Timeout expired"));
+        assert!(matches!(expired.error, ProviderError::Timeout(ref m) if m.contains("within 1s")));
+        assert!(!expired.retry);
         let unavailable = f(Status::unavailable("down"));
         assert!(unavailable.retry);
         assert!(matches!(unavailable.error, ProviderError::Unavailable(_)));
