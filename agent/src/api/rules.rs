@@ -207,6 +207,13 @@ pub const MAX_AUDIENCES: usize = 8;
 /// `maxLength` of `spec.provider.plugin.tls.caBundle`: a few CA certificates.
 pub const MAX_CA_BUNDLE_LEN: usize = 64 * 1024;
 
+/// On `spec.provider.plugin`: TLS is for TCP; on a unix socket the directory's permissions
+/// already decide who is at the other end.
+pub const PLUGIN_TLS_TCP_ONLY: CelRule = CelRule {
+    rule: "!has(self.tls) || !self.endpoint.startsWith('unix://')",
+    message: "tls is only for a host:port endpoint; a unix socket needs no TLS",
+};
+
 /// `maxLength` of `spec.provider.plugin.endpoint`: a socket path or `host:port` is far shorter.
 pub const MAX_PLUGIN_ENDPOINT_LEN: usize = 512;
 

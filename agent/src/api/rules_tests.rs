@@ -1078,6 +1078,17 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             bad_name("vault.auth.tokenSecretRef"),
         ),
         (
+            "plugin TLS on a unix socket",
+            json!({"fake": null, "plugin": {
+                "endpoint": "unix:///var/run/latchkey/plugins/files.sock",
+                "tls": {"caBundle": "-----BEGIN CERTIFICATE-----"},
+            }}),
+            rejected(
+                "spec.provider.plugin: tls is only for a host:port endpoint; a unix socket needs \
+                 no TLS",
+            ),
+        ),
+        (
             "plugin client certificate in a badly named Secret",
             json!({"fake": null, "plugin": {
                 "endpoint": "p:4000",

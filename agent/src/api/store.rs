@@ -322,7 +322,8 @@ impl fmt::Debug for FakeEntry {
 
 /// A secret-store plugin reached over gRPC: Latchkey's `latchkey.plugin.v1` when it serves it,
 /// else Crossplane's External Secret Store protocol (`ess.proto.v1alpha1`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::PLUGIN_TLS_TCP_ONLY)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginProvider {
     /// `unix:///<plugin socket dir>/<name>.sock` (a socket directly inside the agent's

@@ -256,10 +256,7 @@ pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
     audiences(format_args!("{AT}.audiences"), &p.audiences)?;
     if let Some(tls) = &p.tls {
         if matches!(endpoint, PluginEndpoint::Unix { .. }) {
-            // The socket's directory permissions already decide who is at the other end.
-            return Err(Invalid(format!(
-                "{AT}.tls: only for a host:port endpoint; a unix socket needs no TLS"
-            )));
+            return Err(Invalid::rule(AT, &rules::PLUGIN_TLS_TCP_ONLY));
         }
         not_empty(format_args!("{AT}.tls.caBundle"), tls.ca_bundle.trim())?;
         if tls.ca_bundle.len() > rules::MAX_CA_BUNDLE_LEN {
@@ -1002,7 +999,7 @@ mod tests {
         p.endpoint = "unix:///run/p.sock".into();
         let err = plugin(&p).unwrap_err().0;
         assert!(
-            err.contains("spec.provider.plugin.tls") && err.contains("unix"),
+            err.contains("spec.provider.plugin: tls is only") && err.contains("unix"),
             "{err}"
         );
         p.endpoint = "plugin.ns.svc:4000".into();
