@@ -252,6 +252,38 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
     Some((code, body))
 }
 
+/// A listening unix socket outside the directory a store may name sockets in, linked from
+/// `<dir>/link.sock`: what the agent must never connect to, through the link or directly.
+pub struct OutsideSocket {
+    /// The socket's listener: a connection here means the agent got out.
+    pub listener: tokio::net::UnixListener,
+    /// The socket's path.
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl OutsideSocket {
+    /// Binds the socket in a directory of its own and links `<dir>/link.sock` to it.
+    pub fn linked_from(dir: &Path) -> Self {
+        let outside = tempfile::tempdir().unwrap();
+        let path = outside.path().join("evil.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        std::os::unix::fs::symlink(&path, dir.join("link.sock")).unwrap();
+        Self {
+            listener,
+            path,
+            _dir: outside,
+        }
+    }
+
+    /// Whether anything connected within 200 ms.
+    pub async fn was_reached(&self) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), self.listener.accept())
+            .await
+            .is_ok()
+    }
+}
+
 /// A cargo example of the agent crate (`[[example]]`), which `cargo test` builds beside the test
 /// binaries: `target/<profile>/deps/<test>` -> `target/<profile>/examples/<name>`.
 pub fn example_binary(name: &str) -> PathBuf {

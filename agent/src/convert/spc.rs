@@ -12,8 +12,8 @@ use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
 use super::{spc_aws, spc_csi, spc_vault};
 use crate::api::external_secret::{
-    CreationPolicy, ExternalSecretData, FileItem, Files, SecretStoreRef, Target, Template,
-    TemplateMetadata,
+    CreationPolicy, DataFrom, ExternalSecretData, FileItem, Files, SecretStoreRef, Target,
+    Template, TemplateMetadata,
 };
 use crate::api::store::{SecretStoreSpec, StoreProvider};
 use crate::api::{ExternalSecret, ExternalSecretSpec, RemoteRef, SecretStore, StoreKind};
@@ -113,13 +113,7 @@ pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<C
 
     let mut documents = Vec::new();
     for (g, name) in groups.iter().zip(&names) {
-        let mut store = SecretStore::new(
-            name,
-            SecretStoreSpec {
-                provider: g.provider.clone(),
-            },
-        );
-        store.metadata = meta.object_meta(name, true);
+        let store = class_store(meta, name, g.provider.clone());
         documents.push(Document::SecretStore(Box::new(store)));
     }
     documents.extend(
@@ -197,16 +191,36 @@ fn external_secret(meta: &Meta, name: &str, group: &Group) -> ExternalSecret {
             }),
             ..Default::default()
         });
+    class_external_secret(meta, name, name, data, Vec::new(), target)
+}
+
+/// A SecretStore `name` converted from a class, labelled as the class was.
+pub(super) fn class_store(meta: &Meta, name: &str, provider: StoreProvider) -> SecretStore {
+    let mut store = SecretStore::new(name, SecretStoreSpec { provider });
+    store.metadata = meta.object_meta(name, true);
+    store
+}
+
+/// An ExternalSecret `name` converted from a class, reading SecretStore `store`, labelled as the
+/// class was.
+pub(super) fn class_external_secret(
+    meta: &Meta,
+    name: &str,
+    store: &str,
+    data: Vec<ExternalSecretData>,
+    data_from: Vec<DataFrom>,
+    target: Option<Target>,
+) -> ExternalSecret {
     let mut es = ExternalSecret::new(
         name,
         ExternalSecretSpec {
             secret_store_ref: SecretStoreRef {
-                name: name.to_string(),
+                name: store.to_string(),
                 kind: StoreKind::SecretStore,
             },
             refresh_interval: None,
             data,
-            data_from: Vec::new(),
+            data_from,
             target,
             service_account_name: None,
             refresh_policy: None,
@@ -293,23 +307,14 @@ fn secret_objects(
                 remote_ref: e.remote_ref.clone(),
             })
             .collect();
-        let mut es = ExternalSecret::new(
+        mirrors.push(class_external_secret(
+            meta,
             &name,
-            ExternalSecretSpec {
-                secret_store_ref: SecretStoreRef {
-                    name: names[group].clone(),
-                    kind: StoreKind::SecretStore,
-                },
-                refresh_interval: None,
-                data,
-                data_from: Vec::new(),
-                target: Some(target),
-                service_account_name: None,
-                refresh_policy: None,
-            },
-        );
-        es.metadata = meta.object_meta(&name, true);
-        mirrors.push(es);
+            &names[group],
+            data,
+            Vec::new(),
+            Some(target),
+        ));
     }
     mirrors
 }

@@ -8,10 +8,9 @@ use std::collections::BTreeMap;
 use super::fields::Fields;
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
-use super::spc::{Converted, volume_snippet};
-use crate::api::external_secret::{DataFrom, FindName, FindRef, SecretStoreRef};
-use crate::api::store::{SecretStoreSpec, SecretsStoreCsiProvider, StoreProvider};
-use crate::api::{ExternalSecret, ExternalSecretSpec, SecretStore, StoreKind};
+use super::spc::{Converted, class_external_secret, class_store, volume_snippet};
+use crate::api::external_secret::{DataFrom, FindName, FindRef};
+use crate::api::store::{SecretsStoreCsiProvider, StoreProvider};
 
 /// Matches every file: the driver mounts everything the provider returns.
 const EVERY_FILE: &str = ".*";
@@ -72,40 +71,24 @@ pub fn convert(
     );
 
     let name = meta.name.as_str();
-    let mut store = SecretStore::new(
+    let store = class_store(
+        meta,
         name,
-        SecretStoreSpec {
-            provider: StoreProvider {
-                secrets_store_csi: Some(csi),
-                ..Default::default()
-            },
+        StoreProvider {
+            secrets_store_csi: Some(csi),
+            ..Default::default()
         },
     );
-    store.metadata = meta.object_meta(name, true);
-    let mut es = ExternalSecret::new(
-        name,
-        ExternalSecretSpec {
-            secret_store_ref: SecretStoreRef {
-                name: name.to_string(),
-                kind: StoreKind::SecretStore,
-            },
-            refresh_interval: None,
-            data: Vec::new(),
-            data_from: vec![DataFrom {
-                find: Some(FindRef {
-                    name: Some(FindName {
-                        regexp: EVERY_FILE.to_string(),
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            target: None,
-            service_account_name: None,
-            refresh_policy: None,
-        },
-    );
-    es.metadata = meta.object_meta(name, true);
+    let every_file = DataFrom {
+        find: Some(FindRef {
+            name: Some(FindName {
+                regexp: EVERY_FILE.to_string(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let es = class_external_secret(meta, name, name, Vec::new(), vec![every_file], None);
     Ok(Converted {
         documents: vec![
             Document::SecretStore(Box::new(store)),

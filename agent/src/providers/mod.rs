@@ -41,6 +41,22 @@ impl std::fmt::Display for RemoteKey {
     }
 }
 
+/// Inserts into a map that must stay bounded although tenants choose its keys (endpoints,
+/// stores, identities): a new key arriving at `max` entries starts the map over. What is kept
+/// there is cheap to make again (a lazily connecting channel, a shared call), so a clean slate
+/// costs one reconnect each, not a correctness problem.
+pub(crate) fn insert_bounded<V>(
+    map: &mut std::collections::HashMap<String, V>,
+    max: usize,
+    key: String,
+    value: V,
+) {
+    if map.len() >= max && !map.contains_key(&key) {
+        map.clear();
+    }
+    map.insert(key, value);
+}
+
 /// Largest HTTP response body a provider reads from a backend (Vault, AWS), checked as it
 /// arrives: a store may name a backend a tenant runs, and a huge answer must fail the request,
 /// not exhaust the agent's memory.

@@ -95,11 +95,6 @@ impl Plugins {
         }
     }
 
-    /// The directory unix endpoints must be in (`--plugin-socket-dir`).
-    pub fn socket_dir(&self) -> &Path {
-        &self.socket_dir
-    }
-
     /// The channel for `endpoint` (its text, as in the store), with TLS when `tls` is given (TCP
     /// only). A unix socket is checked here, before any connection, and again on every
     /// (re)connect.
@@ -125,9 +120,6 @@ impl Plugins {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(connection) = channels.get(&key) {
             return Ok(connection.clone());
-        }
-        if channels.len() >= MAX_CHANNELS {
-            channels.clear();
         }
         let channel = match (socket, endpoint) {
             (Some(path), _) if tls.is_none() => unix_channel(format!("plugin {text}"), path),
@@ -170,7 +162,7 @@ impl Plugins {
             channel,
             handshake: Arc::default(),
         };
-        channels.insert(key, connection.clone());
+        super::super::insert_bounded(&mut channels, MAX_CHANNELS, key, connection.clone());
         Ok(connection)
     }
 

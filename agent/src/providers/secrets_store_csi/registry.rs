@@ -8,7 +8,7 @@
 //! sockets are (no symbolic link followed, checked and connected through one descriptor).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,8 +16,8 @@ use csi_proto::secrets_store::v1alpha1::ObjectVersion;
 use tokio::sync::OnceCell;
 use tonic::transport::Channel;
 
-use super::super::ProviderError;
 use super::super::plugin::socket::{open_socket, unix_channel};
+use super::super::{ProviderError, insert_bounded};
 use super::response::Mounted;
 
 /// Default of `--secrets-store-provider-dir` (the driver's default; it also knows
@@ -59,11 +59,6 @@ impl SecretsStoreProviders {
         }
     }
 
-    /// The provider directory (`--secrets-store-provider-dir`).
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The channel to provider `name` (already validated); `what` names it in errors. The
     /// socket is checked here and again on every (re)connect.
     pub(super) fn channel(&self, what: &str, name: &str) -> Result<Channel, ProviderError> {
@@ -74,11 +69,8 @@ impl SecretsStoreProviders {
         if let Some(channel) = channels.get(name) {
             return Ok(channel.clone());
         }
-        if channels.len() >= MAX_KEPT {
-            channels.clear();
-        }
         let channel = unix_channel(what.to_owned(), path);
-        channels.insert(name.to_owned(), channel.clone());
+        insert_bounded(&mut channels, MAX_KEPT, name.to_owned(), channel.clone());
         Ok(channel)
     }
 
@@ -100,21 +92,15 @@ impl SecretsStoreProviders {
         if let Some(m) = mounts.get(key).filter(|m| reusable(m, now, max_age)) {
             return Arc::clone(m);
         }
-        if mounts.len() >= MAX_KEPT {
-            mounts.clear();
-        }
         let fresh = SharedMount::default();
-        mounts.insert(key.to_owned(), Arc::clone(&fresh));
+        insert_bounded(&mut mounts, MAX_KEPT, key.to_owned(), Arc::clone(&fresh));
         fresh
     }
 
     /// Keeps what a Mount for `key` returned, to send back on the next one.
     pub(super) fn set_versions(&self, key: String, got: Vec<ObjectVersion>) {
         let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
-        if versions.len() >= MAX_KEPT && !versions.contains_key(&key) {
-            versions.clear();
-        }
-        versions.insert(key, got);
+        insert_bounded(&mut versions, MAX_KEPT, key, got);
     }
 }
 
