@@ -877,3 +877,92 @@ async fn namespaces_and_a_selector_split_the_work_between_instances() {
     );
     no_value_leaked(&s, &c);
 }
+
+/// The `Ready` condition and provider of a store, as `kubectl get lkss,lkcss` prints them.
+fn store_status(
+    s: &FakeApiServer,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> Option<Value> {
+    s.get("latchkey.dev/v1alpha1", kind, namespace, name)?
+        .get("status")
+        .cloned()
+}
+
+fn store_ready(status: &Value) -> (String, String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["type"] == "Ready"))
+        .unwrap_or_else(|| panic!("no Ready condition: {status}"));
+    let text = |field: &str| c[field].as_str().unwrap_or_default().to_string();
+    (text("status"), text("reason"), text("message"))
+}
+
+/// Stores get the status their printer columns show: the provider, and whether the agent accepts
+/// the spec. The leader writes it once (nothing while it is unchanged) and again when a fix
+/// changes the verdict; no value of the store's spec reaches the status or the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn stores_show_their_provider_and_whether_their_spec_is_usable() {
+    let s = cluster().await;
+    let two_providers = |providers: Value| {
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+               "metadata": {"name": "shared"}, "spec": {"provider": providers}})
+    };
+    s.apply(two_providers(json!({"kubernetes": {}, "fake": {"data": [
+        {"key": "k", "value": PASSWORD}]}})));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+
+    let valid = eventually(Duration::from_secs(15), "the SecretStore's status", || {
+        store_status(&s, "SecretStore", Some("shop"), "vault-like")
+    })
+    .await;
+    assert_eq!(valid["provider"], "fake");
+    let (status, reason, message) = store_ready(&valid);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Valid"));
+    assert!(message.contains("checked at each mount"), "{message}");
+
+    let invalid = eventually(
+        Duration::from_secs(15),
+        "the ClusterSecretStore's status",
+        || store_status(&s, "ClusterSecretStore", None, "shared"),
+    )
+    .await;
+    assert_eq!(invalid["provider"], "kubernetes,fake");
+    let (status, reason, message) = store_ready(&invalid);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InvalidProviderConfig")
+    );
+    assert!(message.starts_with("spec.provider:"), "{message}");
+
+    // An unchanged verdict is not written again (each write is a watch event on every node).
+    let stored = |kind, namespace, name| {
+        s.get("latchkey.dev/v1alpha1", kind, namespace, name)
+            .unwrap()["metadata"]["resourceVersion"]
+            .clone()
+    };
+    let before = (
+        stored("SecretStore", Some("shop"), "vault-like"),
+        stored("ClusterSecretStore", None, "shared"),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = (
+        stored("SecretStore", Some("shop"), "vault-like"),
+        stored("ClusterSecretStore", None, "shared"),
+    );
+    assert_eq!(before, after, "a store's status was rewritten unchanged");
+
+    s.apply(two_providers(
+        json!({"fake": {"data": [{"key": "k", "value": PASSWORD}]}}),
+    ));
+    let fixed = eventually(Duration::from_secs(15), "the fixed store Ready", || {
+        store_status(&s, "ClusterSecretStore", None, "shared")
+            .filter(|st| store_ready(st).0 == "True")
+    })
+    .await;
+    assert_eq!(fixed["provider"], "fake");
+    let statuses = [valid, invalid, fixed].map(|st| st.to_string()).join("\n");
+    assert!(!statuses.contains(PASSWORD), "{statuses}");
+    assert!(!c.log_text().contains(PASSWORD));
+}

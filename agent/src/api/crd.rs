@@ -117,7 +117,7 @@ mod tests {
                     "Age",
                 ]
             } else {
-                &["Status", "Ready", "Age"]
+                &["Provider", "Status", "Ready", "Age"]
             };
             assert_eq!(names, want, "{kind}");
             for column in &columns {

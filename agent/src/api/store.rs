@@ -19,6 +19,7 @@ use super::external_secret::Condition;
     shortname = "lkss",
     category = "latchkey",
     status = "StoreStatus",
+    printcolumn = r#"{"name": "Provider", "type": "string", "jsonPath": ".status.provider"}"#,
     printcolumn = r#"{"name": "Status", "type": "string",
                       "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name": "Ready", "type": "string",
@@ -42,6 +43,7 @@ pub struct SecretStoreSpec {
     shortname = "lkcss",
     category = "latchkey",
     status = "StoreStatus",
+    printcolumn = r#"{"name": "Provider", "type": "string", "jsonPath": ".status.provider"}"#,
     printcolumn = r#"{"name": "Status", "type": "string",
                       "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name": "Ready", "type": "string",
@@ -418,10 +420,14 @@ pub struct SecretsStoreCsiProvider {
     pub timeout: Option<String>,
 }
 
-/// Observed state of a store.
+/// Observed state of a store, written by the mirror controller (`latchkey controller`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct StoreStatus {
-    /// Standard conditions (`Ready`).
+    /// The provider block the spec sets (`aws`, `vault`, `kubernetes`, `fake`, `plugin`,
+    /// `secretsStoreCSI`; comma-separated when an invalid spec sets several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Standard conditions (`Ready`: the spec is one the agent accepts).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

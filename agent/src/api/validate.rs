@@ -76,10 +76,8 @@ impl ProviderSpec<'_> {
     }
 }
 
-/// Checks a store's `spec.provider`: exactly one provider block, the rules of that block (AWS
-/// service and auth method, Vault KV version and auth method), and what only a
-/// ClusterSecretStore may use. Returns the block.
-pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, Invalid> {
+/// The provider blocks a store's `spec.provider` sets (exactly one in a valid store).
+pub fn provider_blocks(p: &StoreProvider) -> Vec<ProviderSpec<'_>> {
     let mut set = Vec::new();
     if let Some(a) = &p.aws {
         set.push(ProviderSpec::Aws(a));
@@ -99,6 +97,14 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
     if let Some(p) = &p.secrets_store_csi {
         set.push(ProviderSpec::SecretsStoreCsi(p));
     }
+    set
+}
+
+/// Checks a store's `spec.provider`: exactly one provider block, the rules of that block (AWS
+/// service and auth method, Vault KV version and auth method), and what only a
+/// ClusterSecretStore may use. Returns the block.
+pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, Invalid> {
+    let set = provider_blocks(p);
     let one = match set.as_slice() {
         [one] => *one,
         [] => {

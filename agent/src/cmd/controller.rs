@@ -167,7 +167,21 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         selector: args.selector,
         concurrency: args.concurrency.max(1),
     };
-    mirror::run(client, scope, reconciler, leadership, metrics, stopped()).await;
+    let store_status = Arc::new(mirror::stores::StatusWriter::new(
+        client.clone(),
+        leadership.clone(),
+        args.dry_run,
+    ));
+    mirror::run(
+        client,
+        scope,
+        reconciler,
+        store_status,
+        leadership,
+        metrics,
+        stopped(),
+    )
+    .await;
     readiness.set_serving(false);
     if let Some(elector) = elector {
         elector.await.context("leader election task")?;

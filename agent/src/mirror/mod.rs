@@ -12,6 +12,7 @@ pub mod desired;
 pub mod leader;
 pub mod reconcile;
 pub mod status;
+pub mod stores;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -48,11 +49,13 @@ pub struct Scope {
     pub concurrency: u16,
 }
 
-/// Runs the controllers while this replica leads, until `stop` completes.
+/// Runs the controllers while this replica leads, until `stop` completes: the mirror over
+/// ExternalSecrets, and the status of stores ([`stores`]).
 pub async fn run(
     client: Client,
     scope: Scope,
     reconciler: Arc<Reconciler>,
+    store_status: Arc<stores::StatusWriter>,
     mut leadership: Leadership,
     metrics: Arc<crate::telemetry::Metrics>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
@@ -80,7 +83,7 @@ pub async fn run(
             .iter()
             .map(|namespace| controller(&client, namespace.as_deref(), &scope))
             .collect();
-        let stores: Vec<Store<Lenient<ExternalSecret>>> =
+        let seen: Vec<Store<Lenient<ExternalSecret>>> =
             controllers.iter().map(Controller::store).collect();
         let runs = controllers.into_iter().map(|controller| {
             let reconciler = Arc::clone(&reconciler);
@@ -104,9 +107,15 @@ pub async fn run(
                     future::ready(())
                 })
         });
-        let runs = future::join(
+        let runs = future::join3(
             future::join_all(runs),
-            sweep(stores, Arc::clone(&reconciler), ended.clone()),
+            sweep(seen, Arc::clone(&reconciler), ended.clone()),
+            stores::run(
+                &client,
+                &scope.namespaces,
+                Arc::clone(&store_status),
+                ended.clone(),
+            ),
         );
         tokio::pin!(runs);
         tokio::select! {
