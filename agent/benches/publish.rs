@@ -25,7 +25,8 @@
 //! `LATCHKEY_BENCH_ONLY=warm` is for profiling the agent (docs/benchmarks.md says how): it prints
 //! the agent's pid, waits 3 s, publishes 5,000 pods and only then unpublishes them.
 //! `LATCHKEY_BENCH_HOLD_SECS=<n>` keeps the agent running for n seconds after the last
-//! measurement, to look at it from outside (smaps, gdb).
+//! measurement, to look at it from outside (smaps, gdb). `LATCHKEY_BENCH_BIN=<path>` measures
+//! another build of the agent with the same harness (before/after comparisons).
 //!
 //! Prints a table and writes JSON to `target/bench/publish.json`. Targets are reported as
 //! PASS/MISS and never enforced: the exit code is non-zero only when something breaks (the agent
@@ -53,6 +54,12 @@ use tonic::transport::Channel;
 
 /// The binary under test, built by Cargo with the same profile as this benchmark.
 const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
+
+/// The binary to measure: `LATCHKEY_BENCH_BIN` (another build, for a side-by-side comparison
+/// under the same harness), or the one Cargo built.
+fn agent_binary() -> PathBuf {
+    std::env::var_os("LATCHKEY_BENCH_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
+}
 /// Where the JSON report goes (the workspace's target directory).
 const REPORT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
 const NAMESPACE: &str = "bench";
@@ -734,7 +741,8 @@ impl Agent {
 
     fn spawn(&mut self, manifest_dir: &Path) -> Result<()> {
         let log = std::fs::File::create(&self.log)?;
-        let child = Command::new(BIN)
+        let bin = agent_binary();
+        let child = Command::new(&bin)
             .arg("node")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -748,7 +756,7 @@ impl Agent {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {BIN}"))?;
+            .with_context(|| format!("starting {}", bin.display()))?;
         self.child = Some(child);
         Ok(())
     }
@@ -1079,7 +1087,7 @@ impl Machine {
     fn header(&self, counts: &Counts) -> String {
         format!(
             "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}; \
-             targets on {} ({})\n",
+             targets on {} ({})\nagent: {}\n",
             counts.mode(),
             self.build,
             self.date,
@@ -1088,6 +1096,7 @@ impl Machine {
             self.kernel,
             std::env::temp_dir().display(),
             self.scratch_fs,
+            agent_binary().display(),
         )
     }
 }
