@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Records which functions of the release `latchkey` binary run while the agent starts and serves
+# publishes, and writes them to agent/link/hot-functions.order; agent/build.rs hands that list to
+# lld, which places those functions first and together. Idle RSS is mostly code pages mapped in
+# 64 KiB windows, so packing the code that runs into few windows is what lowers it
+# (docs/benchmarks.md, "Memory").
+#
+# Run it after a change of dependencies or of the toolchain (the list goes stale then: names it
+# no longer finds are skipped, the layout slowly degrades, nothing breaks), then rebuild:
+#
+#   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~30 min on 2 cores
+#
+# Two builds are recorded, since a symbol's mangled name carries a hash of how its crate was
+# built: `cargo build --release` (what the benchmarks and a source install run) and the image's
+# (static glibc with `--target`, as in the Dockerfile). Each keeps its symbols
+# (LATCHKEY_KEEP_SYMBOLS=1: the same profile, so the same names as the stripped one) and runs
+# under valgrind's callgrind, in manifest mode on fake-provider stores. Callgrind's first dump
+# holds what starting the agent ran (until /readyz answers) and what an idle agent runs (probes,
+# metric scrapes, a second of idling); the second what publishing ran: first and repeated
+# publishes with and without a template, a refresh that is due, unpublishes, a refused request.
+# Start-up functions come first so that an idle agent touches the fewest windows.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/symbol-order.sh: mounting tmpfs needs root; re-running in a user+mount namespace" >&2
+  exec unshare --user --map-root-user --mount -- "$0" "$@"
+fi
+command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
+
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+ORDER=agent/link/hot-functions.order
+WORK="$(mktemp -d)"
+AGENT_PID=""
+cleanup() {
+  [ -n "$AGENT_PID" ] && kill "$AGENT_PID" 2>/dev/null && wait "$AGENT_PID" 2>/dev/null
+  { grep -o " $WORK/[^ ]*" /proc/self/mounts | xargs -r -n1 umount -l; } 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+mkdir -p "$WORK/manifests" "$WORK/pods"
+# What the publish path meets in use: property, extract, a CEL template with files items, a
+# refresh that falls due within the recording (1s), and the cache.
+cat > "$WORK/manifests/order.yaml" <<'YAML'
+apiVersion: latchkey.dev/v1alpha1
+kind: SecretStore
+metadata: {name: store, namespace: shop}
+spec:
+  provider:
+    fake:
+      data:
+      - {key: shop/database, value: '{"host": "db", "port": 5432, "username": "shop", "password": "not-a-secret"}'}
+      - {key: shop/api-key, value: not-a-secret-either}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: plain, namespace: shop}
+spec:
+  secretStoreRef: {name: store}
+  refreshInterval: 1h
+  data:
+  - {secretKey: username, remoteRef: {key: shop/database, property: username}}
+  - {secretKey: api-key, remoteRef: {key: shop/api-key}}
+  dataFrom:
+  - extract: {key: shop/database}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: fast, namespace: shop}
+spec:
+  secretStoreRef: {name: store}
+  refreshInterval: 1s
+  data:
+  - {secretKey: api-key, remoteRef: {key: shop/api-key}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: templated, namespace: shop}
+spec:
+  secretStoreRef: {name: store}
+  dataFrom:
+  - extract: {key: shop/database}
+  target:
+    template:
+      data:
+        url: "'postgres://%s:%s@%s:%s/shop'.format([secret.username, secret.password, secret.host, secret.port])"
+        app: "'%s/%s'.format([pod.namespace, pod.name]).lowerAscii()"
+    files:
+      items:
+      - {key: url, path: db/url, mode: 0400}
+      - {key: app, path: app}
+YAML
+# Callgrind names each function once per dump file, at its first mention: "fn=(id) name" for
+# a function that ran, or "cfn=(id) name" for one called; later mentions are "fn=(id)" alone.
+names() {
+  python3 - "$1" <<'PY'
+import re, sys
+named, ran = {}, set()
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"(c?)fn=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+    if not m:
+        continue
+    if m.group(3):
+        named[m.group(2)] = m.group(3)
+    if not m.group(1):
+        ran.add(m.group(2))
+print("\n".join(sorted({named[i] for i in ran if i in named})))
+PY
+}
+in_order() { awk 'NR == FNR {want[$0]; next} $0 in want' "$1" "$WORK/defined"; }
+
+# Records what binary $1 runs at start-up and when publishing, into $WORK/$2.start and
+# $WORK/$2.publish, in the binary's own address order (neighbours stay neighbours).
+record() {
+  local BIN=$1 name=$2
+  rm -rf "$WORK/pods" "$WORK"/cg.out*; mkdir -p "$WORK/pods"
+  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  SOCK="$WORK/csi.sock"
+
+  echo "==> recording $name under callgrind"
+  valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file="$WORK/cg.out" \
+    "$BIN" node --endpoint "unix://$SOCK" --node-id symbol-order --manifests "$WORK/manifests" \
+    --metrics-addr "127.0.0.1:$PORT" 2> "$WORK/agent.log" &
+  AGENT_PID=$!
+
+  ready() { python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/readyz', timeout=2)" 2>/dev/null; }
+  for _ in $(seq 600); do ready && break; kill -0 "$AGENT_PID" || { cat "$WORK/agent.log"; exit 1; }; sleep 0.2; done
+  ready || { echo "the agent did not become ready under callgrind" >&2; tail "$WORK/agent.log" >&2; exit 1; }
+  # What an idle agent on a node keeps running: kubelet's registration and the livenessprobe
+  # sidecar (GetPluginInfo, Probe, NodeGetInfo), Prometheus scrapes and health checks.
+  "$BIN" probe --endpoint "unix://$SOCK" >/dev/null
+  for path in metrics healthz readyz; do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/$path', timeout=5).read()"
+  done
+  sleep 1
+  callgrind_control --dump=start-up "$AGENT_PID" >/dev/null
+
+  pub() { "$BIN" publish --endpoint "unix://$SOCK" --target "$WORK/pods/$1" --namespace shop --external-secret "$2" >/dev/null; }
+  unpub() { "$BIN" unpublish --endpoint "unix://$SOCK" --target "$WORK/pods/$1" >/dev/null; }
+  for es in plain fast templated; do
+    pub "$es-a" "$es"; pub "$es-b" "$es"; pub "$es-a" "$es"
+  done
+  sleep 1.2
+  pub fast-a fast
+  pub missing no-such-external-secret 2>/dev/null || true
+  for d in "$WORK"/pods/*; do unpub "$(basename "$d")"; done
+  callgrind_control --dump=publish "$AGENT_PID" >/dev/null
+  kill "$AGENT_PID"; wait "$AGENT_PID" 2>/dev/null || true; AGENT_PID=""
+  local start_file publish_file
+  start_file=$(grep -l '^desc: Trigger: .*start-up' "$WORK"/cg.out* | head -n1)
+  publish_file=$(grep -l '^desc: Trigger: .*publish' "$WORK"/cg.out* | head -n1)
+  [ -n "$start_file" ] && [ -n "$publish_file" ] || { echo "callgrind wrote no dumps" >&2; exit 1; }
+  nm --defined-only --numeric-sort "$BIN" | awk '$2 ~ /^[tTwW]$/ && !seen[$3]++ {print $3}' > "$WORK/defined"
+  names "$start_file" | sort > "$WORK/ran-start"
+  in_order "$WORK/ran-start" > "$WORK/$name.start"
+  names "$publish_file" | sort | comm -23 - "$WORK/ran-start" > "$WORK/ran-publish"
+  in_order "$WORK/ran-publish" > "$WORK/$name.publish"
+  echo "    $name: $(wc -l < "$WORK/$name.start") start-up and $(wc -l < "$WORK/$name.publish") publish functions"
+}
+
+echo "==> cargo build --release, symbols kept"
+LATCHKEY_KEEP_SYMBOLS=1 cargo build --release --locked -p latchkey
+record "$TARGET_DIR/release/latchkey" host
+echo "==> the image's build (Dockerfile), symbols kept"
+LATCHKEY_KEEP_SYMBOLS=1 RUSTFLAGS="-C target-feature=+crt-static" \
+  cargo build --release --locked -p latchkey --target x86_64-unknown-linux-gnu
+record "$TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
+
+{
+  echo "# Functions of the release latchkey binary that run at start-up, then on the publish path,"
+  echo "# for cargo build --release and for the image's static build (their names differ)."
+  echo "# Written by scripts/symbol-order.sh on $(date -u +%F) with $(rustc --version); read by agent/build.rs."
+  echo "# start-up"
+  cat "$WORK/host.start" "$WORK/image.start"
+  echo "# publish"
+  cat "$WORK/host.publish" "$WORK/image.publish"
+} | awk '/^#/ || !seen[$0]++' > "$ORDER.tmp"
+mv "$ORDER.tmp" "$ORDER"
+echo "==> $ORDER: $(grep -vc '^#' "$ORDER") functions; rebuild to use it (cargo build --release -p latchkey)"
