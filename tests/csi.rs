@@ -616,6 +616,13 @@ async fn cli_publish_and_unpublish_work_like_kubelet() {
             external_secret,
         ])
     };
+    let out = run(&["probe", "--endpoint", &endpoint]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.starts_with("csi.latchkey.dev ") && stdout.trim_end().ends_with(": ready"),
+        "{stdout}"
+    );
     let t = target.to_str().unwrap();
     let out = publish(t, "app");
     assert!(

@@ -28,6 +28,8 @@ enum Command {
     Publish(cmd::kubelet::PublishArgs),
     /// Send NodeUnpublishVolume as kubelet would.
     Unpublish(cmd::kubelet::UnpublishArgs),
+    /// Send GetPluginInfo, Probe and NodeGetInfo as kubelet and its liveness probe would.
+    Probe(cmd::kubelet::ProbeArgs),
     /// Run the whole path locally with the built-in fake provider.
     Demo(cmd::demo::DemoArgs),
     /// Print the CRD YAML generated from the Rust types.
@@ -72,6 +74,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Publish(args) => cmd::kubelet::publish(args).await,
         Command::Unpublish(args) => cmd::kubelet::unpublish(args).await,
+        Command::Probe(args) => cmd::kubelet::probe(args).await,
         Command::Demo(args) => {
             init_logging(cli.log_format, "warn");
             cmd::demo::run(args).await

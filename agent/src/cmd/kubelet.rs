@@ -1,10 +1,13 @@
 //! `latchkey publish` / `latchkey unpublish`: send the calls kubelet would send for an ephemeral
-//! inline volume. For debugging on a node and for tests.
+//! inline volume; `latchkey probe`: the calls of kubelet's plugin registration and of the
+//! livenessprobe sidecar. For debugging on a node and for tests.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
+use csi_proto::v1::identity_client::IdentityClient;
 use csi_proto::v1::node_client::NodeClient;
+use csi_proto::v1::{GetPluginInfoRequest, NodeGetInfoRequest, ProbeRequest};
 
 use crate::csi::client::{self, PodVolume};
 use crate::csi::endpoint;
@@ -52,18 +55,61 @@ pub struct UnpublishArgs {
     pub volume_id: Option<String>,
 }
 
+/// Flags of `latchkey probe`.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// CSI endpoint of the node agent.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = super::DEFAULT_ENDPOINT)]
+    pub endpoint: String,
+}
+
 fn key_value(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
-async fn node_client(endpoint: &str) -> anyhow::Result<NodeClient<tonic::transport::Channel>> {
+async fn channel(endpoint: &str) -> anyhow::Result<tonic::transport::Channel> {
     let path = endpoint::socket_path(endpoint).map_err(anyhow::Error::msg)?;
-    let channel = client::connect(&path)
+    client::connect(&path)
         .await
-        .with_context(|| format!("connecting to {}", path.display()))?;
-    Ok(NodeClient::new(channel))
+        .with_context(|| format!("connecting to {}", path.display()))
+}
+
+async fn node_client(endpoint: &str) -> anyhow::Result<NodeClient<tonic::transport::Channel>> {
+    Ok(NodeClient::new(channel(endpoint).await?))
+}
+
+/// Sends GetPluginInfo, Probe and NodeGetInfo, as kubelet's registration and the livenessprobe
+/// sidecar do; fails when the agent is not ready.
+pub async fn probe(args: ProbeArgs) -> anyhow::Result<()> {
+    let channel = channel(&args.endpoint).await?;
+    let mut identity = IdentityClient::new(channel.clone());
+    let info = identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .map_err(status_error("GetPluginInfo"))?
+        .into_inner();
+    // The spec reads an unset `ready` as ready.
+    let ready = identity
+        .probe(ProbeRequest {})
+        .await
+        .map_err(status_error("Probe"))?
+        .into_inner()
+        .ready
+        .unwrap_or(true);
+    let node = NodeClient::new(channel)
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .map_err(status_error("NodeGetInfo"))?
+        .into_inner();
+    let state = if ready { "ready" } else { "not ready" };
+    println!(
+        "{} {} on node {}: {state}",
+        info.name, info.vendor_version, node.node_id
+    );
+    anyhow::ensure!(ready, "Probe: the agent is not ready (catalog not synced yet)");
+    Ok(())
 }
 
 /// Sends NodePublishVolume.
