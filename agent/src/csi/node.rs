@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use super::{request, status};
+use crate::memory::Bursts;
 use crate::publish::{Outcome, Publisher};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{PublishLabels, ResultLabel};
@@ -24,6 +25,8 @@ pub struct NodeService {
     publisher: Arc<Publisher>,
     metrics: Arc<Metrics>,
     node_id: String,
+    /// Publishes and unpublishes in flight, to give a storm's memory back once it is over.
+    bursts: Arc<Bursts>,
 }
 
 impl NodeService {
@@ -33,6 +36,7 @@ impl NodeService {
             publisher,
             metrics,
             node_id,
+            bursts: Arc::default(),
         }
     }
 
@@ -104,6 +108,7 @@ impl Node for NodeService {
         &self,
         req: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let _in_flight = self.bursts.enter();
         let start = Instant::now();
         let result = self.publish(req.get_ref()).await;
         self.record_publish(&result, start.elapsed().as_secs_f64());
@@ -114,6 +119,7 @@ impl Node for NodeService {
         &self,
         req: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let _in_flight = self.bursts.enter();
         let req = req.into_inner();
         let target = request::unpublish(&req).map_err(|e| status::from_request(&e))?;
         let span = info_span!("unpublish", volume_id = %req.volume_id);
