@@ -380,12 +380,7 @@ impl Publisher {
         self.volumes.config().size_limit.saturating_mul(4)
     }
 
-    /// Runs a blocking volume operation: a few short syscalls, most of them on the fresh tmpfs.
-    /// On the multi-threaded runtime it runs on this thread (`block_in_place`: the worker's
-    /// other tasks move to another thread meanwhile), which spares the publish the two thread
-    /// hand-offs of `spawn_blocking`, there and back (~30 µs of a ~250 µs warm publish). On a
-    /// current-thread runtime (tests) it goes to the blocking pool. A panic becomes an error
-    /// either way.
+    /// Runs a blocking volume operation off the async runtime.
     async fn blocking<T: Send + 'static>(
         &self,
         target: &Path,
@@ -394,18 +389,8 @@ impl Publisher {
     ) -> Result<T, PublishError> {
         let volumes = Arc::clone(&self.volumes);
         let path = target.to_path_buf();
-        let run = move || op(&volumes, &path);
-        let result = if tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::MultiThread
-        {
-            tokio::task::block_in_place(|| std::panic::catch_unwind(AssertUnwindSafe(run)))
-                .map_err(|_| "it panicked".to_string())
-        } else {
-            tokio::task::spawn_blocking(run)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        result
+        tokio::task::spawn_blocking(move || op(&volumes, &path))
+            .await
             .map_err(|e| PublishError::Internal(format!("volume worker failed: {e}")))?
             .map_err(|source| PublishError::Volume {
                 ctx: ctx.map(Context::boxed),
