@@ -108,7 +108,10 @@ pub async fn probe(args: ProbeArgs) -> anyhow::Result<()> {
         "{} {} on node {}: {state}",
         info.name, info.vendor_version, node.node_id
     );
-    anyhow::ensure!(ready, "Probe: the agent is not ready (catalog not synced yet)");
+    anyhow::ensure!(
+        ready,
+        "Probe: the agent is not ready (catalog not synced yet)"
+    );
     Ok(())
 }
 
