@@ -345,8 +345,8 @@ async fn measure_storm(
     measure_settled(agent, threads_idle, counts.settle, report).await
 }
 
-/// RSS once the threads the storm started have exited again (or `settle` has passed): what
-/// the storm left behind for good.
+/// RSS once the threads the storm started have exited again and the agent has trimmed its heap
+/// (or `settle` has passed): what the storm left behind for good.
 async fn measure_settled(
     agent: &Agent,
     threads_idle: f64,
@@ -354,7 +354,12 @@ async fn measure_settled(
     report: &mut Report,
 ) -> Result<()> {
     let start = Instant::now();
-    while agent.status_field("Threads")? > threads_idle && start.elapsed() < settle {
+    // The agent gives a burst's memory back 2 s after the burst's blocking threads have exited
+    // (agent/src/memory.rs): read RSS after both, unless `settle` runs out first.
+    let trimmed = latchkey::memory::BLOCKING_KEEP_ALIVE + Duration::from_secs(3);
+    while (agent.status_field("Threads")? > threads_idle || start.elapsed() < trimmed)
+        && start.elapsed() < settle
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let waited = start.elapsed();

@@ -48,6 +48,7 @@ fn main() -> std::process::ExitCode {
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_keep_alive(latchkey::memory::BLOCKING_KEEP_ALIVE)
         .build()
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(run(Cli::parse())));

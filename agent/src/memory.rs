@@ -3,8 +3,8 @@
 //! Every call in flight holds its futures and buffers (~17 KiB for a publish); after a mount
 //! storm glibc's malloc keeps what the runtime's threads freed in their arenas, so RSS stayed
 //! 8-12 MiB above idle for good (docs/benchmarks.md, "Memory"). `malloc_trim` hands those free
-//! pages back: once per burst, after the agent has been quiet for a moment. Event-driven: an idle
-//! agent runs nothing here.
+//! pages back: once per burst, once the agent has been quiet long enough for the burst's blocking
+//! threads to have exited. Event-driven: an idle agent runs nothing here.
 //!
 //! Not for live data (the value cache has its own bounds), and not for allocators other than
 //! glibc's (elsewhere this does nothing).
@@ -15,8 +15,12 @@ use std::time::Duration;
 
 /// Calls in flight at once from which a burst is worth trimming after.
 const BURST: usize = 32;
-/// How long no call may be in flight before the trim.
-const QUIET: Duration = Duration::from_secs(2);
+/// How long an idle thread of tokio's blocking pool lives (the runtime is built with it). A
+/// burst starts up to 16 of them; what they freed reaches the arenas only when they exit.
+pub const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// How long no call may be in flight before the trim: until the burst's blocking threads have
+/// exited.
+const QUIET: Duration = Duration::from_secs(BLOCKING_KEEP_ALIVE.as_secs() + 2);
 
 /// Counts calls in flight and trims after a burst.
 #[derive(Debug, Default)]
