@@ -163,9 +163,12 @@ echo "==> cargo build --release, symbols kept"
 LATCHKEY_KEEP_SYMBOLS=1 cargo build --release --locked -p latchkey
 record "$TARGET_DIR/release/latchkey" host
 echo "==> the image's build (Dockerfile), symbols kept"
-LATCHKEY_KEEP_SYMBOLS=1 RUSTFLAGS="-C target-feature=+crt-static" \
+# Its dependencies are built again (other flags); IMAGE_TARGET_DIR can point at a directory
+# that already holds them.
+IMAGE_TARGET_DIR="${IMAGE_TARGET_DIR:-$TARGET_DIR}"
+LATCHKEY_KEEP_SYMBOLS=1 RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$IMAGE_TARGET_DIR" \
   cargo build --release --locked -p latchkey --target x86_64-unknown-linux-gnu
-record "$TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
+record "$IMAGE_TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
 
 {
   echo "# Functions of the release latchkey binary that run at start-up, then on the publish path,"

@@ -121,12 +121,15 @@ async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
     if counts.warm_only {
         return measure_warm_only(&agent, &node, counts, report).await;
     }
+    // #13: at most a minimal Go CSI node plugin's, 8.8-9.0 MiB here (scripts/bench-go-csi.sh);
+    // the design's 20 MiB came first. Well above it, agent/link/hot-functions.order is likely
+    // stale (scripts/symbol-order.sh).
     report.check(
         "rss_idle_mib",
         "agent RSS idle, before any publish".into(),
         agent.rss_mib()?,
         Unit::MiB,
-        Target::AtMost(20.0),
+        Target::AtMost(9.0),
     );
     report.info(
         "rss_anon_idle_mib",
