@@ -8,11 +8,12 @@
 # Run it after a change of dependencies or of the toolchain (the list goes stale then: names it
 # no longer finds are skipped, the layout slowly degrades, nothing breaks), then rebuild:
 #
-#   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~30 min on 2 cores
+#   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~30-40 min on 2 cores
 #
-# Two builds are recorded, since a symbol's mangled name carries a hash of how its crate was
-# built: `cargo build --release` (what the benchmarks and a source install run) and the image's
-# (static glibc with `--target`, as in the Dockerfile). Each keeps its symbols
+# Three builds are recorded, since a symbol's mangled name carries a hash of how its crate was
+# built: `cargo build --release` (a source install), `cargo bench`'s (built with the
+# dev-dependencies' features) and the image's (static glibc with `--target`, as in the
+# Dockerfile). Each keeps its symbols
 # (LATCHKEY_KEEP_SYMBOLS=1: the same profile, so the same names as the stripped one) and runs
 # under valgrind's callgrind, in manifest mode on fake-provider stores. Callgrind's first dump
 # holds what starting the agent ran (until /readyz answers) and what an idle agent runs (probes,
@@ -162,6 +163,11 @@ record() {
 echo "==> cargo build --release, symbols kept"
 LATCHKEY_KEEP_SYMBOLS=1 cargo build --release --locked -p latchkey
 record "$TARGET_DIR/release/latchkey" host
+echo "==> cargo bench's build of the binary, symbols kept"
+# Other names: built beside the benchmarks, its dependencies get the dev-dependencies' features
+# too (tokio's test-util, ...), and a crate's features are hashed into its names.
+LATCHKEY_KEEP_SYMBOLS=1 cargo bench --no-run --locked -p latchkey --bench publish
+record "$TARGET_DIR/release/latchkey" bench
 echo "==> the image's build (Dockerfile), symbols kept"
 # Its dependencies are built again (other flags); IMAGE_TARGET_DIR can point at a directory
 # that already holds them.
@@ -172,12 +178,12 @@ record "$IMAGE_TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
 
 {
   echo "# Functions of the release latchkey binary that run at start-up, then on the publish path,"
-  echo "# for cargo build --release and for the image's static build (their names differ)."
+  echo "# for cargo build --release, cargo bench and the image's static build (their names differ)."
   echo "# Written by scripts/symbol-order.sh on $(date -u +%F) with $(rustc --version); read by agent/build.rs."
   echo "# start-up"
-  cat "$WORK/host.start" "$WORK/image.start"
+  cat "$WORK/host.start" "$WORK/bench.start" "$WORK/image.start"
   echo "# publish"
-  cat "$WORK/host.publish" "$WORK/image.publish"
+  cat "$WORK/host.publish" "$WORK/bench.publish" "$WORK/image.publish"
 } | awk '/^#/ || !seen[$0]++' > "$ORDER.tmp"
 mv "$ORDER.tmp" "$ORDER"
 echo "==> $ORDER: $(grep -vc '^#' "$ORDER") functions; rebuild to use it (cargo build --release -p latchkey)"
