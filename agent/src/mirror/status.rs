@@ -82,12 +82,12 @@ pub fn next(
     } else {
         "False"
     };
-    let previous = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    let same_condition = previous.is_some_and(|c| {
-        c.status == status
-            && c.reason.as_deref() == Some(outcome.reason.as_str())
-            && c.message.as_deref() == Some(outcome.message.as_str())
-    });
+    let (conditions, same_condition) = with_ready(
+        current.map_or(&[][..], |s| &s.conditions[..]),
+        status,
+        outcome.reason.as_str(),
+        &outcome.message,
+    );
     let synced = outcome
         .synced_generation
         .map(|g| g.to_string())
@@ -101,26 +101,6 @@ pub fn next(
     if unchanged {
         return None;
     }
-    let transition = match previous {
-        Some(c) if c.status == status => c.last_transition_time.clone(),
-        _ => Some(now.clone()),
-    };
-    let mut conditions: Vec<Condition> = current
-        .map(|s| {
-            s.conditions
-                .iter()
-                .filter(|c| c.type_ != "Ready")
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    conditions.push(Condition {
-        type_: "Ready".into(),
-        status: status.into(),
-        reason: Some(outcome.reason.as_str().into()),
-        message: Some(outcome.message.clone()),
-        last_transition_time: transition.or(Some(now.clone())),
-    });
     Some(ExternalSecretStatus {
         conditions,
         refresh_time: if outcome.refreshed {
@@ -131,6 +111,39 @@ pub fn next(
         synced_resource_version: synced,
         binding,
     })
+}
+
+/// `conditions` with their `Ready` condition set to `status`, `reason` and `message`, and whether
+/// it already said exactly that. The transition time moves only when `status` changes.
+pub fn with_ready(
+    conditions: &[Condition],
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> (Vec<Condition>, bool) {
+    let previous = conditions.iter().find(|c| c.type_ == "Ready");
+    let same = previous.is_some_and(|c| {
+        c.status == status
+            && c.reason.as_deref() == Some(reason)
+            && c.message.as_deref() == Some(message)
+    });
+    let transition = previous
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Timestamp::now().to_string());
+    let mut out: Vec<Condition> = conditions
+        .iter()
+        .filter(|c| c.type_ != "Ready")
+        .cloned()
+        .collect();
+    out.push(Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(transition),
+    });
+    (out, same)
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Future, FutureExt, StreamExt, future};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
@@ -25,7 +24,6 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
 use super::leader::Leadership;
-use crate::api::external_secret::Condition;
 use crate::api::store::{ClusterSecretStore, SecretStore, StoreProvider, StoreStatus};
 use crate::api::{StoreKind, validate};
 use crate::catalog::Lenient;
@@ -96,35 +94,15 @@ pub fn next(
         Ok(_) => ("True", REASON_VALID, VALID_MESSAGE.to_string()),
         Err(invalid) => ("False", REASON_INVALID, invalid.to_string()),
     };
-    let previous = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    let same = previous.is_some_and(|c| {
-        c.status == status
-            && c.reason.as_deref() == Some(reason)
-            && c.message.as_deref() == Some(message.as_str())
-    });
+    let (conditions, same) = super::status::with_ready(
+        current.map_or(&[][..], |s| &s.conditions[..]),
+        status,
+        reason,
+        &message,
+    );
     if same && current.is_some_and(|s| s.provider == provider_name) {
         return None;
     }
-    let transition = match previous {
-        Some(c) if c.status == status => c.last_transition_time.clone(),
-        _ => None,
-    };
-    let mut conditions: Vec<Condition> = current
-        .map(|s| {
-            s.conditions
-                .iter()
-                .filter(|c| c.type_ != "Ready")
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    conditions.push(Condition {
-        type_: "Ready".into(),
-        status: status.into(),
-        reason: Some(reason.into()),
-        message: Some(message),
-        last_transition_time: transition.or_else(|| Some(Timestamp::now().to_string())),
-    });
     Some(StoreStatus {
         provider: provider_name,
         conditions,
