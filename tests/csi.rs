@@ -534,6 +534,13 @@ async fn socket_is_root_only_and_removed_on_sigterm() {
     let meta = std::fs::metadata(&agent.socket).unwrap();
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // The socket is bound in a private directory and moved into place: nothing of that is left.
+    let beside: Vec<_> = std::fs::read_dir(agent.socket.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().starts_with(".lk"))
+        .collect();
+    assert!(beside.is_empty(), "left beside the socket: {beside:?}");
     let status = agent.stop();
     assert!(status.success(), "clean shutdown: {status}");
     assert!(!agent.socket.exists(), "socket removed on shutdown");

@@ -10,7 +10,6 @@ use std::time::Duration;
 use csi_proto::v1::controller_server::ControllerServer;
 use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::node_server::NodeServer;
-use nix::sys::stat::{Mode, umask};
 use tokio::net::UnixListener;
 use tokio::sync::Notify;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -88,18 +87,28 @@ pub fn bind(path: &Path) -> Result<BoundSocket, ServeError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("inspecting", e)),
     }
-    // The socket is created with the umask applied: close the window in which it would be
-    // reachable by others before the chmod below. Runs at startup, before other threads write files.
-    let previous = umask(Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(path);
-    umask(previous);
-    let listener = bound.map_err(|e| io("binding", e))?;
+    // bind(2) creates the socket with the umask applied, so it would be reachable by others until
+    // the chmod. It is bound in a fresh 0700 directory beside its final path instead, made 0600
+    // there, then renamed into place: never reachable by others, and the process umask is never
+    // changed (the volume writer relies on it staying as it was at start, see volume::modes).
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    // A short name: a unix socket path is limited to 107 bytes, and this one is a little longer.
+    let private = tempfile::Builder::new()
+        .prefix(".lk")
+        .tempdir_in(parent)
+        .map_err(|e| io("creating a private directory beside", e))?;
+    let staged = private.path().join("s");
+    let listener = UnixListener::bind(&staged).map_err(|e| io("binding", e))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io("setting permissions of", e))?;
+    std::fs::rename(&staged, path).map_err(|e| io("moving into place", e))?;
     let socket = BoundSocket {
         listener: Some(listener),
         path: path.to_path_buf(),
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| io("setting permissions of", e))?;
     Ok(socket)
 }
 

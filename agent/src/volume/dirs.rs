@@ -106,12 +106,15 @@ impl Created {
 /// path; should something appear there meanwhile, `mkdir` tells, and it is judged as if it had
 /// been seen: a directory is used (but not ours to remove), anything else refused.
 pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created, VolumeError> {
+    if seen_absent {
+        // kubelet has made the target's parent: one `mkdir` does it, with no look at the parents.
+        match make_dirs(vec![target], target) {
+            Err(VolumeError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
+            made => return made.and_then(|created| refuse_link(created, target)),
+        }
+    }
     let mut missing = Vec::new();
     let mut current = target;
-    if seen_absent && let Some(parent) = target.parent() {
-        missing.push(target);
-        current = parent;
-    }
     loop {
         // The target itself must not be a link; links among the parents are the node's business.
         let meta = if current == target {
@@ -132,9 +135,16 @@ pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created,
             Err(source) => return Err(io("inspecting", current, source)),
         }
     }
+    missing.reverse();
+    let created = make_dirs(missing, target)?;
+    refuse_link(created, target)
+}
 
+/// Creates `missing` (outermost first), the target with [`TARGET_MODE`] and parents with
+/// [`PARENT_MODE`]. On failure removes what it made and returns the error.
+fn make_dirs(missing: Vec<&Path>, target: &Path) -> Result<Created, VolumeError> {
     let mut created = Created::default();
-    for dir in missing.into_iter().rev() {
+    for dir in missing {
         let mode = if dir == target {
             TARGET_MODE
         } else {
@@ -144,7 +154,9 @@ pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created,
             Ok(()) => {
                 created.dirs.push(dir.to_path_buf());
                 // Exact mode regardless of the process umask.
-                if let Err(source) = fs::set_permissions(dir, fs::Permissions::from_mode(mode)) {
+                if super::modes::needs_chmod(mode)
+                    && let Err(source) = fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+                {
                     created.remove(target);
                     return Err(io("setting mode of", dir, source));
                 }
@@ -161,6 +173,12 @@ pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created,
             }
         }
     }
+    Ok(created)
+}
+
+/// Refuses (and removes what was created) when `target` turned out to be a link: a directory
+/// `mkdir` found already there is judged here too.
+fn refuse_link(created: Created, target: &Path) -> Result<Created, VolumeError> {
     if fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
         created.remove(target);
         return Err(not_a_directory(target));

@@ -11,6 +11,7 @@
 
 mod dirs;
 mod error;
+mod modes;
 pub mod mountinfo;
 pub mod path;
 mod probe;

@@ -352,8 +352,11 @@ impl<'a> AtomicWriter<'a> {
         if let Some(gid) = self.group {
             nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))?;
         }
-        // The umask may have cleared bits; the layout promises exactly this mode.
-        fs::set_permissions(path, fs::Permissions::from_mode(self.dir_mode()))
+        // The layout promises exactly this mode, whatever the umask.
+        if super::modes::needs_chmod(self.dir_mode()) {
+            fs::set_permissions(path, fs::Permissions::from_mode(self.dir_mode()))?;
+        }
+        Ok(())
     }
 
     fn create_file(&self, path: &Path, file: &VolumeFile) -> std::io::Result<()> {
@@ -367,9 +370,12 @@ impl<'a> AtomicWriter<'a> {
         if let Some(gid) = self.group {
             nix::unistd::fchown(&out, None, Some(nix::unistd::Gid::from_raw(gid)))?;
         }
-        // fchmod on the open descriptor (after fchown, which may clear set-id bits): the umask
-        // must not weaken or alter the requested mode.
-        out.set_permissions(fs::Permissions::from_mode(file.mode))
+        // fchmod on the open descriptor (after fchown, which may clear set-id bits) when the
+        // umask could have weakened or altered the requested mode.
+        if super::modes::needs_chmod(file.mode) {
+            out.set_permissions(fs::Permissions::from_mode(file.mode))?;
+        }
+        Ok(())
     }
 
     /// Makes sure every top-level name is a link `X -> ..data/X`. Returns the links it created,
