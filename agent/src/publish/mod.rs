@@ -225,14 +225,21 @@ impl Publisher {
             .as_ref()
             .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
         let attempt = match resolved {
-            // One trip to the blocking pool on the hot path: mount a fresh volume, or swap the
-            // content of a mounted one.
+            // One volume operation on the hot path: mount a fresh volume, or swap the content of
+            // a mounted one.
             Ok((ctx, files, _)) => {
-                let written = self
-                    .blocking(&req.target, Some(&ctx), move |v, t| {
+                let written = if crate::volume::is_light(&files) {
+                    // A few small files: ~0.1 ms of system calls, less than the blocking pool's
+                    // two thread hand-offs cost (docs/benchmarks.md), so it runs right here.
+                    self.volumes
+                        .publish_or_update(&req.target, &files, group)
+                        .map_err(|source| volume_error(Some(&ctx), &req.target, source))?
+                } else {
+                    self.blocking(&req.target, Some(&ctx), move |v, t| {
                         v.publish_or_update(t, &files, group)
                     })
-                    .await?;
+                    .await?
+                };
                 let volume_error = |source| PublishError::Volume {
                     ctx: Some(ctx.boxed()),
                     target: req.target.clone(),
@@ -392,11 +399,15 @@ impl Publisher {
         tokio::task::spawn_blocking(move || op(&volumes, &path))
             .await
             .map_err(|e| PublishError::Internal(format!("volume worker failed: {e}")))?
-            .map_err(|source| PublishError::Volume {
-                ctx: ctx.map(Context::boxed),
-                target: target.to_path_buf(),
-                source,
-            })
+            .map_err(|source| volume_error(ctx, target, source))
+    }
+}
+
+fn volume_error(ctx: Option<&Context>, target: &Path, source: VolumeError) -> PublishError {
+    PublishError::Volume {
+        ctx: ctx.map(Context::boxed),
+        target: target.to_path_buf(),
+        source,
     }
 }
 
