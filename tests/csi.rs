@@ -528,6 +528,43 @@ async fn publish_errors_have_precise_codes_and_leave_nothing_behind() {
     }
 }
 
+/// The writer leaves out chmod/fchmod when the umask cannot have cleared a requested bit: under
+/// a strict umask every mode must still come out exactly as asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modes_are_exact_whatever_the_agent_umask() {
+    support::require_root();
+    let m = manifests(16);
+    let agent = Agent::start_under_umask(&[("shop.yaml", &m)], 0o077).await;
+    let socket = std::fs::metadata(&agent.socket).unwrap();
+    assert_eq!(socket.permissions().mode() & 0o777, 0o600);
+    let mut node = agent.node().await;
+    let req = publish_req(&agent, "strict", "app");
+    let target = agent.target("strict");
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    node.node_publish_volume(req.clone()).await.unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&target), 0o755, "volume root");
+    assert_eq!(mode(&target.join("..data")), 0o755, "payload directory");
+    assert_eq!(mode(&target.join("..data/db")), 0o755, "nested directory");
+    assert_eq!(mode(&target.join("db/password")), 0o400);
+    assert_eq!(mode(&target.join("api-key")), 0o440);
+    assert_eq!(mode(&target.join("LOG_LEVEL")), 0o440);
+    node.node_unpublish_volume(unpublish_request(&req.volume_id, &target))
+        .await
+        .unwrap();
+    assert_nothing_left(&target);
+
+    // A target whose parent is missing is made with its parents, whatever the umask.
+    let req = publish_req(&agent, "deep/strict", "app");
+    let deep = agent.target("deep/strict");
+    node.node_publish_volume(req.clone()).await.unwrap();
+    assert_eq!(mode(&deep), 0o755);
+    assert_eq!(mode(deep.parent().unwrap()), 0o750);
+    node.node_unpublish_volume(unpublish_request(&req.volume_id, &deep))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_is_root_only_and_removed_on_sigterm() {
     let mut agent = agent().await;

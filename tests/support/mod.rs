@@ -45,6 +45,8 @@ pub struct Agent {
     /// What the agent was started with, for restarts.
     args: Vec<String>,
     kubeconfig: Option<PathBuf>,
+    /// The umask the agent starts with, when not the test's own.
+    umask: Option<u32>,
 }
 
 impl Agent {
@@ -61,7 +63,23 @@ impl Agent {
             manifest_dir.display().to_string(),
         ];
         args.extend(extra_args.iter().map(|a| a.to_string()));
-        Self::launch(dir, &args, None).await
+        Self::launch(dir, &args, None, None).await
+    }
+
+    /// [`Self::start`] with the agent's process umask set to `umask` (what a node's container
+    /// runtime might give it).
+    pub async fn start_under_umask(manifests: &[(&str, &str)], umask: u32) -> Self {
+        let dir = scratch_dir();
+        let manifest_dir = dir.path().join("manifests");
+        std::fs::create_dir(&manifest_dir).unwrap();
+        for (name, text) in manifests {
+            std::fs::write(manifest_dir.join(name), text).unwrap();
+        }
+        let args = vec![
+            "--manifests".to_string(),
+            manifest_dir.display().to_string(),
+        ];
+        Self::launch(dir, &args, None, Some(umask)).await
     }
 
     /// Starts an agent that reads the Kubernetes API through `kubeconfig` (no `--manifests`).
@@ -70,10 +88,15 @@ impl Agent {
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml).unwrap();
         let args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
-        Self::launch(dir, &args, Some(&kubeconfig)).await
+        Self::launch(dir, &args, Some(&kubeconfig), None).await
     }
 
-    async fn launch(dir: tempfile::TempDir, args: &[String], kubeconfig: Option<&Path>) -> Self {
+    async fn launch(
+        dir: tempfile::TempDir,
+        args: &[String],
+        kubeconfig: Option<&Path>,
+        umask: Option<u32>,
+    ) -> Self {
         let socket = dir.path().join("plugin").join("csi.sock");
         let log = dir.path().join("agent.log");
         let metrics_addr = free_local_addr();
@@ -85,6 +108,7 @@ impl Agent {
             metrics_addr,
             args: args.to_vec(),
             kubeconfig: kubeconfig.map(Path::to_path_buf),
+            umask,
         };
         agent.spawn();
         agent.wait_ready().await;
@@ -113,7 +137,17 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.umask {
+            // The shell sets the umask and execs the agent: the pid stays the agent's.
+            Some(mask) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("umask {mask:04o} && exec \"$0\" \"$@\""))
+                    .arg(BIN);
+                sh
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("node")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))

@@ -368,6 +368,18 @@ mod tests {
     #[test]
     fn a_target_seen_absent_is_created_and_refused_if_it_appeared_meanwhile() {
         let base = tempfile::tempdir().unwrap();
+        // kubelet made the parent: one mkdir, with the exact mode.
+        let target = base.path().join("mount");
+        let created = create_target(&target, true).unwrap();
+        assert_eq!(created.dirs, [target.clone()]);
+        assert_eq!(
+            fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
+            0o755
+        );
+        created.remove(&target);
+        assert!(!target.exists() && base.path().exists());
+
+        // A missing parent is made too (and removed again).
         let target = base.path().join("a/mount");
         let created = create_target(&target, true).unwrap();
         assert_eq!(created.dirs.len(), 2);

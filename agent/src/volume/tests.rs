@@ -687,3 +687,18 @@ fn fs_group_owns_the_volume_and_tightens_the_root() {
         f.volumes.unpublish(&f.target).unwrap();
     }
 }
+
+#[test]
+fn only_a_few_small_files_are_light_enough_for_an_async_worker() {
+    let small = |n: usize, bytes: usize| -> Vec<VolumeFile> {
+        (0..n)
+            .map(|i| file(&format!("f{i}"), &"x".repeat(bytes)))
+            .collect()
+    };
+    assert!(is_light(&[]));
+    assert!(is_light(&small(3, 64)));
+    assert!(is_light(&small(LIGHT_FILES, LIGHT_BYTES / LIGHT_FILES)));
+    assert!(!is_light(&small(LIGHT_FILES + 1, 1)));
+    assert!(!is_light(&small(1, LIGHT_BYTES + 1)));
+    assert!(!is_light(&small(2, LIGHT_BYTES / 2 + 1)));
+}
