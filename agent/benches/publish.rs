@@ -425,9 +425,13 @@ async fn measure_many_volumes(
     let before = agent.backend_calls()?;
     let republish = sequentially(node, &volumes, Rpc::Publish).await?;
     let calls = agent.backend_calls()? - before;
+    // On a connection of its own, closed afterwards, as kubelet opens one per call: the shared
+    // connection would keep h2 state sized for 1,000 streams in flight until the storm's reading.
+    let teardown_connection = NodeClient::new(agent.channel().await?);
     let start = Instant::now();
-    concurrently(node, &volumes, Rpc::Unpublish).await?;
+    concurrently(&teardown_connection, &volumes, Rpc::Unpublish).await?;
     let teardown = start.elapsed();
+    drop(teardown_connection);
     let what = format!("republish {n} volumes, nothing due");
     report.info(
         "republish_total_ms",
