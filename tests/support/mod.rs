@@ -52,6 +52,20 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent over the given manifests (file name -> YAML text) with extra flags.
     pub async fn start(manifests: &[(&str, &str)], extra_args: &[&str]) -> Self {
+        Self::start_with(manifests, extra_args, None).await
+    }
+
+    /// [`Self::start`] with the agent's process umask set to `umask` (what a node's container
+    /// runtime might give it).
+    pub async fn start_under_umask(manifests: &[(&str, &str)], umask: u32) -> Self {
+        Self::start_with(manifests, &[], Some(umask)).await
+    }
+
+    async fn start_with(
+        manifests: &[(&str, &str)],
+        extra_args: &[&str],
+        umask: Option<u32>,
+    ) -> Self {
         let dir = scratch_dir();
         let manifest_dir = dir.path().join("manifests");
         std::fs::create_dir(&manifest_dir).unwrap();
@@ -63,23 +77,7 @@ impl Agent {
             manifest_dir.display().to_string(),
         ];
         args.extend(extra_args.iter().map(|a| a.to_string()));
-        Self::launch(dir, &args, None, None).await
-    }
-
-    /// [`Self::start`] with the agent's process umask set to `umask` (what a node's container
-    /// runtime might give it).
-    pub async fn start_under_umask(manifests: &[(&str, &str)], umask: u32) -> Self {
-        let dir = scratch_dir();
-        let manifest_dir = dir.path().join("manifests");
-        std::fs::create_dir(&manifest_dir).unwrap();
-        for (name, text) in manifests {
-            std::fs::write(manifest_dir.join(name), text).unwrap();
-        }
-        let args = vec![
-            "--manifests".to_string(),
-            manifest_dir.display().to_string(),
-        ];
-        Self::launch(dir, &args, None, Some(umask)).await
+        Self::launch(dir, &args, None, umask).await
     }
 
     /// Starts an agent that reads the Kubernetes API through `kubeconfig` (no `--manifests`).

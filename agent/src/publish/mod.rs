@@ -240,17 +240,13 @@ impl Publisher {
                     })
                     .await?
                 };
-                let volume_error = |source| PublishError::Volume {
-                    ctx: Some(ctx.boxed()),
-                    target: req.target.clone(),
-                    source,
-                };
+                let failed = |source| volume_error(Some(&ctx), &req.target, source);
                 match written {
                     Published::Mounted(r) => {
                         mounted_here.store(r.is_ok(), Ordering::SeqCst);
-                        Attempt::Mount(r.map_err(volume_error))
+                        Attempt::Mount(r.map_err(failed))
                     }
-                    Published::Updated(r) => Attempt::Refresh(r.map_err(volume_error)),
+                    Published::Updated(r) => Attempt::Refresh(r.map_err(failed)),
                 }
             }
             // Whether the volume is already there decides what a failure means.
@@ -403,6 +399,7 @@ impl Publisher {
     }
 }
 
+/// A volume operation's failure at `target`, with the objects involved when publishing.
 fn volume_error(ctx: Option<&Context>, target: &Path, source: VolumeError) -> PublishError {
     PublishError::Volume {
         ctx: ctx.map(Context::boxed),

@@ -371,7 +371,7 @@ mod tests {
         // kubelet made the parent: one mkdir, with the exact mode.
         let target = base.path().join("mount");
         let created = create_target(&target, true).unwrap();
-        assert_eq!(created.dirs, [target.clone()]);
+        assert_eq!(created.dirs, std::slice::from_ref(&target));
         assert_eq!(
             fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
             0o755
