@@ -171,7 +171,12 @@ impl Agent {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("agent exited early ({status}):\n{}", self.log_text());
             }
-            if self.socket.exists() && client::connect(&self.socket).await.is_ok() {
+            // The agent binds the CSI socket first and its metrics endpoint right after: a test
+            // that reads /readyz or /metrics next must not find the port still closed.
+            if self.socket.exists()
+                && client::connect(&self.socket).await.is_ok()
+                && http_get(self.metrics_addr, "/healthz").await.is_some()
+            {
                 return;
             }
             assert!(
