@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::api::validate::Invalid;
 use crate::cache::CacheLimits;
@@ -48,6 +48,16 @@ pub struct PublishRequest {
     pub external_secret: String,
     /// The pod's fsGroup (kubelet's `volume_mount_group`): files are group-owned by it.
     pub group: Option<u32>,
+}
+
+/// A successful publish: what it did and where the values came from, for the CSI edge's log
+/// line and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// What was done.
+    pub outcome: Outcome,
+    /// `Kind/name` of the store the values were read from; `None` when nothing was resolved.
+    pub store: Option<String>,
 }
 
 /// What a successful publish did.
@@ -174,7 +184,7 @@ impl Publisher {
 
     /// Mounts and fills the volume, or refreshes it when it is already mounted. A failed refresh
     /// keeps the previous content and succeeds (kubelet unmounts a volume whose republish fails).
-    pub async fn publish(&self, req: &PublishRequest) -> Result<Outcome, PublishError> {
+    pub async fn publish(&self, req: &PublishRequest) -> Result<Report, PublishError> {
         let _lock = self.locks.lock(&req.target).await;
         let mounted_here = AtomicBool::new(false);
         let attempt = AssertUnwindSafe(self.publish_locked(req, &mounted_here))
@@ -191,7 +201,8 @@ impl Publisher {
                         .await;
                     self.schedule.remove(&req.target);
                     if let Err(error) = unmounted {
-                        tracing::error!(%error, "cannot unmount after a failed publish");
+                        tracing::error!(target_path = %req.target.display(), %error,
+                            "cannot unmount after a failed publish");
                     }
                 }
                 Err(PublishError::Internal(
@@ -208,11 +219,14 @@ impl Publisher {
         &self,
         req: &PublishRequest,
         mounted_here: &AtomicBool,
-    ) -> Result<Outcome, PublishError> {
+    ) -> Result<Report, PublishError> {
         let now = Instant::now();
         // kubelet republishes every volume periodically: answer at once until a refresh is due.
         if self.schedule.is_fresh(&req.target, now) {
-            return Ok(Outcome::NotDue);
+            return Ok(Report {
+                outcome: Outcome::NotDue,
+                store: None,
+            });
         }
         let group = req.group;
         // Set when the backend is backing off: how long until the next allowed attempt.
@@ -224,6 +238,10 @@ impl Publisher {
         let refresh = resolved
             .as_ref()
             .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
+        let store = resolved
+            .as_ref()
+            .ok()
+            .map(|(ctx, _, _)| format!("{}/{}", ctx.store_kind, ctx.store_name));
         let attempt = match resolved {
             // One volume operation on the hot path: mount a fresh volume, or swap the content of
             // a mounted one.
@@ -268,18 +286,28 @@ impl Publisher {
                 }
                 mounted?;
                 self.schedule.refreshed(&req.target, refresh, now);
-                Ok(Outcome::Mounted)
+                Ok(Report {
+                    outcome: Outcome::Mounted,
+                    store,
+                })
             }
             Attempt::Refresh(Ok(changed)) => {
                 self.schedule.refreshed(&req.target, refresh, now);
-                Ok(Outcome::Refreshed { changed })
+                Ok(Report {
+                    outcome: Outcome::Refreshed { changed },
+                    store,
+                })
             }
             Attempt::Refresh(Err(error)) => {
                 self.schedule.failed(&req.target, refresh, now, retry);
-                warn!(%error, "refresh failed; keeping the previous content");
+                warn!(target_path = %req.target.display(), %error,
+                    "refresh failed; keeping the previous content");
                 let message = format!("{error} (the volume keeps its previous content)");
                 self.events.warn(&req.pod, REFRESH_FAILED, &message);
-                Ok(Outcome::RefreshFailed)
+                Ok(Report {
+                    outcome: Outcome::RefreshFailed,
+                    store,
+                })
             }
         }
     }
@@ -296,9 +324,6 @@ impl Publisher {
         let published =
             self.blocking(target, None, |v, t| v.unpublish(t)).await? == Unpublished::Removed;
         self.schedule.remove(target);
-        if published {
-            info!(target_path = %target.display(), "volume unmounted");
-        }
         Ok(published)
     }
 
@@ -317,10 +342,6 @@ impl Publisher {
                 name: req.external_secret.clone(),
                 reason: Invalid(reason),
             })?;
-        tracing::Span::current().record(
-            "store",
-            format!("{}/{}", binding.store_kind, binding.store_name),
-        );
         let ctx = Context {
             namespace: binding.namespace.clone(),
             external_secret: req.external_secret.clone(),
