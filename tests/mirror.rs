@@ -366,14 +366,20 @@ async fn conflicts_merges_and_bad_targets_each_get_their_reason() {
     assert_eq!(decoded(&merged, "other").as_deref(), Some("kept"));
     assert_eq!(decoded(&merged, "password").as_deref(), Some(PASSWORD));
     assert!(merged["metadata"].get("ownerReferences").is_none());
-    // A conflict is reported as a Warning Event on the ExternalSecret.
-    let events = s.events();
-    assert!(
-        events.iter().any(|e| e["reason"] == "SecretConflict"
-            && e["involvedObject"]["kind"] == "ExternalSecret"
-            && e["type"] == "Warning"),
-        "{events:#?}"
-    );
+    // A conflict is reported as a Warning Event on the ExternalSecret. Events are written in
+    // the background, after the condition: wait for it (a loaded CI machine once read none yet).
+    eventually(
+        Duration::from_secs(15),
+        "a SecretConflict Warning Event",
+        || {
+            s.events().into_iter().find(|e| {
+                e["reason"] == "SecretConflict"
+                    && e["involvedObject"]["kind"] == "ExternalSecret"
+                    && e["type"] == "Warning"
+            })
+        },
+    )
+    .await;
     no_value_leaked(&s, &c);
 }
 
