@@ -6,7 +6,7 @@
 
 use std::fs::{self, DirBuilder};
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
 use super::error::VolumeError;
@@ -108,7 +108,7 @@ impl Created {
 pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created, VolumeError> {
     if seen_absent {
         // kubelet has made the target's parent: one `mkdir` does it, with no look at the parents.
-        match make_dirs(vec![target], target) {
+        match make_dirs(&[target], target) {
             Err(VolumeError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
             made => return made.and_then(|created| refuse_link(created, target)),
         }
@@ -136,15 +136,15 @@ pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created,
         }
     }
     missing.reverse();
-    let created = make_dirs(missing, target)?;
+    let created = make_dirs(&missing, target)?;
     refuse_link(created, target)
 }
 
 /// Creates `missing` (outermost first), the target with [`TARGET_MODE`] and parents with
 /// [`PARENT_MODE`]. On failure removes what it made and returns the error.
-fn make_dirs(missing: Vec<&Path>, target: &Path) -> Result<Created, VolumeError> {
+fn make_dirs(missing: &[&Path], target: &Path) -> Result<Created, VolumeError> {
     let mut created = Created::default();
-    for dir in missing {
+    for &dir in missing {
         let mode = if dir == target {
             TARGET_MODE
         } else {
@@ -154,9 +154,7 @@ fn make_dirs(missing: Vec<&Path>, target: &Path) -> Result<Created, VolumeError>
             Ok(()) => {
                 created.dirs.push(dir.to_path_buf());
                 // Exact mode regardless of the process umask.
-                if super::modes::needs_chmod(mode)
-                    && let Err(source) = fs::set_permissions(dir, fs::Permissions::from_mode(mode))
-                {
+                if let Err(source) = super::modes::settle(dir, mode) {
                     created.remove(target);
                     return Err(io("setting mode of", dir, source));
                 }
@@ -291,7 +289,7 @@ fn io(op: &'static str, path: &Path, source: std::io::Error) -> VolumeError {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{PermissionsExt, symlink};
 
     use super::*;
     use crate::volume::test_support::{MountGuard, require_root};

@@ -10,11 +10,33 @@
 //!
 //! Not for choosing modes (the writer and `dirs` do that).
 
+use std::fs::{self, File, Permissions};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::OnceLock;
+
+/// Gives `path`, just created with `mode`, exactly that mode: `chmod` only when the umask could
+/// have changed it.
+pub(crate) fn settle(path: &Path, mode: u32) -> io::Result<()> {
+    if needs_chmod(mode) {
+        fs::set_permissions(path, Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// [`settle`] for a file just created with `mode` and still open (`fchmod`, after any `fchown`,
+/// which may clear set-id bits).
+pub(crate) fn settle_file(file: &File, mode: u32) -> io::Result<()> {
+    if needs_chmod(mode) {
+        file.set_permissions(Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
 
 /// Whether something just created with `mode` may have fewer bits than `mode` asks for, so that
 /// its mode must be set explicitly. Always true when the umask cannot be read.
-pub(crate) fn needs_chmod(mode: u32) -> bool {
+fn needs_chmod(mode: u32) -> bool {
     needs_chmod_under(process_umask(), mode)
 }
 

@@ -23,7 +23,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -353,10 +353,7 @@ impl<'a> AtomicWriter<'a> {
             nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))?;
         }
         // The layout promises exactly this mode, whatever the umask.
-        if super::modes::needs_chmod(self.dir_mode()) {
-            fs::set_permissions(path, fs::Permissions::from_mode(self.dir_mode()))?;
-        }
-        Ok(())
+        super::modes::settle(path, self.dir_mode())
     }
 
     fn create_file(&self, path: &Path, file: &VolumeFile) -> std::io::Result<()> {
@@ -370,12 +367,8 @@ impl<'a> AtomicWriter<'a> {
         if let Some(gid) = self.group {
             nix::unistd::fchown(&out, None, Some(nix::unistd::Gid::from_raw(gid)))?;
         }
-        // fchmod on the open descriptor (after fchown, which may clear set-id bits) when the
-        // umask could have weakened or altered the requested mode.
-        if super::modes::needs_chmod(file.mode) {
-            out.set_permissions(fs::Permissions::from_mode(file.mode))?;
-        }
-        Ok(())
+        // On the open descriptor, after fchown: the umask must not weaken or alter the mode.
+        super::modes::settle_file(&out, file.mode)
     }
 
     /// Makes sure every top-level name is a link `X -> ..data/X`. Returns the links it created,
