@@ -44,6 +44,8 @@ enum Command {
 const MAX_BLOCKING_THREADS: usize = 16;
 
 fn main() -> std::process::ExitCode {
+    // Before any thread is started, so that none gets an arena of its own.
+    latchkey::memory::one_arena();
     latchkey::tls::install_crypto_provider();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

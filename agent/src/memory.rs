@@ -6,9 +6,16 @@
 //! pages back: once per burst, once the agent has been quiet long enough for the burst's blocking
 //! threads to have exited. Event-driven: an idle agent runs nothing here.
 //!
-//! Not for live data (the value cache has its own bounds), and not for allocators other than
-//! glibc's (elsewhere this does nothing).
+//! Live data made during a burst is what `malloc_trim` cannot return, and a page holding one
+//! small live allocation among the burst's garbage stays resident. Two things keep that small:
+//! one malloc arena for the whole process ([`one_arena`]), and the per-target maps giving their
+//! table back once a burst's volumes are gone ([`shrink_emptied`]).
+//!
+//! Not for the value cache (it has its own bounds), and not for allocators other than glibc's
+//! (elsewhere the calls here do nothing).
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -89,6 +96,38 @@ fn trim() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim() {}
 
+/// Makes every thread allocate from one malloc arena. Call it first thing in `main`.
+///
+/// glibc gives each thread that meets a locked arena one of its own, up to 8 per core. Publishes
+/// run on the runtime's two workers, so a storm's request memory and the few allocations that
+/// outlive it (cache values, a grown table) were spread over two more arenas, each with its own
+/// free lists and its own partly used pages; after the trim those arenas kept 2-3 MiB resident
+/// for ~0.9 MiB in use. With one arena a later burst reuses the same free chunks. The cost is a
+/// shared lock on allocations that miss the per-thread cache: no change measured in the storm
+/// or the warm publish (docs/benchmarks.md, "After a storm").
+pub fn one_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt takes no pointers; M_ARENA_MAX only bounds how many arenas glibc creates
+    // later, which is valid at any time (arenas that already exist stay in use).
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// Below this many entries a map keeps its table: not worth reallocating.
+const KEEP_ENTRIES: usize = 64;
+
+/// Gives back most of `map`'s table once it is three-quarters empty.
+///
+/// A hash table never shrinks by itself, so a map keyed by target path keeps the room of the
+/// most volumes it ever held (~84 KiB at 1,000), made in the middle of a burst where it pins the
+/// burst's pages. Call after a removal; halving at a quarter keeps it amortised O(1).
+pub fn shrink_emptied<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
+    if map.capacity() > KEEP_ENTRIES && map.len() < map.capacity() / 4 {
+        map.shrink_to(KEEP_ENTRIES.max(map.len() * 2));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +147,20 @@ mod tests {
         tokio::time::sleep(QUIET * 2).await;
         assert!(!bursts.scheduled.load(Ordering::Relaxed));
         assert_eq!(bursts.peak.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_emptied_map_gives_its_table_back() {
+        let mut map: HashMap<u32, u32> = (0..1000).map(|i| (i, i)).collect();
+        let grown = map.capacity();
+        for i in 0..1000 {
+            map.remove(&i);
+            shrink_emptied(&mut map);
+            // Never below what it holds, and never more than 4x plus the floor.
+            assert!(map.capacity() >= map.len());
+            assert!(map.capacity() <= (4 * map.len()).max(2 * KEEP_ENTRIES).max(grown));
+        }
+        assert!(map.capacity() <= 2 * KEEP_ENTRIES, "{}", map.capacity());
     }
 
     #[tokio::test(start_paused = true)]

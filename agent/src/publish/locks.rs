@@ -48,6 +48,7 @@ impl Drop for TargetGuard {
             .is_some_and(|s| Arc::strong_count(s) == 1)
         {
             slots.remove(&self.path);
+            crate::memory::shrink_emptied(&mut slots);
         }
     }
 }

@@ -108,10 +108,9 @@ impl Schedule {
 
     /// Forgets `target` (unpublished).
     pub fn remove(&self, target: &Path) {
-        self.due
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(target);
+        let mut due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+        due.remove(target);
+        crate::memory::shrink_emptied(&mut due);
     }
 
     fn set(&self, target: &Path, next: Option<Instant>) {

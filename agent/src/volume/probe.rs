@@ -96,7 +96,9 @@ impl OurMounts {
 
     /// Forgets `target`.
     pub(crate) fn forget(&self, target: &Path) {
-        self.map().remove(target);
+        let mut map = self.map();
+        map.remove(target);
+        crate::memory::shrink_emptied(&mut map);
     }
 
     /// True when `key` is the mount recorded for `target`.
