@@ -68,8 +68,15 @@ impl Bursts {
             }
             bursts.peak.store(0, Ordering::Relaxed);
             bursts.scheduled.store(false, Ordering::Release);
-            // Walks every arena under its lock: milliseconds, so off the runtime's threads.
-            let _ = tokio::task::spawn_blocking(trim).await;
+            // Walks the arenas under their lock: up to milliseconds, so off the runtime's
+            // threads; and not on its blocking pool either, whose thread would then idle on for
+            // BLOCKING_KEEP_ALIVE with its stack, after the burst's have gone.
+            let spawned = std::thread::Builder::new()
+                .name("latchkey-trim".into())
+                .spawn(trim);
+            if let Err(err) = spawned {
+                tracing::debug!(%err, "no thread to return the memory of a burst");
+            }
         });
     }
 }
