@@ -18,8 +18,12 @@
 # under valgrind's callgrind, in manifest mode on fake-provider stores. Callgrind's first dump
 # holds what starting the agent ran (until /readyz answers) and what an idle agent runs (probes,
 # metric scrapes, a second of idling); the second what publishing ran: first and repeated
-# publishes with and without a template, a refresh that is due, unpublishes, a refused request.
-# Start-up functions come first so that an idle agent touches the fewest windows.
+# publishes with and without a template, a refresh that is due, unpublishes, a refused request;
+# the third what a mount storm adds: 40 pods at once on a store with a backend latency (the
+# shared fetch, the blocking pool, the concurrent unpublish) and the quiet period after it (the
+# pool's threads exiting, the heap trim). Start-up functions come first so that an idle agent
+# touches the fewest windows, then publishing, then what only the storm runs (a few dozen
+# functions: most of a storm's code is the publish path's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,6 +95,24 @@ spec:
       items:
       - {key: url, path: db/url, mode: 0400}
       - {key: app, path: app}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: SecretStore
+metadata: {name: slow, namespace: shop}
+spec:
+  provider:
+    fake:
+      latency: 5ms
+      data:
+      - {key: shop/slow, value: not-a-secret-at-all}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: slow, namespace: shop}
+spec:
+  secretStoreRef: {name: slow}
+  data:
+  - {secretKey: value, remoteRef: {key: shop/slow}}
 YAML
 # Callgrind names each function once per dump file, at its first mention: "fn=(id) name" for
 # a function that ran, or "cfn=(id) name" for one called; later mentions are "fn=(id)" alone.
@@ -111,8 +133,9 @@ PY
 }
 in_order() { awk 'NR == FNR {want[$0]; next} $0 in want' "$1" "$WORK/defined"; }
 
-# Records what binary $1 runs at start-up and when publishing, into $WORK/$2.start and
-# $WORK/$2.publish, in the binary's own address order (neighbours stay neighbours).
+# Records what binary $1 runs at start-up, when publishing and in a storm, into $WORK/$2.start,
+# $WORK/$2.publish and $WORK/$2.storm, in the binary's own address order (neighbours stay
+# neighbours).
 record() {
   local BIN=$1 name=$2
   rm -rf "$WORK/pods" "$WORK"/cg.out*; mkdir -p "$WORK/pods"
@@ -147,17 +170,31 @@ record() {
   pub missing no-such-external-secret 2>/dev/null || true
   for d in "$WORK"/pods/*; do unpub "$(basename "$d")"; done
   callgrind_control --dump=publish "$AGENT_PID" >/dev/null
+  # A storm: more calls in flight at once than agent/src/memory.rs's burst, one shared fetch.
+  local i pids=()
+  for i in $(seq 40); do pub "storm-$i" slow & pids+=($!); done
+  for i in "${pids[@]}"; do wait "$i"; done
+  pids=()
+  for i in $(seq 40); do unpub "storm-$i" & pids+=($!); done
+  for i in "${pids[@]}"; do wait "$i"; done
+  # The blocking threads' keep-alive (10 s) and the trim after it (2 s later).
+  sleep 14
+  callgrind_control --dump=storm "$AGENT_PID" >/dev/null
   kill "$AGENT_PID"; wait "$AGENT_PID" 2>/dev/null || true; AGENT_PID=""
-  local start_file publish_file
+  local start_file publish_file storm_file
   start_file=$(grep -l '^desc: Trigger: .*start-up' "$WORK"/cg.out* | head -n1)
   publish_file=$(grep -l '^desc: Trigger: .*publish' "$WORK"/cg.out* | head -n1)
-  [ -n "$start_file" ] && [ -n "$publish_file" ] || { echo "callgrind wrote no dumps" >&2; exit 1; }
+  storm_file=$(grep -l '^desc: Trigger: .*storm' "$WORK"/cg.out* | head -n1)
+  [ -n "$start_file" ] && [ -n "$publish_file" ] && [ -n "$storm_file" ] ||
+    { echo "callgrind wrote no dumps" >&2; exit 1; }
   nm --defined-only --numeric-sort "$BIN" | awk '$2 ~ /^[tTwW]$/ && !seen[$3]++ {print $3}' > "$WORK/defined"
   names "$start_file" | sort > "$WORK/ran-start"
   in_order "$WORK/ran-start" > "$WORK/$name.start"
   names "$publish_file" | sort | comm -23 - "$WORK/ran-start" > "$WORK/ran-publish"
   in_order "$WORK/ran-publish" > "$WORK/$name.publish"
-  echo "    $name: $(wc -l < "$WORK/$name.start") start-up and $(wc -l < "$WORK/$name.publish") publish functions"
+  names "$storm_file" | sort | comm -23 - <(sort -m "$WORK/ran-start" "$WORK/ran-publish") > "$WORK/ran-storm"
+  in_order "$WORK/ran-storm" > "$WORK/$name.storm"
+  echo "    $name: $(wc -l < "$WORK/$name.start") start-up, $(wc -l < "$WORK/$name.publish") publish and $(wc -l < "$WORK/$name.storm") storm functions"
 }
 
 echo "==> cargo build --release, symbols kept"
@@ -178,12 +215,15 @@ record "$IMAGE_TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
 
 {
   echo "# Functions of the release latchkey binary that run at start-up, then on the publish path,"
-  echo "# for cargo build --release, cargo bench and the image's static build (their names differ)."
+  echo "# then in a mount storm, for cargo build --release, cargo bench and the image's static build"
+  echo "# (their names differ)."
   echo "# Written by scripts/symbol-order.sh on $(date -u +%F) with $(rustc --version); read by agent/build.rs."
   echo "# start-up"
   cat "$WORK/host.start" "$WORK/bench.start" "$WORK/image.start"
   echo "# publish"
   cat "$WORK/host.publish" "$WORK/bench.publish" "$WORK/image.publish"
+  echo "# storm"
+  cat "$WORK/host.storm" "$WORK/bench.storm" "$WORK/image.storm"
 } | awk '/^#/ || !seen[$0]++' > "$ORDER.tmp"
 mv "$ORDER.tmp" "$ORDER"
 echo "==> $ORDER: $(grep -vc '^#' "$ORDER") functions; rebuild to use it (cargo build --release -p latchkey)"
