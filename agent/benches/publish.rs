@@ -969,6 +969,7 @@ fn evict_from_page_cache(bin: &Path) -> Result<()> {
         .with_context(|| format!("dropping {} from the page cache", bin.display()))?;
     Ok(())
 }
+
 /// SIGTERM, then SIGKILL if the agent has not exited after 10 s.
 fn stop(mut child: Child) {
     if let Ok(pid) = i32::try_from(child.id()) {
