@@ -109,10 +109,11 @@ fn trim() {}
 /// run on the runtime's two workers, so a storm's request memory and the few allocations that
 /// outlive it (cache values, a grown table) were spread over two more arenas, each with its own
 /// free lists and its own partly used pages; after the trim those arenas kept 2-3 MiB resident
-/// for ~0.9 MiB in use. With one arena a later burst reuses the same free chunks: 0.3-0.6 MiB
-/// less `RssAnon` once settled. The cost is a shared lock on allocations that miss the
-/// per-thread cache: a storm of 500 publishes took 59-69 ms instead of 50-55 ms; a warm publish,
-/// one at a time, does not contend (docs/benchmarks.md, "After a storm").
+/// for ~0.9 MiB in use. With one arena a later burst reuses the same free chunks: 0.5-1 MiB
+/// less `RssAnon` once settled, and a storm leaves 0.2-0.4 MiB instead of 0.4-1.0. The cost is a
+/// shared lock on allocations that miss the per-thread cache: a storm of 500 publishes took
+/// 53-79 ms instead of 41-49 ms; a warm publish, one at a time, does not contend
+/// (docs/benchmarks.md, "After a storm").
 pub fn one_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes no pointers; M_ARENA_MAX only bounds how many arenas glibc creates
