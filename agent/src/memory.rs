@@ -110,7 +110,7 @@ fn trim() {}
 /// outlive it (cache values, a grown table) were spread over two more arenas, each with its own
 /// free lists and its own partly used pages; after the trim those arenas kept 2-3 MiB resident
 /// for ~0.9 MiB in use. With one arena a later burst reuses the same free chunks: 0.5-1 MiB
-/// less `RssAnon` once settled, and a storm leaves 0.2-0.4 MiB instead of 0.4-1.0. The cost is a
+/// less `RssAnon` once settled, and a storm leaves 0.2-0.5 MiB instead of 0.4-1.0. The cost is a
 /// shared lock on allocations that miss the per-thread cache: a storm of 500 publishes took
 /// 53-79 ms instead of 41-49 ms; a warm publish, one at a time, does not contend
 /// (docs/benchmarks.md, "After a storm").
