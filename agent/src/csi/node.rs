@@ -12,11 +12,11 @@ use csi_proto::v1::{
 };
 use csi_proto::v1::{NodeServiceCapability, node_service_capability};
 use tonic::{Request, Response, Status};
-use tracing::{debug, field, info, info_span, warn};
+use tracing::{Level, debug, info, info_span, warn};
 
 use super::{request, status};
 use crate::memory::Bursts;
-use crate::publish::{Outcome, Publisher};
+use crate::publish::{Outcome, Publisher, Report};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{PublishLabels, ResultLabel};
 
@@ -46,6 +46,16 @@ impl NodeService {
             status::from_request(&e)
         })?;
         let result = self.publisher.publish(&parsed).await;
+        // Most calls are kubelet's periodic republishes, which log at debug: unless that shows,
+        // they need no span at all.
+        if let Ok(Report {
+            outcome: outcome @ (Outcome::NotDue | Outcome::Refreshed { changed: false }),
+            ..
+        }) = result
+            && !tracing::enabled!(Level::DEBUG)
+        {
+            return Ok(outcome);
+        }
         // The span is made once the publish is over, not held across it: each live span takes a
         // slot in tracing's registry, and the slots a mount storm fills stay, each with a small
         // table allocated among the storm's garbage that keeps its page resident (~2 MiB after
@@ -56,16 +66,14 @@ impl NodeService {
             pod_namespace = %parsed.pod.namespace,
             pod = %parsed.pod.name,
             external_secret = %parsed.external_secret,
-            store = field::Empty,
+            // Left out when nothing was resolved (a failure before binding, a republish not due).
+            store = result.as_ref().ok().and_then(|r| r.store.as_deref()),
         );
         let _entered = span.enter();
         let report = result.map_err(|e| {
             warn!(error = %e, "publish failed");
             status::from_publish(&e)
         })?;
-        if let Some(store) = &report.store {
-            span.record("store", store.as_str());
-        }
         match report.outcome {
             Outcome::Mounted => info!("published"),
             Outcome::Refreshed { changed: true } => info!("refreshed with new content"),
