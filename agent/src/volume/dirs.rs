@@ -140,6 +140,23 @@ pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created,
     refuse_link(created, target)
 }
 
+/// Creates a missing `target` below an existing parent with one `mkdir` and nothing else: the
+/// first publish's case, as kubelet hands over a missing target below a directory it made. The
+/// `mkdir` both tells that the target was absent and makes it, where a look first would cost a
+/// `statx` more. `None`, touching nothing, when `mkdir` fails for any reason (the target exists,
+/// its parent is missing, ...): the caller then looks at the target, where the reason is judged.
+pub(crate) fn create_missing_target(target: &Path) -> Result<Option<Created>, VolumeError> {
+    match DirBuilder::new().mode(TARGET_MODE).create(target) {
+        Ok(()) => {
+            let created = Created {
+                dirs: vec![target.to_path_buf()],
+            };
+            settle_made(created, target, TARGET_MODE, target).map(Some)
+        }
+        Err(_) => Ok(None),
+    }
+}
+
 /// Creates `missing` (outermost first), the target with [`TARGET_MODE`] and parents with
 /// [`PARENT_MODE`]. On failure removes what it made and returns the error.
 fn make_dirs(missing: &[&Path], target: &Path) -> Result<Created, VolumeError> {
@@ -153,11 +170,7 @@ fn make_dirs(missing: &[&Path], target: &Path) -> Result<Created, VolumeError> {
         match DirBuilder::new().mode(mode).create(dir) {
             Ok(()) => {
                 created.dirs.push(dir.to_path_buf());
-                // Exact mode regardless of the process umask.
-                if let Err(source) = super::modes::settle(dir, mode) {
-                    created.remove(target);
-                    return Err(io("setting mode of", dir, source));
-                }
+                created = settle_made(created, dir, mode, target)?;
             }
             // Someone else made it between our check and now: not ours to remove later.
             Err(err) if err.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
@@ -174,9 +187,30 @@ fn make_dirs(missing: &[&Path], target: &Path) -> Result<Created, VolumeError> {
     Ok(created)
 }
 
+/// Gives `dir`, just made, its exact mode regardless of the process umask. On failure removes
+/// what `created` holds (`dir` included) and fails.
+fn settle_made(
+    created: Created,
+    dir: &Path,
+    mode: u32,
+    target: &Path,
+) -> Result<Created, VolumeError> {
+    match super::modes::settle(dir, mode) {
+        Ok(()) => Ok(created),
+        Err(source) => {
+            created.remove(target);
+            Err(io("setting mode of", dir, source))
+        }
+    }
+}
+
 /// Refuses (and removes what was created) when `target` turned out to be a link: a directory
-/// `mkdir` found already there is judged here too.
+/// `mkdir` found already there is judged here. A target this call made is a directory: `mkdir`
+/// never makes a link, so it is not looked at again.
 fn refuse_link(created: Created, target: &Path) -> Result<Created, VolumeError> {
+    if created.dirs.last().is_some_and(|made| made == target) {
+        return Ok(created);
+    }
     if fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
         created.remove(target);
         return Err(not_a_directory(target));
@@ -401,6 +435,43 @@ mod tests {
         assert!(file.is_file() && link.is_symlink() && real.is_dir());
         let created = create_target(&real, true).unwrap();
         assert!(created.dirs.is_empty());
+    }
+
+    #[test]
+    fn a_missing_target_is_made_with_one_mkdir_and_anything_else_is_left_alone() {
+        let base = tempfile::tempdir().unwrap();
+        let target = base.path().join("mount");
+        let created = create_missing_target(&target).unwrap().expect("made");
+        assert_eq!(created.dirs, std::slice::from_ref(&target));
+        assert_eq!(
+            fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
+            0o755
+        );
+        created.remove(&target);
+        assert!(!target.exists());
+
+        // Whatever is there, or a missing parent, is for the caller's look to judge.
+        let file = base.path().join("file");
+        fs::write(&file, b"kept").unwrap();
+        let real = base.path().join("real");
+        fs::create_dir(&real).unwrap();
+        fs::write(real.join("content"), b"kept too").unwrap();
+        let link = base.path().join("link");
+        symlink(&real, &link).unwrap();
+        let dangling = base.path().join("dangling");
+        symlink(base.path().join("nowhere"), &dangling).unwrap();
+        let orphan = base.path().join("no/parent");
+        for target in [&file, &real, &link, &dangling, &orphan] {
+            assert!(
+                create_missing_target(target).unwrap().is_none(),
+                "{target:?}"
+            );
+        }
+        assert_eq!(fs::read(&file).unwrap(), b"kept");
+        assert_eq!(fs::read(real.join("content")).unwrap(), b"kept too");
+        assert_eq!(fs::read_link(&link).unwrap(), real);
+        assert!(dangling.is_symlink() && !base.path().join("nowhere").exists());
+        assert!(!base.path().join("no").exists());
     }
 
     #[test]

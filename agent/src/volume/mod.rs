@@ -148,9 +148,16 @@ impl Volumes {
         group: Option<u32>,
     ) -> Result<Published, VolumeError> {
         dirs::check_target(target)?;
-        let found = self.inspect(target)?;
         // A payload that does not fit fails the refresh or the mount, whichever it is.
         let payload = writer::check(files, self.config.size_limit);
+        if let Ok(p) = &payload
+            && let Some(created) = dirs::create_missing_target(target)?
+        {
+            return Ok(Published::Mounted(
+                self.mount_and_fill(target, p, group, created),
+            ));
+        }
+        let found = self.inspect(target)?;
         Ok(if self.holds_volume(target, &found) {
             Published::Updated(payload.and_then(|p| AtomicWriter::new(target, group).write(&p)))
         } else {
@@ -172,6 +179,9 @@ impl Volumes {
         dirs::check_target(target)?;
         // Everything that can be rejected without touching the disk is rejected first.
         let payload = writer::check(files, self.config.size_limit)?;
+        if let Some(created) = dirs::create_missing_target(target)? {
+            return self.mount_and_fill(target, &payload, group, created);
+        }
         let found = self.inspect(target)?;
         self.publish_found(target, &payload, group, found)
     }
@@ -198,7 +208,18 @@ impl Volumes {
                 dirs::Created::default()
             }
         };
+        self.mount_and_fill(target, payload, group, created)
+    }
 
+    /// [`Self::publish`] onto the empty directory `target`, of which this call `created` what
+    /// it lists (removed again on failure).
+    fn mount_and_fill(
+        &self,
+        target: &Path,
+        payload: &writer::Payload<'_>,
+        group: Option<u32>,
+        created: dirs::Created,
+    ) -> Result<(), VolumeError> {
         let mounted = match self.config.backend {
             Backend::Tmpfs => {
                 if let Err(err) = tmpfs::mount(target, self.tmpfs_size, group) {
