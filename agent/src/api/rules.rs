@@ -16,7 +16,6 @@
 //! sizes, the one regular expression in a rule runs over a short bounded string (`maxLength`), and
 //! every list whose items carry a rule is bounded (`maxItems`).
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use kube::core::Rule;
@@ -279,18 +278,21 @@ pub const PATTERNS: [&Pattern; 4] = [
     &SECRETS_STORE_PROVIDER,
 ];
 
-static COMPILED: LazyLock<HashMap<&'static str, Regex>> = LazyLock::new(|| {
-    PATTERNS
-        .iter()
-        .filter_map(|p| Some((p.regex, Regex::new(p.regex).ok()?)))
-        .collect()
-});
+/// [`PATTERNS`] compiled, in the same order. Found by a scan rather than a hash map: four
+/// entries, and hashing the long path pattern on every check cost more than the scan.
+static COMPILED: LazyLock<[Option<Regex>; PATTERNS.len()]> =
+    LazyLock::new(|| PATTERNS.map(|p| Regex::new(p.regex).ok()));
 
 impl Pattern {
     /// Whether `s` matches. A pattern missing from [`PATTERNS`] or not compiling matches nothing,
     /// so a mistake there fails closed (and the `rules_tests` samples catch it).
     pub fn is_match(&self, s: &str) -> bool {
-        COMPILED.get(self.regex).is_some_and(|re| re.is_match(s))
+        PATTERNS
+            .iter()
+            .zip(COMPILED.iter())
+            .find(|(p, _)| p.regex == self.regex)
+            .and_then(|(_, re)| re.as_ref())
+            .is_some_and(|re| re.is_match(s))
     }
 }
 

@@ -5,8 +5,8 @@
 //! Errors read like the API server's: the field path, then the rule's message (sometimes followed
 //! by a detail in parentheses).
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt::Display;
 use std::time::Duration;
 
@@ -498,12 +498,13 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
     }
     max_items("spec.data", spec.data.len(), rules::MAX_ITEMS)?;
     max_items("spec.dataFrom", spec.data_from.len(), rules::MAX_DATA_FROM)?;
-    let mut seen = HashMap::new();
+    // Runs on every publish: field paths are only formatted for an error, and the keys seen are
+    // ordered rather than hashed (a few keys; no hasher to seed).
+    let mut seen = BTreeMap::new();
     for (i, d) in spec.data.iter().enumerate() {
-        let path = format!("spec.data[{i}].secretKey");
-        not_empty(&path, &d.secret_key)?;
+        not_empty(format_args!("spec.data[{i}].secretKey"), &d.secret_key)?;
         shaped(
-            &path,
+            format_args!("spec.data[{i}].secretKey"),
             &d.secret_key,
             rules::MAX_SECRET_KEY_LEN,
             &rules::FILE_PATH,
@@ -535,7 +536,7 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
             not_empty(format_args!("spec.dataFrom[{i}].extract.key"), &e.key)?;
         }
         max_items(
-            &format!("spec.dataFrom[{i}].rewrite"),
+            format_args!("spec.dataFrom[{i}].rewrite"),
             d.rewrite.len(),
             rules::MAX_REWRITES,
         )?;
@@ -639,7 +640,7 @@ fn not_empty(path: impl Display, s: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-fn max_items(path: &str, len: usize, max: usize) -> Result<(), Invalid> {
+fn max_items(path: impl Display, len: usize, max: usize) -> Result<(), Invalid> {
     if len > max {
         return Err(Invalid::schema(path, rules::too_many_items(max)));
     }
