@@ -144,7 +144,9 @@ impl Fetcher {
         budget: u64,
         gate: &Gate<'_>,
     ) -> Result<Fetched, FetchError> {
-        // Built on the first cache miss only: a warm fetch never constructs a client.
+        // Built on the first cache miss only: a warm fetch never constructs a client. The build
+        // is boxed: its future (the SDK clients' set-up) is ~12 KiB, which every key's future
+        // below would otherwise carry, allocated and copied on every fetch, warm ones included.
         let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
         let provider = || async {
             provider
@@ -155,7 +157,7 @@ impl Fetcher {
                         store_kind: source.store_kind,
                         max_age,
                     };
-                    async move { providers::build(source.spec, &ctx).await }
+                    Box::pin(async move { providers::build(source.spec, &ctx).await })
                 })
                 .await
                 .cloned()
