@@ -8,7 +8,9 @@ use std::sync::Arc;
 use regex::Regex;
 
 use super::{Catalog, CatalogError};
-use crate::api::store::{ClusterStoreCondition, LabelSelector, StoreProvider};
+use crate::api::store::{
+    ClusterSecretStore, ClusterStoreCondition, LabelSelector, SecretStore, StoreProvider,
+};
 use crate::api::validate::{self, Invalid};
 use crate::api::{ExternalSecret, StoreKind};
 
@@ -23,8 +25,34 @@ pub struct Binding {
     pub store_kind: StoreKind,
     /// Name of the referenced store.
     pub store_name: String,
+    /// The store, as the catalog holds it (shared, not copied on every publish).
+    pub store: BoundStore,
+}
+
+impl Binding {
     /// The store's provider block (validated: exactly one provider).
-    pub provider: StoreProvider,
+    pub fn provider(&self) -> &StoreProvider {
+        self.store.provider()
+    }
+}
+
+/// The store object a [`Binding`] uses.
+#[derive(Debug, Clone)]
+pub enum BoundStore {
+    /// A SecretStore of the ExternalSecret's namespace.
+    Namespaced(Arc<SecretStore>),
+    /// A ClusterSecretStore that admits the namespace.
+    Cluster(Arc<ClusterSecretStore>),
+}
+
+impl BoundStore {
+    /// The store's provider block.
+    pub fn provider(&self) -> &StoreProvider {
+        match self {
+            Self::Namespaced(store) => &store.spec.provider,
+            Self::Cluster(store) => &store.spec.provider,
+        }
+    }
 }
 
 /// Why no usable (ExternalSecret, store) pair was found.
@@ -146,7 +174,7 @@ pub async fn bind(
         store: store_ref.name.clone(),
         hint,
     };
-    let provider = match store_ref.kind {
+    let store = match store_ref.kind {
         StoreKind::SecretStore => {
             let store = catalog
                 .secret_store(namespace, &store_ref.name)
@@ -155,7 +183,7 @@ pub async fn bind(
                 .ok_or_else(|| {
                     not_found(" (a SecretStore must be in the ExternalSecret's namespace)")
                 })?;
-            store.spec.provider.clone()
+            BoundStore::Namespaced(store)
         }
         StoreKind::ClusterSecretStore => {
             let store = catalog
@@ -175,22 +203,24 @@ pub async fn bind(
                     rule,
                 }
             })?;
-            store.spec.provider.clone()
+            BoundStore::Cluster(store)
         }
     };
-    validate::provider(&provider, store_ref.kind).map_err(|reason| BindingError::InvalidStore {
-        namespace: namespace.into(),
-        external_secret: name.into(),
-        kind: store_ref.kind,
-        store: store_ref.name.clone(),
-        reason,
+    validate::provider(store.provider(), store_ref.kind).map_err(|reason| {
+        BindingError::InvalidStore {
+            namespace: namespace.into(),
+            external_secret: name.into(),
+            kind: store_ref.kind,
+            store: store_ref.name.clone(),
+            reason,
+        }
     })?;
     Ok(Binding {
         namespace: namespace.into(),
         store_kind: store_ref.kind,
         store_name: store_ref.name.clone(),
         external_secret: es,
-        provider,
+        store,
     })
 }
 

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
-pub use binding::{Binding, BindingError, bind};
+pub use binding::{Binding, BindingError, BoundStore, bind};
 pub use kubernetes::KubernetesCatalog;
 pub use lenient::Lenient;
 pub use manifests::{ManifestCatalog, ManifestError};

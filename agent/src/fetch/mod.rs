@@ -86,7 +86,7 @@ impl<'a> Source<'a> {
         pod: &'a PodInfo,
     ) -> Result<Self, FetchError> {
         // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
-        let spec = crate::api::validate::provider(&binding.provider, binding.store_kind)
+        let spec = crate::api::validate::provider(binding.provider(), binding.store_kind)
             .map_err(|e| FetchError::Internal(format!("{ctx}: store re-validation failed: {e}")))?;
         Ok(Self {
             ctx,
@@ -246,7 +246,7 @@ fn store_identity(binding: &Binding) -> String {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     // Streamed into the hasher: a fake store's spec holds values, which must not be copied into
     // an ordinary (non-zeroizing) buffer on every publish. Writing to a hasher cannot fail.
-    let _ = serde_json::to_writer(HashWriter(&mut hasher), &binding.provider);
+    let _ = serde_json::to_writer(HashWriter(&mut hasher), binding.provider());
     // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
     let namespace = match binding.store_kind {
         StoreKind::SecretStore => binding.namespace.as_str(),
@@ -278,9 +278,12 @@ impl<H: std::hash::Hasher> std::io::Write for HashWriter<'_, H> {
 mod tests {
     use std::sync::Arc;
 
-    use crate::api::store::{FakeEntry, FakeProvider, StoreProvider};
+    use crate::api::store::{
+        ClusterSecretStore, ClusterSecretStoreSpec, FakeEntry, FakeProvider, SecretStore,
+        SecretStoreSpec, StoreProvider,
+    };
     use crate::api::{ExternalSecret, StoreKind};
-    use crate::catalog::Binding;
+    use crate::catalog::{Binding, BoundStore};
 
     fn binding(kind: StoreKind, value: &str) -> Binding {
         let es: ExternalSecret =
@@ -288,22 +291,38 @@ mod tests {
               "metadata":{"name":"es","namespace":"shop"},
               "spec":{"secretStoreRef":{"name":"s"},"data":[{"secretKey":"k","remoteRef":{"key":"k"}}]}}"#)
                 .unwrap();
+        let provider = StoreProvider {
+            fake: Some(FakeProvider {
+                data: vec![FakeEntry {
+                    key: "k".into(),
+                    value: value.into(),
+                    version: None,
+                }],
+                latency: None,
+            }),
+            ..Default::default()
+        };
+        let store = match kind {
+            StoreKind::SecretStore => BoundStore::Namespaced(Arc::new(SecretStore::new(
+                "s",
+                SecretStoreSpec { provider },
+            ))),
+            StoreKind::ClusterSecretStore => {
+                BoundStore::Cluster(Arc::new(ClusterSecretStore::new(
+                    "s",
+                    ClusterSecretStoreSpec {
+                        provider,
+                        conditions: Vec::new(),
+                    },
+                )))
+            }
+        };
         Binding {
             namespace: "shop".into(),
             external_secret: Arc::new(es),
             store_kind: kind,
             store_name: "s".into(),
-            provider: StoreProvider {
-                fake: Some(FakeProvider {
-                    data: vec![FakeEntry {
-                        key: "k".into(),
-                        value: value.into(),
-                        version: None,
-                    }],
-                    latency: None,
-                }),
-                ..Default::default()
-            },
+            store,
         }
     }
 

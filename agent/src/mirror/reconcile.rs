@@ -335,7 +335,7 @@ impl Reconciler {
             store_kind: binding.store_kind,
             store_name: binding.store_name.clone(),
         };
-        let spec = match crate::api::validate::provider(&binding.provider, binding.store_kind) {
+        let spec = match crate::api::validate::provider(binding.provider(), binding.store_kind) {
             Ok(s) => s,
             Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
         };
