@@ -148,6 +148,7 @@ type server struct {
 	Checks   []string           `json:"checks"`
 	pub      []time.Duration
 	unpub    []time.Duration
+	probe    []time.Duration
 	pubCPU   time.Duration
 	unpubCPU time.Duration
 	rounds   []roundResult
@@ -257,6 +258,23 @@ func (s *server) publishAll(vols []volume, createParents bool) ([]time.Duration,
 		elapsed := time.Since(start)
 		if err != nil {
 			return nil, fmt.Errorf("%s: NodePublishVolume %s: %w", s.label, v.target, err)
+		}
+		times = append(times, elapsed)
+	}
+	return times, nil
+}
+
+// probeAll times n Probe calls: the gRPC round trip of each server with no work behind it, so
+// that the publish times can be read as round trip plus the publish's own work.
+func (s *server) probeAll(n int) ([]time.Duration, error) {
+	ctx := context.Background()
+	times := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		_, err := s.identity.Probe(ctx, &csi.ProbeRequest{})
+		elapsed := time.Since(start)
+		if err != nil {
+			return nil, fmt.Errorf("%s: Probe: %w", s.label, err)
 		}
 		times = append(times, elapsed)
 	}
@@ -555,6 +573,11 @@ func runBench(cfg config, servers []*server) error {
 			s.unpub = append(s.unpub, unpub...)
 			s.pubCPU += pubCPU
 			s.unpubCPU += unpubCPU
+			probe, err := s.probeAll(cfg.perRound)
+			if err != nil {
+				return err
+			}
+			s.probe = append(s.probe, probe...)
 			s.rounds = append(s.rounds, roundResult{
 				Round: r, Position: pos, PublishMedianMs: round3(ms(median(pub))),
 				CPUPerPublishUs: round3(us(pubCPU) / float64(len(pub))),
@@ -599,6 +622,8 @@ type serverReport struct {
 	PublishP99Ms      float64            `json:"publish_p99_ms"`
 	PublishMeanMs     float64            `json:"publish_mean_ms"`
 	PublishMinMs      float64            `json:"publish_min_ms"`
+	ProbeMedianMs     float64            `json:"probe_median_ms"`
+	PublishOverProbe  float64            `json:"publish_median_minus_probe_median_ms"`
 	UnpublishMedianMs float64            `json:"unpublish_median_ms"`
 	UnpublishP99Ms    float64            `json:"unpublish_p99_ms"`
 	CPUPerPublishUs   float64            `json:"cpu_per_publish_us"`
@@ -649,6 +674,8 @@ func newReport(cfg config, servers []*server, started, finished time.Time, sizes
 			Label: s.label, Plugin: s.Plugin, Checks: s.Checks, Publishes: len(s.pub),
 			PublishMedianMs: round3(ms(median(s.pub))), PublishP99Ms: round3(ms(p99(s.pub))),
 			PublishMeanMs: round3(ms(mean(s.pub))), PublishMinMs: round3(ms(sorted(s.pub)[0])),
+			ProbeMedianMs:     round3(ms(median(s.probe))),
+			PublishOverProbe:  round3(ms(median(s.pub)) - ms(median(s.probe))),
 			UnpublishMedianMs: round3(ms(median(s.unpub))), UnpublishP99Ms: round3(ms(p99(s.unpub))),
 			CPUPerPublishUs: round3(us(s.pubCPU) / n), CPUPerUnpublishUs: round3(us(s.unpubCPU) / n),
 			IdleStatusKiB: s.Idle, EndStatusKiB: s.End, RoundMedianMinMs: lo, RoundMedianMaxMs: hi,
@@ -667,6 +694,8 @@ func newReport(cfg config, servers []*server, started, finished time.Time, sizes
 		}
 		ratio("publish_median", l.PublishMedianMs, g.PublishMedianMs)
 		ratio("publish_p99", l.PublishP99Ms, g.PublishP99Ms)
+		ratio("probe_median", l.ProbeMedianMs, g.ProbeMedianMs)
+		ratio("publish_over_probe", l.PublishOverProbe, g.PublishOverProbe)
 		ratio("unpublish_median", l.UnpublishMedianMs, g.UnpublishMedianMs)
 		ratio("cpu_per_publish", l.CPUPerPublishUs, g.CPUPerPublishUs)
 		ratio("cpu_per_unpublish", l.CPUPerUnpublishUs, g.CPUPerUnpublishUs)
@@ -721,6 +750,8 @@ func (r *report) markdown() string {
 	row("publish, round medians (min-max)", func(s *serverReport) string {
 		return fmt.Sprintf("%.3f-%.3f ms", s.RoundMedianMinMs, s.RoundMedianMaxMs)
 	}, "")
+	row("Probe (the bare gRPC round trip), median", func(s *serverReport) string { return msf(s.ProbeMedianMs) }, "probe_median")
+	row("publish median minus Probe median", func(s *serverReport) string { return msf(s.PublishOverProbe) }, "publish_over_probe")
 	row("unpublish, median", func(s *serverReport) string { return msf(s.UnpublishMedianMs) }, "unpublish_median")
 	row("server CPU per publish (utime+stime)", func(s *serverReport) string { return fmt.Sprintf("%.0f µs", s.CPUPerPublishUs) }, "cpu_per_publish")
 	row("server CPU per unpublish", func(s *serverReport) string { return fmt.Sprintf("%.0f µs", s.CPUPerUnpublishUs) }, "cpu_per_unpublish")
