@@ -168,9 +168,12 @@ for bin in "$BUILD/bin/go-csi-plugin" "$BUILD/bin/latchkey"; do
   dd if="$bin" iflag=nocache count=0 status=none
 done
 
+# Both servers' output goes through a pipe, as a container's does (the runtime's shim reads it
+# and writes the log file): straight into a file below $TMPDIR, each of Latchkey's log lines was
+# a write to the filesystem under test (ext4 on /tmp), which no node makes it pay.
 GO_SOCK="$WORK/go/csi.sock"
 "$BUILD/bin/go-csi-plugin" -endpoint "unix://$GO_SOCK" -node-id bench -volume-size-limit $((4 << 20)) \
-  >"$WORK/go-plugin.log" 2>&1 &
+  > >(cat >"$WORK/go-plugin.log") 2>&1 &
 GO_PID=$!
 PIDS+=("$GO_PID")
 
@@ -181,7 +184,7 @@ if [ "$GO_ONLY" = 0 ]; then
   METRICS_PORT="$("$CLIENT" -free-port)"
   env -u RUST_LOG "$BUILD/bin/latchkey" node --endpoint "unix://$LK_SOCK" --node-id bench \
     --volume-size-limit 4Mi --manifests "$WORK/manifests" --metrics-addr "127.0.0.1:$METRICS_PORT" \
-    >/dev/null 2>"$WORK/latchkey.log" &
+    >/dev/null 2> >(cat >"$WORK/latchkey.log") &
   LK_PID=$!
   PIDS+=("$LK_PID")
   LK_ARGS=(-latchkey-socket "$LK_SOCK" -latchkey-pid "$LK_PID")

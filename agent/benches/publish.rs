@@ -811,10 +811,10 @@ impl Agent {
     }
 
     fn spawn(&mut self, manifest_dir: &Path) -> Result<()> {
-        let log = std::fs::File::create(&self.log)?;
+        let mut log = std::fs::File::create(&self.log)?;
         let bin = agent_binary();
         evict_from_page_cache(&bin)?;
-        let child = Command::new(&bin)
+        let mut child = Command::new(&bin)
             .arg("node")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -826,9 +826,14 @@ impl Agent {
             // The production default log level (info), whatever the caller's environment says.
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
-            .stderr(log)
+            // A pipe, as a container's stderr is (the runtime's shim reads it and writes the log
+            // file). Straight into a file below $TMPDIR, every log line was a write to the
+            // filesystem under test (ext4 on /tmp), which no node makes the agent pay.
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
+        let mut stderr = child.stderr.take().context("the agent's stderr")?;
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut log));
         self.child = Some(child);
         Ok(())
     }
