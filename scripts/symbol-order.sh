@@ -21,9 +21,11 @@
 # publishes with and without a template, a refresh that is due, unpublishes, a refused request;
 # the third what a mount storm adds: 40 pods at once on a store with a backend latency (the
 # shared fetch, the blocking pool, the concurrent unpublish) and the quiet period after it (the
-# pool's threads exiting, the heap trim). Start-up functions come first so that an idle agent
-# touches the fewest windows, then publishing, then what only the storm runs (a few dozen
-# functions: most of a storm's code is the publish path's).
+# pool's threads exiting, the heap trim). What only start-up runs comes first, then what
+# start-up and publishing both run (the gRPC stack, the runtime, logging), then what only
+# publishing runs, then what only the storm runs (a few dozen functions: most of a storm's code is
+# the publish path's). So start-up's code is one stretch, which an idle agent maps in few windows,
+# and the publish path's is one stretch too, overlapping it in the middle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -133,9 +135,9 @@ PY
 }
 in_order() { awk 'NR == FNR {want[$0]; next} $0 in want' "$1" "$WORK/defined"; }
 
-# Records what binary $1 runs at start-up, when publishing and in a storm, into $WORK/$2.start,
-# $WORK/$2.publish and $WORK/$2.storm, in the binary's own address order (neighbours stay
-# neighbours).
+# Records what binary $1 runs at start-up only, at start-up and when publishing, when publishing
+# only and in a storm only, into $WORK/$2.start, .shared, .publish and .storm, each in the
+# binary's own address order (neighbours stay neighbours).
 record() {
   local BIN=$1 name=$2
   rm -rf "$WORK/pods" "$WORK"/cg.out*; mkdir -p "$WORK/pods"
@@ -189,12 +191,16 @@ record() {
     { echo "callgrind wrote no dumps" >&2; exit 1; }
   nm --defined-only --numeric-sort "$BIN" | awk '$2 ~ /^[tTwW]$/ && !seen[$3]++ {print $3}' > "$WORK/defined"
   names "$start_file" | sort > "$WORK/ran-start"
-  in_order "$WORK/ran-start" > "$WORK/$name.start"
-  names "$publish_file" | sort | comm -23 - "$WORK/ran-start" > "$WORK/ran-publish"
-  in_order "$WORK/ran-publish" > "$WORK/$name.publish"
-  names "$storm_file" | sort | comm -23 - <(sort -m "$WORK/ran-start" "$WORK/ran-publish") > "$WORK/ran-storm"
+  names "$publish_file" | sort > "$WORK/ran-publish"
+  comm -23 "$WORK/ran-start" "$WORK/ran-publish" > "$WORK/ran-start-only"
+  comm -12 "$WORK/ran-start" "$WORK/ran-publish" > "$WORK/ran-shared"
+  comm -13 "$WORK/ran-start" "$WORK/ran-publish" > "$WORK/ran-publish-only"
+  in_order "$WORK/ran-start-only" > "$WORK/$name.start"
+  in_order "$WORK/ran-shared" > "$WORK/$name.shared"
+  in_order "$WORK/ran-publish-only" > "$WORK/$name.publish"
+  names "$storm_file" | sort | comm -23 - <(sort -mu "$WORK/ran-start" "$WORK/ran-publish") > "$WORK/ran-storm"
   in_order "$WORK/ran-storm" > "$WORK/$name.storm"
-  echo "    $name: $(wc -l < "$WORK/$name.start") start-up, $(wc -l < "$WORK/$name.publish") publish and $(wc -l < "$WORK/$name.storm") storm functions"
+  echo "    $name: $(wc -l < "$WORK/$name.start") start-up only, $(wc -l < "$WORK/$name.shared") start-up and publish, $(wc -l < "$WORK/$name.publish") publish only and $(wc -l < "$WORK/$name.storm") storm functions"
 }
 
 echo "==> cargo build --release, symbols kept"
@@ -213,14 +219,19 @@ LATCHKEY_KEEP_SYMBOLS=1 RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_D
   cargo build --release --locked -p latchkey --target x86_64-unknown-linux-gnu
 record "$IMAGE_TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
 
+# Start-up only, then what start-up and publishing share, then publishing only: start-up's code
+# and the publish path's are each one stretch (they overlap in the middle), so an idle agent maps
+# few windows and a warm publish runs through one stretch of code.
 {
-  echo "# Functions of the release latchkey binary that run at start-up, then on the publish path,"
-  echo "# then in a mount storm, for cargo build --release, cargo bench and the image's static build"
-  echo "# (their names differ)."
+  echo "# Functions of the release latchkey binary that run at start-up only, at start-up and on the"
+  echo "# publish path, on the publish path only, then in a mount storm only, for cargo build"
+  echo "# --release, cargo bench and the image's static build (their names differ)."
   echo "# Written by scripts/symbol-order.sh on $(date -u +%F) with $(rustc --version); read by agent/build.rs."
-  echo "# start-up"
+  echo "# start-up only"
   cat "$WORK/host.start" "$WORK/bench.start" "$WORK/image.start"
-  echo "# publish"
+  echo "# start-up and publish"
+  cat "$WORK/host.shared" "$WORK/bench.shared" "$WORK/image.shared"
+  echo "# publish only"
   cat "$WORK/host.publish" "$WORK/bench.publish" "$WORK/image.publish"
   echo "# storm"
   cat "$WORK/host.storm" "$WORK/bench.storm" "$WORK/image.storm"
