@@ -145,8 +145,9 @@ impl Fetcher {
         gate: &Gate<'_>,
     ) -> Result<Fetched, FetchError> {
         // Built on the first cache miss only: a warm fetch never constructs a client. The build
-        // is boxed: its future (the SDK clients' set-up) is ~12 KiB, which every key's future
-        // below would otherwise carry, allocated and copied on every fetch, warm ones included.
+        // is boxed: its future (the SDK clients' set-up, ~12 KiB in a debug build) would
+        // otherwise be part of every key's future below, allocated and copied on every fetch,
+        // warm ones included.
         let provider: OnceCell<Arc<dyn Provider>> = OnceCell::new();
         let provider = || async {
             provider
