@@ -364,6 +364,26 @@ spec:
     }
 
     #[tokio::test]
+    async fn a_binding_shares_the_catalog_store_and_its_debug_shows_no_value() {
+        let store = "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\n\
+                     metadata: {name: inline, namespace: team-c}\n\
+                     spec: {provider: {fake: {data: [{key: a, value: hunter2-inline}]}}}\n";
+        let c = catalog(&[store.to_string(), es("team-c", "inline", "SecretStore")]);
+        let binding = bind(&c, "team-c", "es").await.unwrap();
+        let held = c.secret_store("team-c", "inline").await.unwrap().unwrap();
+        match &binding.store {
+            BoundStore::Namespaced(store) => assert!(Arc::ptr_eq(store, &held)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(binding.provider(), &held.spec.provider);
+        let debug = format!("{binding:?}");
+        assert!(
+            debug.contains("inline") && !debug.contains("hunter2"),
+            "{debug}"
+        );
+    }
+
+    #[tokio::test]
     async fn secret_store_of_another_namespace_is_never_used() {
         let c = catalog(&[es("team-a", "local", "SecretStore")]);
         let err = bind(&c, "team-a", "es").await.unwrap_err();
