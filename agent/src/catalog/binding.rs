@@ -21,8 +21,6 @@ pub struct Binding {
     pub namespace: String,
     /// The ExternalSecret.
     pub external_secret: Arc<ExternalSecret>,
-    /// Kind of the referenced store.
-    pub store_kind: StoreKind,
     /// Name of the referenced store.
     pub store_name: String,
     /// The store, as the catalog holds it (shared, not copied on every publish).
@@ -33,6 +31,14 @@ impl Binding {
     /// The store's provider block (validated: exactly one provider).
     pub fn provider(&self) -> &StoreProvider {
         self.store.provider()
+    }
+
+    /// Kind of the referenced store.
+    pub fn store_kind(&self) -> StoreKind {
+        match self.store {
+            BoundStore::Namespaced(_) => StoreKind::SecretStore,
+            BoundStore::Cluster(_) => StoreKind::ClusterSecretStore,
+        }
     }
 }
 
@@ -217,7 +223,6 @@ pub async fn bind(
     })?;
     Ok(Binding {
         namespace: namespace.into(),
-        store_kind: store_ref.kind,
         store_name: store_ref.name.clone(),
         external_secret: es,
         store,

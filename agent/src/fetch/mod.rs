@@ -86,12 +86,12 @@ impl<'a> Source<'a> {
         pod: &'a PodInfo,
     ) -> Result<Self, FetchError> {
         // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
-        let spec = crate::api::validate::provider(binding.provider(), binding.store_kind)
+        let spec = crate::api::validate::provider(binding.provider(), binding.store_kind())
             .map_err(|e| FetchError::Internal(format!("{ctx}: store re-validation failed: {e}")))?;
         Ok(Self {
             ctx,
             spec,
-            store_kind: binding.store_kind,
+            store_kind: binding.store_kind(),
             pod,
             store: store_identity(binding),
             // Pods of one service account share a fetch; two identities never share a value.
@@ -249,13 +249,13 @@ fn store_identity(binding: &Binding) -> String {
     // an ordinary (non-zeroizing) buffer on every publish. Writing to a hasher cannot fail.
     let _ = serde_json::to_writer(HashWriter(&mut hasher), binding.provider());
     // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
-    let namespace = match binding.store_kind {
+    let namespace = match binding.store_kind() {
         StoreKind::SecretStore => binding.namespace.as_str(),
         StoreKind::ClusterSecretStore => "",
     };
     format!(
         "{}/{namespace}/{}#{:016x}",
-        binding.store_kind,
+        binding.store_kind(),
         binding.store_name,
         hasher.finish()
     )
@@ -321,7 +321,6 @@ mod tests {
         Binding {
             namespace: "shop".into(),
             external_secret: Arc::new(es),
-            store_kind: kind,
             store_name: "s".into(),
             store,
         }

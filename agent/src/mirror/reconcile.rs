@@ -332,10 +332,10 @@ impl Reconciler {
         let cx = Context {
             namespace: namespace.to_string(),
             external_secret: name.to_string(),
-            store_kind: binding.store_kind,
+            store_kind: binding.store_kind(),
             store_name: binding.store_name.clone(),
         };
-        let spec = match crate::api::validate::provider(binding.provider(), binding.store_kind) {
+        let spec = match crate::api::validate::provider(binding.provider(), binding.store_kind()) {
             Ok(s) => s,
             Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
         };
@@ -344,7 +344,7 @@ impl Reconciler {
             .service_account_name
             .clone()
             .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_string());
-        let audiences = token_audiences(spec, binding.store_kind);
+        let audiences = token_audiences(spec, binding.store_kind());
         let tokens = match self
             .tokens
             .tokens(namespace, &service_account, &audiences)

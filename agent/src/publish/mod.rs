@@ -345,7 +345,7 @@ impl Publisher {
         let ctx = Context {
             namespace: binding.namespace.clone(),
             external_secret: req.external_secret.clone(),
-            store_kind: binding.store_kind,
+            store_kind: binding.store_kind(),
             store_name: binding.store_name.clone(),
         };
         let source = Source::new(&ctx, &binding, &req.pod)?;
