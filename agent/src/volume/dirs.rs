@@ -101,18 +101,10 @@ impl Created {
 }
 
 /// Makes sure `target` is a directory, creating it and missing parents. Refuses a target that
-/// exists as anything but a real directory (a link to a directory included). `seen_absent` says
-/// the caller has just found nothing at `target`, which saves looking again on the publish hot
-/// path; should something appear there meanwhile, `mkdir` tells, and it is judged as if it had
-/// been seen: a directory is used (but not ours to remove), anything else refused.
-pub(crate) fn create_target(target: &Path, seen_absent: bool) -> Result<Created, VolumeError> {
-    if seen_absent {
-        // kubelet has made the target's parent: one `mkdir` does it, with no look at the parents.
-        match make_dirs(&[target], target) {
-            Err(VolumeError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
-            made => return made.and_then(|created| refuse_link(created, target)),
-        }
-    }
+/// exists as anything but a real directory (a link to a directory included). The first publish's
+/// common case, a missing target below an existing parent, is [`create_missing_target`]'s; this
+/// looks at the target and its parents first.
+pub(crate) fn create_target(target: &Path) -> Result<Created, VolumeError> {
     let mut missing = Vec::new();
     let mut current = target;
     loop {
@@ -343,7 +335,7 @@ mod tests {
     fn creates_missing_parents_and_removes_only_those() {
         let base = tempfile::tempdir().unwrap();
         let target = base.path().join("a/b/mount");
-        let created = create_target(&target, false).unwrap();
+        let created = create_target(&target).unwrap();
         assert_eq!(created.dirs.len(), 3);
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode(&target), 0o755);
@@ -358,7 +350,7 @@ mod tests {
     fn cleanup_stops_at_a_parent_someone_else_filled() {
         let base = tempfile::tempdir().unwrap();
         let target = base.path().join("a/mount");
-        let created = create_target(&target, false).unwrap();
+        let created = create_target(&target).unwrap();
         fs::write(base.path().join("a/other"), b"x").unwrap();
         created.remove(&target);
         assert!(!target.exists());
@@ -368,7 +360,7 @@ mod tests {
     #[test]
     fn existing_target_is_not_ours() {
         let base = tempfile::tempdir().unwrap();
-        let created = create_target(base.path(), false).unwrap();
+        let created = create_target(base.path()).unwrap();
         assert!(created.dirs.is_empty());
         created.remove(base.path());
         assert!(base.path().exists());
@@ -382,27 +374,27 @@ mod tests {
         let link = base.path().join("link");
         symlink(&real, &link).unwrap();
         assert!(matches!(
-            create_target(&link, false),
+            create_target(&link),
             Err(VolumeError::NotADirectory { .. })
         ));
         let file = base.path().join("file");
         fs::write(&file, b"").unwrap();
         assert!(matches!(
-            create_target(&file, false),
+            create_target(&file),
             Err(VolumeError::NotADirectory { .. })
         ));
         assert!(matches!(
-            create_target(&file.join("below"), false),
+            create_target(&file.join("below")),
             Err(VolumeError::Io { .. })
         ));
     }
 
     #[test]
-    fn a_target_seen_absent_is_created_and_refused_if_it_appeared_meanwhile() {
+    fn a_target_is_made_with_its_exact_mode_and_what_is_there_is_judged() {
         let base = tempfile::tempdir().unwrap();
-        // kubelet made the parent: one mkdir, with the exact mode.
+        // kubelet made the parent: the target gets the exact mode.
         let target = base.path().join("mount");
-        let created = create_target(&target, true).unwrap();
+        let created = create_target(&target).unwrap();
         assert_eq!(created.dirs, std::slice::from_ref(&target));
         assert_eq!(
             fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
@@ -413,13 +405,13 @@ mod tests {
 
         // A missing parent is made too (and removed again).
         let target = base.path().join("a/mount");
-        let created = create_target(&target, true).unwrap();
+        let created = create_target(&target).unwrap();
         assert_eq!(created.dirs.len(), 2);
         assert!(target.is_dir());
         created.remove(&target);
         assert!(!base.path().join("a").exists());
 
-        // What a caller saw as absent may be there by the time it is created.
+        // What is already there: a file or a link is refused, a directory used (not ours).
         let file = base.path().join("file");
         fs::write(&file, b"x").unwrap();
         let real = base.path().join("real");
@@ -428,12 +420,12 @@ mod tests {
         symlink(&real, &link).unwrap();
         for appeared in [&file, &link] {
             assert!(matches!(
-                create_target(appeared, true),
+                create_target(appeared),
                 Err(VolumeError::NotADirectory { .. })
             ));
         }
         assert!(file.is_file() && link.is_symlink() && real.is_dir());
-        let created = create_target(&real, true).unwrap();
+        let created = create_target(&real).unwrap();
         assert!(created.dirs.is_empty());
     }
 

@@ -195,7 +195,8 @@ impl Volumes {
         found: Target,
     ) -> Result<(), VolumeError> {
         let created = match found {
-            Target::Absent => dirs::create_target(target, true)?,
+            // `create_missing_target`'s one mkdir has failed (most likely no parent).
+            Target::Absent => dirs::create_target(target)?,
             Target::NotADirectory => return Err(not_a_directory(target)),
             Target::OurMount => return Err(already_published(target)),
             Target::ForeignMount(entry) => return Err(not_ours(entry)),
