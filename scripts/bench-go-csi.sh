@@ -10,6 +10,8 @@
 #                                               # (strace -f -c) over 200 publishes, 200 unpublishes
 #
 # Environment: LATCHKEY_BIN (default target/release/latchkey, copied before it is started),
+# GO_LAYOUT (flat: the Go plugin writes the 3 files straight into its tmpfs, the issue's baseline;
+# atomic: it writes them in kubelet's ..data layout, the same volume system calls as Latchkey's),
 # BENCH_ROUNDS (10), BENCH_PER_ROUND (200), BENCH_WARMUP (50), BENCH_JSON (default
 # target/bench/go-csi.json), TMPDIR (where the scratch directory and the targets go; the build
 # directory is below /var/tmp, on disk, so the binaries are file pages whatever TMPDIR says).
@@ -29,7 +31,7 @@ for arg in "$@"; do
   case "$arg" in
     --go-only) GO_ONLY=1 ;;
     --strace) STRACE=1 ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-go-csi.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,6 +42,12 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 LATCHKEY_BIN="${LATCHKEY_BIN:-$REPO/target/release/latchkey}"
+GO_LAYOUT="${GO_LAYOUT:-flat}"
+case "$GO_LAYOUT" in
+  flat) GO_LABEL="minimal Go plugin" ;;
+  atomic) GO_LABEL="Go plugin, atomic layout" ;;
+  *) echo "bench-go-csi.sh: GO_LAYOUT must be flat or atomic, not $GO_LAYOUT" >&2; exit 2 ;;
+esac
 ROUNDS="${BENCH_ROUNDS:-10}"
 PER_ROUND="${BENCH_PER_ROUND:-200}"
 WARMUP="${BENCH_WARMUP:-50}"
@@ -173,7 +181,7 @@ done
 # a write to the filesystem under test (ext4 on /tmp), which no node makes it pay.
 GO_SOCK="$WORK/go/csi.sock"
 "$BUILD/bin/go-csi-plugin" -endpoint "unix://$GO_SOCK" -node-id bench -volume-size-limit $((4 << 20)) \
-  > >(cat >"$WORK/go-plugin.log") 2>&1 &
+  -layout "$GO_LAYOUT" > >(cat >"$WORK/go-plugin.log") 2>&1 &
 GO_PID=$!
 PIDS+=("$GO_PID")
 
@@ -216,7 +224,7 @@ done
 
 # --- Benchmark -----------------------------------------------------------------------------------
 say "running the client (TMPDIR=${TMPDIR:-/tmp})"
-client -go-socket "$GO_SOCK" -go-pid "$GO_PID" "${LK_ARGS[@]}" -targets "$TARGETS" \
+client -go-socket "$GO_SOCK" -go-pid "$GO_PID" -go-label "$GO_LABEL" "${LK_ARGS[@]}" -targets "$TARGETS" \
   -rounds "$ROUNDS" -per-round "$PER_ROUND" -warmup "$WARMUP" -json "$JSON"
 
 # --- System calls (optional) ---------------------------------------------------------------------

@@ -345,6 +345,11 @@ func (s *server) check(createParents bool) (uint64, error) {
 			return 0, fmt.Errorf("%s: %s holds %q, mode %o; want %q, mode %o", s.label, path, data, info.Mode().Perm(), kv[1], fileMode)
 		}
 	}
+	// Which layout a pod sees: kubelet's (names linked into `..data`) or plain files.
+	layout := "files straight in the tmpfs"
+	if info, err := os.Lstat(filepath.Join(v.target, "..data")); err == nil && info.Mode()&os.ModeSymlink != 0 {
+		layout = "names linked into ..data (kubelet's atomic layout)"
+	}
 	var fs syscall.Statfs_t
 	if err := syscall.Statfs(v.target, &fs); err != nil {
 		return 0, err
@@ -353,6 +358,7 @@ func (s *server) check(createParents bool) (uint64, error) {
 		return 0, fmt.Errorf("%s: %s is not a nosuid,nodev,noexec tmpfs (type %#x, flags %#x)", s.label, v.target, fs.Type, fs.Flags)
 	}
 	size := uint64(fs.Blocks) * uint64(fs.Bsize)
+	s.Plugin["layout"] = layout
 	if _, err := s.publishAll([]volume{v}, false); err != nil {
 		return 0, fmt.Errorf("second publish of the same target: %w", err)
 	}
@@ -766,7 +772,7 @@ func (r *report) markdown() string {
 	fmt.Fprintln(&b)
 	for _, k := range r.order {
 		s := r.Servers[k]
-		fmt.Fprintf(&b, "%s: %s %s, pid %s\n", s.Label, s.Plugin["name"], s.Plugin["vendor_version"], s.Plugin["pid"])
+		fmt.Fprintf(&b, "%s: %s %s, pid %s; %s\n", s.Label, s.Plugin["name"], s.Plugin["vendor_version"], s.Plugin["pid"], s.Plugin["layout"])
 	}
 	return b.String()
 }
@@ -776,6 +782,7 @@ func (r *report) markdown() string {
 func main() {
 	goSocket := flag.String("go-socket", "", "socket of the minimal Go plugin (empty: not measured)")
 	goPid := flag.Int("go-pid", 0, "pid of the minimal Go plugin")
+	goLabel := flag.String("go-label", "minimal Go plugin", "the Go plugin's name in the report (say which -layout it runs)")
 	lkSocket := flag.String("latchkey-socket", "", "socket of `latchkey node` (empty: not measured)")
 	lkPid := flag.Int("latchkey-pid", 0, "pid of `latchkey node`")
 	targets := flag.String("targets", "", "scratch directory for target directories (<dir>/go, <dir>/lk)")
@@ -816,7 +823,7 @@ func main() {
 
 	var servers []*server
 	if *goSocket != "" {
-		servers = append(servers, &server{key: "go", label: "minimal Go plugin", socket: *goSocket, pid: *goPid})
+		servers = append(servers, &server{key: "go", label: *goLabel, socket: *goSocket, pid: *goPid})
 	}
 	if *lkSocket != "" {
 		servers = append(servers, &server{key: "lk", label: "latchkey", socket: *lkSocket, pid: *lkPid})

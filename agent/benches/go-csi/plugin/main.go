@@ -7,6 +7,12 @@
 // a plain Go plugin usually makes them (a stat of the target and its parent to tell a mount
 // point, errno checks), no more.
 //
+// With -layout atomic it writes them as kubelet's AtomicWriter lays out a Secret volume, and as
+// Latchkey does: a timestamped payload directory holding the files, a `..data` link to it and a
+// link per name into `..data` (5 more inode-creating system calls per publish than the flat
+// layout). That is "the same volume system calls" without Latchkey's resolution, its mount-id
+// statx and its log line.
+//
 // The file names and contents are those of the warm scenario of agent/benches/publish.rs
 // (warm-0, warm-1, warm-2, each "warm-value-<i>-" repeated to 64 bytes); the benchmark client
 // checks that both servers produce the same files before it times anything.
@@ -97,6 +103,7 @@ type nodeServer struct {
 	nodeID    string
 	mountData string
 	files     []volumeFile
+	atomic    bool
 }
 
 func (n *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -140,14 +147,44 @@ func (n *nodeServer) NodePublishVolume(_ context.Context, req *csi.NodePublishVo
 		removeIfCreated(target, created)
 		return nil, status.Errorf(codes.Internal, "mounting tmpfs at %s: %v", target, err)
 	}
-	for _, f := range n.files {
-		if err := os.WriteFile(filepath.Join(target, f.name), f.data, fileMode); err != nil {
-			syscall.Unmount(target, umountNoFollow)
-			removeIfCreated(target, created)
-			return nil, status.Errorf(codes.Internal, "writing %s: %v", f.name, err)
-		}
+	write := writeFlat
+	if n.atomic {
+		write = writeAtomic
+	}
+	if err := write(target, n.files); err != nil {
+		syscall.Unmount(target, umountNoFollow)
+		removeIfCreated(target, created)
+		return nil, status.Errorf(codes.Internal, "writing into %s: %v", target, err)
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// writeFlat writes each file straight into the target.
+func writeFlat(target string, files []volumeFile) error {
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(target, f.name), f.data, fileMode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeAtomic writes the files into a new payload directory, links each name to `..data/<name>`
+// and then `..data` to the payload, in the order Latchkey's first publish makes them.
+func writeAtomic(target string, files []volumeFile) error {
+	payload := ".." + time.Now().UTC().Format("2006_01_02_15_04_05.000000000")
+	if err := os.Mkdir(filepath.Join(target, payload), 0o755); err != nil {
+		return err
+	}
+	if err := writeFlat(filepath.Join(target, payload), files); err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := os.Symlink("..data/"+f.name, filepath.Join(target, f.name)); err != nil {
+			return err
+		}
+	}
+	return os.Symlink(payload, filepath.Join(target, "..data"))
 }
 
 func (n *nodeServer) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
@@ -203,10 +240,14 @@ func socketPath(endpoint string) string {
 func main() {
 	endpoint := flag.String("endpoint", "", "CSI endpoint to serve (unix:///path/csi.sock)")
 	nodeID := flag.String("node-id", "bench", "node name reported by NodeGetInfo")
+	layout := flag.String("layout", "flat", "flat: the files straight into the tmpfs; atomic: kubelet's ..data layout, as Latchkey writes it")
 	sizeLimit := flag.Uint64("volume-size-limit", 4<<20, "payload limit in bytes; the tmpfs gets 2x this plus 16 pages, as in Latchkey")
 	flag.Parse()
 	if *endpoint == "" {
 		log.Fatal("-endpoint is required")
+	}
+	if *layout != "flat" && *layout != "atomic" {
+		log.Fatalf("-layout must be flat or atomic, not %q", *layout)
 	}
 	path := socketPath(*endpoint)
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
@@ -225,6 +266,7 @@ func main() {
 		nodeID:    *nodeID,
 		mountData: fmt.Sprintf("size=%d,mode=0755", tmpfsSize(*sizeLimit)),
 		files:     fixedFiles(),
+		atomic:    *layout == "atomic",
 	})
 
 	signals := make(chan os.Signal, 1)
