@@ -2,6 +2,7 @@
 //! health checks. Log lines and metrics carry names and paths, never secret values or tokens.
 
 pub mod escape;
+pub mod held;
 pub mod http;
 pub mod metrics;
 
@@ -46,7 +47,8 @@ const QUIET_DEPENDENCIES: &[&str] = &[
 /// silenced, as Latchkey reports every failure itself, escaped (see [`escape`]).
 const MUTED_DEPENDENCIES: &[&str] = &["rustify", "vaultrs"];
 
-/// Logs on stderr; `RUST_LOG` overrides `default_filter` (except for [`QUIET_DEPENDENCIES`]).
+/// Logs on stderr, a runtime worker's lines held until it has answered (see [`held`]);
+/// `RUST_LOG` overrides `default_filter` (except for [`QUIET_DEPENDENCIES`]).
 pub fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = quiet_dependencies(
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
@@ -56,7 +58,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(held::HeldStderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder

@@ -1,0 +1,258 @@
+//! Log lines held until the runtime worker that logged them runs out of work, then written in
+//! one `write(2)`. A publish logs its line just before it answers; written at once, that line
+//! was a write to stderr (a pipe the container runtime reads) that woke the reader, about 7 µs
+//! between kubelet's request and the answer (docs/benchmarks.md). Held, it is written right
+//! after the answer, by the same thread, when tokio calls [`write_held`] before the worker parks.
+//!
+//! Only threads that have parked once (runtime workers: tokio calls `on_thread_park` on no other
+//! thread) hold their lines. Every other thread, and a line that would take the held bytes past
+//! [`HOLD_AT_MOST`], writes what is held and its own line at once, so lines keep their order
+//! across threads and a worker that stays busy still writes in bounded steps. A worker that
+//! hangs keeps its last lines until another worker parks or anything else logs.
+//!
+//! Not for formatting lines (tracing-subscriber does) nor for deciding what is logged.
+
+use std::cell::Cell;
+use std::io::{self, Write};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Most bytes held before they are written regardless: about 80 publish lines.
+const HOLD_AT_MOST: usize = 16 * 1024;
+
+thread_local! {
+    /// Whether this thread holds its lines: set by its first [`write_held`].
+    static HOLDS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The process's held stderr lines.
+static STDERR: Held<Stderr> = Held::new(Stderr);
+
+/// For tokio's `on_thread_park`: writes the lines held so far, and from now on holds the lines
+/// this thread logs.
+pub fn write_held() {
+    HOLDS.set(true);
+    STDERR.flush_held();
+}
+
+/// Writes the lines held so far (for `on_thread_stop`, and before the process exits).
+pub fn flush() {
+    STDERR.flush_held();
+}
+
+/// A `tracing_subscriber` writer to stderr that holds the lines of runtime workers (see the
+/// module's documentation).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeldStderr;
+
+impl<'a> MakeWriter<'a> for HeldStderr {
+    type Writer = &'static Held<Stderr>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        &STDERR
+    }
+}
+
+/// Where held lines go in the end.
+pub trait Sink: Sync {
+    /// Writes all of `bytes`.
+    fn write_all(&self, bytes: &[u8]) -> io::Result<()>;
+}
+
+/// The process's stderr, unbuffered.
+#[derive(Debug)]
+pub struct Stderr;
+
+impl Sink for Stderr {
+    fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
+        io::stderr().lock().write_all(bytes)
+    }
+}
+
+/// Lines held for a [`Sink`].
+#[derive(Debug)]
+pub struct Held<S> {
+    lines: Mutex<Vec<u8>>,
+    sink: S,
+}
+
+impl<S: Sink> Held<S> {
+    const fn new(sink: S) -> Self {
+        Self {
+            lines: Mutex::new(Vec::new()),
+            sink,
+        }
+    }
+
+    /// Writes what is held.
+    fn flush_held(&self) {
+        let mut lines = self.lines();
+        if !lines.is_empty() {
+            // Nowhere to report that stderr failed; the next line tries again.
+            let _ = self.write_out(&mut lines);
+        }
+    }
+
+    /// Holds `line`, or writes it (after anything held) when this thread does not hold lines or
+    /// there would be too much held.
+    fn log(&self, line: &[u8]) -> io::Result<()> {
+        let mut lines = self.lines();
+        lines.extend_from_slice(line);
+        if HOLDS.get() && lines.len() <= HOLD_AT_MOST {
+            return Ok(());
+        }
+        self.write_out(&mut lines)
+    }
+
+    fn write_out(&self, lines: &mut Vec<u8>) -> io::Result<()> {
+        let written = self.sink.write_all(lines);
+        lines.clear();
+        // A burst must not keep its buffer for the life of the process.
+        lines.shrink_to(HOLD_AT_MOST);
+        written
+    }
+
+    fn lines(&self) -> MutexGuard<'_, Vec<u8>> {
+        // Every operation under this lock leaves whole lines behind (a line is appended in one
+        // call), so a poisoned lock is still safe to use.
+        self.lines.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<S: Sink> Write for &Held<S> {
+    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
+        self.log(line)?;
+        Ok(line.len())
+    }
+
+    fn write_all(&mut self, line: &[u8]) -> io::Result<()> {
+        self.log(line)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct Recorded(Mutex<Vec<Vec<u8>>>);
+
+    impl Sink for Recorded {
+        fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
+            self.0.lock().unwrap().push(bytes.to_vec());
+            Ok(())
+        }
+    }
+
+    /// What the park hook does, for a test's own `Held`.
+    fn park(held: &Held<Recorded>) {
+        HOLDS.set(true);
+        held.flush_held();
+    }
+
+    fn writes(held: &Held<Recorded>) -> Vec<String> {
+        let writes = held.sink.0.lock().unwrap();
+        writes
+            .iter()
+            .map(|w| String::from_utf8(w.clone()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_thread_that_never_parked_writes_each_line_at_once() {
+        let held = Held::new(Recorded::default());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                (&held).write_all(b"one\n").unwrap();
+                (&held).write_all(b"two\n").unwrap();
+            });
+        });
+        assert_eq!(writes(&held), ["one\n", "two\n"]);
+    }
+
+    #[test]
+    fn a_worker_holds_its_lines_until_it_parks_and_writes_them_in_one_go() {
+        let held = Held::new(Recorded::default());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                park(&held);
+                (&held).write_all(b"mounted a\n").unwrap();
+                (&held).write_all(b"mounted b\n").unwrap();
+                assert!(writes(&held).is_empty(), "written before the park");
+                park(&held);
+                assert_eq!(writes(&held), ["mounted a\nmounted b\n"]);
+                park(&held);
+                assert_eq!(writes(&held).len(), 1, "nothing held, nothing written");
+            });
+        });
+    }
+
+    #[test]
+    fn a_line_from_another_thread_writes_the_held_lines_first_so_order_is_kept() {
+        let held = Held::new(Recorded::default());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                park(&held);
+                (&held).write_all(b"worker\n").unwrap();
+            })
+            .join()
+            .unwrap();
+            s.spawn(|| (&held).write_all(b"blocking thread\n").unwrap());
+        });
+        assert_eq!(writes(&held), ["worker\nblocking thread\n"]);
+    }
+
+    #[test]
+    fn a_busy_worker_writes_once_too_much_is_held() {
+        let held = Held::new(Recorded::default());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                park(&held);
+                let line = [b'x'; 1000];
+                for _ in 0..HOLD_AT_MOST / line.len() {
+                    (&held).write_all(&line).unwrap();
+                }
+                assert!(writes(&held).is_empty());
+                (&held).write_all(&line).unwrap();
+                let written = writes(&held);
+                assert_eq!(written.len(), 1);
+                assert_eq!(
+                    written[0].len(),
+                    (HOLD_AT_MOST / line.len() + 1) * line.len()
+                );
+                assert!(held.lines().capacity() <= HOLD_AT_MOST);
+            });
+        });
+    }
+
+    #[test]
+    fn the_subscriber_writes_each_event_as_one_held_line() {
+        let held: &'static Held<Recorded> = Box::leak(Box::new(Held::new(Recorded::default())));
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || held)
+            .finish();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                park(held);
+                tracing::subscriber::with_default(subscriber, || {
+                    tracing::info!(target_path = "/t", "volume mounted");
+                    tracing::warn!("second");
+                });
+                assert!(writes(held).is_empty());
+                park(held);
+            });
+        });
+        let written = writes(held);
+        assert_eq!(written.len(), 1);
+        let lines: Vec<&str> = written[0].lines().collect();
+        assert_eq!(lines.len(), 2, "{written:?}");
+        assert!(lines[0].contains("volume mounted") && lines[0].contains("target_path=\"/t\""));
+        assert!(lines[1].contains("second"));
+    }
+}
