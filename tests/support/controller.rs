@@ -91,9 +91,9 @@ impl ControllerProcess {
         self.child.as_ref().expect("controller running").id()
     }
 
-    /// Everything logged so far.
+    /// Everything logged so far, once the log has settled (see [`super::settled_log`]).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        super::settled_log(&self.log)
     }
 
     /// Kills the process with SIGKILL: no lease release, no cleanup.

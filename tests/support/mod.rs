@@ -243,9 +243,9 @@ impl Agent {
         kib / 1024
     }
 
-    /// Everything the agent logged so far.
+    /// Everything the agent logged so far, once its log has settled (see [`settled_log`]).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        settled_log(&self.log)
     }
 
     /// Sends SIGTERM and waits for a clean exit; returns the exit status.
@@ -403,4 +403,20 @@ pub fn read_pairs_until_stopped(target: PathBuf, stop: &std::sync::atomic::Atomi
         }
     }
     pairs
+}
+
+/// The text of a log file once it has stopped growing for 20 ms (at most 5 s). The agent writes
+/// a runtime worker's lines when the worker runs out of work, just after the answer they
+/// describe (agent/src/telemetry/held.rs), so a line may land a moment after the RPC returned.
+pub fn settled_log(path: &std::path::Path) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut text = std::fs::read_to_string(path).unwrap_or_default();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let now = std::fs::read_to_string(path).unwrap_or_default();
+        if now == text || std::time::Instant::now() >= deadline {
+            return now;
+        }
+        text = now;
+    }
 }
