@@ -5,9 +5,10 @@
 //! after the answer, by the same thread, when tokio calls [`write_held`] before the worker parks.
 //!
 //! Only threads that have parked once (runtime workers: tokio calls `on_thread_park` on no other
-//! thread) hold their lines. Every other thread, and a line that would take the held bytes past
-//! [`HOLD_AT_MOST`], writes what is held and its own line at once, so lines keep their order
-//! across threads and a worker that stays busy still writes in bounded steps. A worker that
+//! thread) hold their lines. Every other thread writes what is held and then its own line, so
+//! lines keep their order across threads. A line that does not fit in what is left of the
+//! fixed buffer ([`HOLD_AT_MOST`]) first has what is held written, so a worker that stays busy
+//! (a mount storm) writes in steps of a few KiB, and nothing here ever allocates. A worker that
 //! hangs keeps its last lines until another worker parks or anything else logs.
 //!
 //! Not for formatting lines (tracing-subscriber does) nor for deciding what is logged.
@@ -18,12 +19,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tracing_subscriber::fmt::MakeWriter;
 
-/// Most bytes held before they are written regardless: about 80 publish lines.
-const HOLD_AT_MOST: usize = 16 * 1024;
-
-/// Most bytes of buffer kept once the held lines are written: room for a few lines. A burst's
-/// bigger buffer is freed, so that a mount storm leaves no memory behind.
-const KEEP_CAPACITY: usize = 1024;
+/// Most bytes held (about 20 publish lines): a fixed buffer, so that holding lines allocates
+/// nothing and a mount storm leaves no memory behind.
+const HOLD_AT_MOST: usize = 4096;
 
 thread_local! {
     /// Whether this thread holds its lines: set by its first [`write_held`].
@@ -77,14 +75,40 @@ impl Sink for Stderr {
 /// Lines held for a [`Sink`].
 #[derive(Debug)]
 pub struct Held<S> {
-    lines: Mutex<Vec<u8>>,
+    lines: Mutex<Lines>,
     sink: S,
+}
+
+/// Whole lines, in a buffer of fixed size.
+#[derive(Debug)]
+struct Lines {
+    bytes: [u8; HOLD_AT_MOST],
+    len: usize,
+}
+
+impl Lines {
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `line` if it fits.
+    fn hold(&mut self, line: &[u8]) -> bool {
+        let Some(room) = self.bytes.get_mut(self.len..self.len + line.len()) else {
+            return false;
+        };
+        room.copy_from_slice(line);
+        self.len += line.len();
+        true
+    }
 }
 
 impl<S: Sink> Held<S> {
     const fn new(sink: S) -> Self {
         Self {
-            lines: Mutex::new(Vec::new()),
+            lines: Mutex::new(Lines {
+                bytes: [0; HOLD_AT_MOST],
+                len: 0,
+            }),
             sink,
         }
     }
@@ -98,27 +122,31 @@ impl<S: Sink> Held<S> {
         }
     }
 
-    /// Holds `line`, or writes it (after anything held) when this thread does not hold lines or
-    /// there would be too much held.
+    /// Holds `line` when this thread holds lines (after writing what is held if it does not fit
+    /// beside it), else writes what is held and then `line`.
     fn log(&self, line: &[u8]) -> io::Result<()> {
         let mut lines = self.lines();
-        lines.extend_from_slice(line);
-        if HOLDS.get() && lines.len() <= HOLD_AT_MOST {
+        if HOLDS.get() && lines.hold(line) {
             return Ok(());
         }
-        self.write_out(&mut lines)
+        let held = if lines.is_empty() {
+            Ok(())
+        } else {
+            self.write_out(&mut lines)
+        };
+        if HOLDS.get() && lines.hold(line) {
+            return held;
+        }
+        held.and(self.sink.write_all(line))
     }
 
-    fn write_out(&self, lines: &mut Vec<u8>) -> io::Result<()> {
-        let written = self.sink.write_all(lines);
-        lines.clear();
-        if lines.capacity() > KEEP_CAPACITY {
-            *lines = Vec::new();
-        }
+    fn write_out(&self, lines: &mut Lines) -> io::Result<()> {
+        let written = self.sink.write_all(&lines.bytes[..lines.len]);
+        lines.len = 0;
         written
     }
 
-    fn lines(&self) -> MutexGuard<'_, Vec<u8>> {
+    fn lines(&self) -> MutexGuard<'_, Lines> {
         // Every operation under this lock leaves whole lines behind (a line is appended in one
         // call), so a poisoned lock is still safe to use.
         self.lines.lock().unwrap_or_else(PoisonError::into_inner)
@@ -209,28 +237,35 @@ mod tests {
             .unwrap();
             s.spawn(|| (&held).write_all(b"blocking thread\n").unwrap());
         });
-        assert_eq!(writes(&held), ["worker\nblocking thread\n"]);
+        assert_eq!(writes(&held), ["worker\n", "blocking thread\n"]);
     }
 
     #[test]
-    fn a_busy_worker_writes_once_too_much_is_held() {
+    fn a_busy_worker_writes_what_is_held_when_the_next_line_does_not_fit() {
         let held = Held::new(Recorded::default());
         std::thread::scope(|s| {
             s.spawn(|| {
                 park(&held);
                 let line = [b'x'; 1000];
-                for _ in 0..HOLD_AT_MOST / line.len() {
+                let fit = HOLD_AT_MOST / line.len();
+                for _ in 0..fit {
                     (&held).write_all(&line).unwrap();
                 }
                 assert!(writes(&held).is_empty());
                 (&held).write_all(&line).unwrap();
                 let written = writes(&held);
                 assert_eq!(written.len(), 1);
-                assert_eq!(
-                    written[0].len(),
-                    (HOLD_AT_MOST / line.len() + 1) * line.len()
-                );
-                assert_eq!(held.lines().capacity(), 0, "the burst's buffer is freed");
+                assert_eq!(written[0].len(), fit * line.len());
+                assert_eq!(held.lines().len, line.len(), "the last line is held");
+
+                // A line longer than the buffer is written at once, after what is held.
+                let long = vec![b'y'; HOLD_AT_MOST + 1];
+                (&held).write_all(&long).unwrap();
+                let written = writes(&held);
+                assert_eq!(written.len(), 3);
+                assert_eq!(written[1].as_bytes(), line);
+                assert_eq!(written[2].as_bytes(), long);
+                assert!(held.lines().is_empty());
             });
         });
     }
