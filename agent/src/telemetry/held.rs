@@ -117,7 +117,8 @@ impl<S: Sink> Held<S> {
     fn flush_held(&self) {
         let mut lines = self.lines();
         if !lines.is_empty() {
-            // Nowhere to report that stderr failed; the next line tries again.
+            // Nowhere to report that stderr failed: these lines are lost, as a line written at
+            // once would be.
             let _ = self.write_out(&mut lines);
         }
     }
