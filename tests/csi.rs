@@ -584,6 +584,26 @@ async fn socket_is_root_only_and_removed_on_sigterm() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_is_logged_before_the_agent_says_it_stopped() {
+    let mut agent = agent().await;
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(&agent, "last", "app"))
+        .await
+        .unwrap();
+    drop(node);
+    assert!(agent.stop().success());
+    // Read at once, not settled: the process has exited, so nothing it held is still to come.
+    let log = std::fs::read_to_string(&agent.log).unwrap();
+    let published = log
+        .find("published")
+        .unwrap_or_else(|| panic!("no line:\n{log}"));
+    let stopped = log
+        .rfind("stopped")
+        .unwrap_or_else(|| panic!("no line:\n{log}"));
+    assert!(published < stopped, "out of order:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
     let first = agent().await;
     // A second agent on the same live socket must refuse to start.
