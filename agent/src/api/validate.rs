@@ -77,34 +77,26 @@ impl ProviderSpec<'_> {
 }
 
 /// The provider blocks a store's `spec.provider` sets (exactly one in a valid store).
-pub fn provider_blocks(p: &StoreProvider) -> Vec<ProviderSpec<'_>> {
-    let mut set = Vec::new();
-    if let Some(a) = &p.aws {
-        set.push(ProviderSpec::Aws(a));
-    }
-    if let Some(v) = &p.vault {
-        set.push(ProviderSpec::Vault(v));
-    }
-    if let Some(k) = &p.kubernetes {
-        set.push(ProviderSpec::Kubernetes(k));
-    }
-    if let Some(f) = &p.fake {
-        set.push(ProviderSpec::Fake(f));
-    }
-    if let Some(plugin) = &p.plugin {
-        set.push(ProviderSpec::Plugin(plugin));
-    }
-    if let Some(p) = &p.secrets_store_csi {
-        set.push(ProviderSpec::SecretsStoreCsi(p));
-    }
-    set
+pub fn provider_blocks(p: &StoreProvider) -> impl Iterator<Item = ProviderSpec<'_>> {
+    [
+        p.aws.as_ref().map(ProviderSpec::Aws),
+        p.vault.as_ref().map(ProviderSpec::Vault),
+        p.kubernetes.as_ref().map(ProviderSpec::Kubernetes),
+        p.fake.as_ref().map(ProviderSpec::Fake),
+        p.plugin.as_ref().map(ProviderSpec::Plugin),
+        p.secrets_store_csi
+            .as_ref()
+            .map(ProviderSpec::SecretsStoreCsi),
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// Checks a store's `spec.provider`: exactly one provider block, the rules of that block (AWS
 /// service and auth method, Vault KV version and auth method), and what only a
 /// ClusterSecretStore may use. Returns the block.
 pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, Invalid> {
-    let set = provider_blocks(p);
+    let set: Vec<_> = provider_blocks(p).collect();
     let one = match set.as_slice() {
         [one] => *one,
         [] => {

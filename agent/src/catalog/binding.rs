@@ -33,6 +33,12 @@ impl Binding {
         self.store.provider()
     }
 
+    /// The store's provider block, which [`bind`] validated (so a binding made there always
+    /// has one); found again rather than validated again, on every publish.
+    pub fn spec(&self) -> Option<validate::ProviderSpec<'_>> {
+        validate::provider_blocks(self.provider()).next()
+    }
+
     /// Kind of the referenced store.
     pub fn store_kind(&self) -> StoreKind {
         match self.store {

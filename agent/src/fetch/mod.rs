@@ -85,9 +85,10 @@ impl<'a> Source<'a> {
         binding: &'a Binding,
         pod: &'a PodInfo,
     ) -> Result<Self, FetchError> {
-        // `bind` validated the provider block, so this cannot fail; map it anyway rather than panic.
-        let spec = crate::api::validate::provider(binding.provider(), binding.store_kind())
-            .map_err(|e| FetchError::Internal(format!("{ctx}: store re-validation failed: {e}")))?;
+        // `bind` validated the provider block, so there is one; map its absence rather than panic.
+        let spec = binding
+            .spec()
+            .ok_or_else(|| FetchError::Internal(format!("{ctx}: the store sets no provider")))?;
         Ok(Self {
             ctx,
             spec,

@@ -335,9 +335,10 @@ impl Reconciler {
             store_kind: binding.store_kind(),
             store_name: binding.store_name.clone(),
         };
-        let spec = match crate::api::validate::provider(binding.provider(), binding.store_kind()) {
-            Ok(s) => s,
-            Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
+        // `bind` validated the provider block.
+        let Some(spec) = binding.spec() else {
+            let message = format!("{cx}: the store sets no provider");
+            return Ok(fail(Reason::SecretSyncedError, message));
         };
         let service_account = es
             .spec

@@ -86,7 +86,6 @@ pub fn next(
     kind: StoreKind,
 ) -> Option<StoreStatus> {
     let names: Vec<&str> = validate::provider_blocks(provider)
-        .iter()
         .map(|block| block.name())
         .collect();
     let provider_name = (!names.is_empty()).then(|| names.join(","));

@@ -38,7 +38,7 @@ pub fn write_held() {
     STDERR.flush_held();
 }
 
-/// Writes the lines held so far (for `on_thread_stop`, and before the process exits).
+/// For tokio's `on_thread_stop`: writes the lines held so far.
 pub fn flush() {
     STDERR.flush_held();
 }
