@@ -2,6 +2,7 @@
 //! publish path, and maps domain errors to status codes in one place ([`status`]).
 
 pub mod client;
+pub mod connection;
 pub mod controller;
 pub mod endpoint;
 pub mod identity;

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use csi_proto::v1::controller_server::ControllerServer;
 use csi_proto::v1::identity_server::IdentityServer;
+use std::os::unix::net::UnixListener;
+
 use csi_proto::v1::node_server::NodeServer;
-use tokio::net::UnixListener;
 use tokio::sync::Notify;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tracing::warn;
 
+use super::connection::Incoming;
 use super::controller::ControllerService;
 use super::identity::IdentityService;
 use super::node::NodeService;
@@ -120,11 +121,16 @@ pub async fn serve(
     node_id: String,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let listener = socket.listener.take().ok_or_else(|| ServeError::Io {
+    let io = |source| ServeError::Io {
         op: "serving",
         path: socket.path.clone(),
-        source: std::io::Error::other("socket already served"),
-    })?;
+        source,
+    };
+    let listener = socket
+        .listener
+        .take()
+        .ok_or_else(|| io(std::io::Error::other("socket already served")))?;
+    let incoming = Incoming::new(listener).map_err(io)?;
     let stopping = Arc::new(Notify::new());
     let signalled = Arc::clone(&stopping);
     let server = Server::builder()
@@ -135,7 +141,7 @@ pub async fn serve(
             publisher, metrics, node_id,
         )))
         .add_service(ControllerServer::new(ControllerService))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             signalled.notify_one();
         });

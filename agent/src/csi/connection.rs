@@ -1,0 +1,272 @@
+//! The CSI socket's connections, watched by the runtime for reads only.
+//!
+//! A socket registered for writes too (what `tokio::net::UnixStream` does) gets an
+//! edge-triggered "writable" event each time the peer reads what was written to it: a unix
+//! socket signals freed buffer space on every read. Each of those events woke a parked runtime
+//! worker that found nothing to do, after every answer and every h2 acknowledgement, just when
+//! kubelet's thread wants a CPU to read the answer (2.1 context switches of the agent per warm
+//! publish, 1.5 without them: docs/benchmarks.md). A CSI answer is a few hundred bytes and fits
+//! the socket buffer, so a write almost never has to wait: here a connection is registered for
+//! reads only, and only a write that would block registers a duplicate of the descriptor for
+//! writability, dropped again once the write went through. Nobody asks who the peer is (the
+//! socket is 0600), so no peer address or credentials are read either.
+//!
+//! Not for TLS or TCP: kubelet reaches CSI drivers on a unix socket only.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio_stream::Stream;
+use tonic::transport::server::Connected;
+
+/// Connections accepted on a listening unix socket, each a [`Connection`].
+pub struct Incoming {
+    listener: AsyncFd<UnixListener>,
+}
+
+impl Incoming {
+    /// Accepts on `listener` (made non-blocking here); must be called within the runtime.
+    pub fn new(listener: UnixListener) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        Ok(Self {
+            listener: register(listener, Interest::READABLE)?,
+        })
+    }
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<Connection>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            let mut ready = ready!(self.listener.poll_read_ready(cx))?;
+            if let Ok(accepted) = ready.try_io(|listener| listener.get_ref().accept()) {
+                return Poll::Ready(Some(
+                    accepted.and_then(|(stream, _)| Connection::new(stream)),
+                ));
+            }
+        }
+    }
+}
+
+/// One accepted connection: reads wait on the runtime, writes are made directly.
+pub struct Connection {
+    stream: AsyncFd<UnixStream>,
+    /// A duplicate of the descriptor, registered for writability only while a write would block.
+    writable: Option<AsyncFd<UnixStream>>,
+    /// How many writes had to wait for room, for tests to see that the waiting path ran.
+    #[cfg(test)]
+    waits: u32,
+}
+
+impl Connection {
+    fn new(stream: UnixStream) -> io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        Ok(Self {
+            stream: register(stream, Interest::READABLE)?,
+            writable: None,
+            #[cfg(test)]
+            waits: 0,
+        })
+    }
+
+    /// Runs `write` until it does not block, waiting for writability in between.
+    fn poll_write_with<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut write: impl FnMut(&UnixStream) -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        loop {
+            if let Some(writable) = &self.writable {
+                let mut ready = ready!(writable.poll_write_ready(cx))?;
+                let Ok(written) = ready.try_io(|fd| write(fd.get_ref())) else {
+                    continue;
+                };
+                drop(ready);
+                // The buffer had room again: back to reads only.
+                self.writable = None;
+                return Poll::Ready(written);
+            }
+            match write(self.stream.get_ref()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Registering reports writability that arrived since the failed write, so
+                    // no wake-up can be missed in between.
+                    let duplicate = self.stream.get_ref().try_clone()?;
+                    self.writable = Some(register(duplicate, Interest::WRITABLE)?);
+                    #[cfg(test)]
+                    {
+                        self.waits += 1;
+                    }
+                }
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let mut ready = ready!(self.stream.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match ready.try_io(|fd| fd.get_ref().read(unfilled)) {
+                Ok(Ok(read)) => {
+                    buf.advance(read);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => {}
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_with(cx, |mut stream| stream.write(buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_with(cx, |mut stream| stream.write_vectored(bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Nothing is buffered here: every write went to the socket.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.stream.get_ref().shutdown(Shutdown::Write))
+    }
+}
+
+/// Registers `io` (std's `UnixListener` or `UnixStream`) with the runtime for `interest` only;
+/// must be called within the runtime.
+fn register<T: AsRawFd>(io: T, interest: Interest) -> io::Result<AsyncFd<T>> {
+    // SAFETY: the callers pass std sockets, which own their descriptor. The `AsyncFd` owns `io`
+    // and hands out shared references only, so the descriptor stays open and the same until it
+    // is dropped.
+    unsafe { AsyncFd::register_with_interest(io, interest) }.map_err(|e| e.into_parts().1)
+}
+
+impl Connected for Connection {
+    /// Nothing: no handler asks who is calling (the socket is 0600, so only root can call).
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_stream::StreamExt;
+
+    use super::{Connection, Incoming};
+
+    /// The events the runtime's epoll instances watch `fd` for (`None`: not registered).
+    fn epoll_events(fd: i32) -> Option<u32> {
+        let mut found = None;
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let is_epoll = std::fs::read_link(entry.path())
+                .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[eventpoll]");
+            if !is_epoll {
+                continue;
+            }
+            let info = std::fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                entry.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            for line in info.lines() {
+                let mut words = line.split_whitespace();
+                if words.next() == Some("tfd:") && words.next() == Some(&fd.to_string()) {
+                    let events = words.skip_while(|w| *w != "events:").nth(1).unwrap();
+                    found = Some(u32::from_str_radix(events, 16).unwrap());
+                }
+            }
+        }
+        found
+    }
+
+    const EPOLLIN: u32 = 0x1;
+    const EPOLLOUT: u32 = 0x4;
+
+    #[tokio::test]
+    async fn an_accepted_connection_is_watched_for_reads_only_and_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        let mut incoming = Incoming::new(UnixListener::bind(&path).unwrap()).unwrap();
+        let mut client = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut server = incoming.next().await.unwrap().unwrap();
+
+        let events = epoll_events(server.stream.as_raw_fd()).expect("registered");
+        assert_eq!(events & (EPOLLIN | EPOLLOUT), EPOLLIN, "{events:#x}");
+
+        client.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+        server.write_all(b"pong").await.unwrap();
+        server.shutdown().await.unwrap();
+        assert_eq!(server.waits, 0);
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, b"pong");
+        assert!(server.writable.is_none());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_would_block_waits_for_room_and_then_stops_watching_for_it() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mut conn = Connection::new(ours).unwrap();
+        // Far more than a unix socket buffers, so writes block until the peer reads.
+        let sent: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut chunk = vec![0u8; 64 << 10];
+            loop {
+                std::thread::sleep(Duration::from_millis(1));
+                match peer.read(&mut chunk).unwrap() {
+                    0 => return got,
+                    n => got.extend_from_slice(&chunk[..n]),
+                }
+            }
+        });
+        conn.write_all(&sent).await.unwrap();
+        assert!(conn.waits > 0, "the socket never filled up");
+        assert!(conn.writable.is_none());
+        let events = epoll_events(conn.stream.as_raw_fd()).expect("registered");
+        assert_eq!(events & EPOLLOUT, 0, "{events:#x}");
+        conn.shutdown().await.unwrap();
+        assert_eq!(reader.join().unwrap(), sent);
+    }
+}
