@@ -3,14 +3,13 @@
 
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::v1::controller_server::ControllerServer;
 use csi_proto::v1::identity_server::IdentityServer;
-use std::os::unix::net::UnixListener;
-
 use csi_proto::v1::node_server::NodeServer;
 use tokio::sync::Notify;
 use tonic::transport::Server;
