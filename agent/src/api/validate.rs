@@ -96,18 +96,19 @@ pub fn provider_blocks(p: &StoreProvider) -> impl Iterator<Item = ProviderSpec<'
 /// service and auth method, Vault KV version and auth method), and what only a
 /// ClusterSecretStore may use. Returns the block.
 pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, Invalid> {
-    let set: Vec<_> = provider_blocks(p).collect();
-    let one = match set.as_slice() {
-        [one] => *one,
-        [] => {
+    // `bind` runs this on every publish: a valid store costs no allocation.
+    let mut blocks = provider_blocks(p);
+    let one = match (blocks.next(), blocks.next()) {
+        (Some(one), None) => one,
+        (None, _) => {
             return Err(Invalid::rule_detail(
                 "spec.provider",
                 &rules::ONE_PROVIDER,
                 "none is set",
             ));
         }
-        many => {
-            let names = many.iter().map(|p| p.name()).collect::<Vec<_>>();
+        (Some(_), Some(_)) => {
+            let names = provider_blocks(p).map(|p| p.name()).collect::<Vec<_>>();
             return Err(Invalid::rule_detail(
                 "spec.provider",
                 &rules::ONE_PROVIDER,

@@ -250,13 +250,13 @@ fn store_identity(binding: &Binding) -> String {
     // an ordinary (non-zeroizing) buffer on every publish. Writing to a hasher cannot fail.
     let _ = serde_json::to_writer(HashWriter(&mut hasher), binding.provider());
     // A ClusterSecretStore belongs to no namespace; the pod's is in the auth identity instead.
-    let namespace = match binding.store_kind() {
+    let kind = binding.store_kind();
+    let namespace = match kind {
         StoreKind::SecretStore => binding.namespace.as_str(),
         StoreKind::ClusterSecretStore => "",
     };
     format!(
-        "{}/{namespace}/{}#{:016x}",
-        binding.store_kind(),
+        "{kind}/{namespace}/{}#{:016x}",
         binding.store_name,
         hasher.finish()
     )

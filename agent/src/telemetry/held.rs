@@ -126,8 +126,9 @@ impl<S: Sink> Held<S> {
     /// Holds `line` when this thread holds lines (after writing what is held if it does not fit
     /// beside it), else writes what is held and then `line`.
     fn log(&self, line: &[u8]) -> io::Result<()> {
+        let holds = HOLDS.get();
         let mut lines = self.lines();
-        if HOLDS.get() && lines.hold(line) {
+        if holds && lines.hold(line) {
             return Ok(());
         }
         let held = if lines.is_empty() {
@@ -135,7 +136,7 @@ impl<S: Sink> Held<S> {
         } else {
             self.write_out(&mut lines)
         };
-        if HOLDS.get() && lines.hold(line) {
+        if holds && lines.hold(line) {
             return held;
         }
         held.and(self.sink.write_all(line))
@@ -189,6 +190,16 @@ mod tests {
         held.flush_held();
     }
 
+    /// Runs `f` on a fresh thread that has parked once, as a runtime worker has.
+    fn on_a_worker(held: &Held<Recorded>, f: impl FnOnce() + Send) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                park(held);
+                f();
+            });
+        });
+    }
+
     fn writes(held: &Held<Recorded>) -> Vec<String> {
         let writes = held.sink.0.lock().unwrap();
         writes
@@ -212,17 +223,14 @@ mod tests {
     #[test]
     fn a_worker_holds_its_lines_until_it_parks_and_writes_them_in_one_go() {
         let held = Held::new(Recorded::default());
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                park(&held);
-                (&held).write_all(b"mounted a\n").unwrap();
-                (&held).write_all(b"mounted b\n").unwrap();
-                assert!(writes(&held).is_empty(), "written before the park");
-                park(&held);
-                assert_eq!(writes(&held), ["mounted a\nmounted b\n"]);
-                park(&held);
-                assert_eq!(writes(&held).len(), 1, "nothing held, nothing written");
-            });
+        on_a_worker(&held, || {
+            (&held).write_all(b"mounted a\n").unwrap();
+            (&held).write_all(b"mounted b\n").unwrap();
+            assert!(writes(&held).is_empty(), "written before the park");
+            park(&held);
+            assert_eq!(writes(&held), ["mounted a\nmounted b\n"]);
+            park(&held);
+            assert_eq!(writes(&held).len(), 1, "nothing held, nothing written");
         });
     }
 
@@ -244,30 +252,27 @@ mod tests {
     #[test]
     fn a_busy_worker_writes_what_is_held_when_the_next_line_does_not_fit() {
         let held = Held::new(Recorded::default());
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                park(&held);
-                let line = [b'x'; 1000];
-                let fit = HOLD_AT_MOST / line.len();
-                for _ in 0..fit {
-                    (&held).write_all(&line).unwrap();
-                }
-                assert!(writes(&held).is_empty());
+        on_a_worker(&held, || {
+            let line = [b'x'; 1000];
+            let fit = HOLD_AT_MOST / line.len();
+            for _ in 0..fit {
                 (&held).write_all(&line).unwrap();
-                let written = writes(&held);
-                assert_eq!(written.len(), 1);
-                assert_eq!(written[0].len(), fit * line.len());
-                assert_eq!(held.lines().len, line.len(), "the last line is held");
+            }
+            assert!(writes(&held).is_empty());
+            (&held).write_all(&line).unwrap();
+            let written = writes(&held);
+            assert_eq!(written.len(), 1);
+            assert_eq!(written[0].len(), fit * line.len());
+            assert_eq!(held.lines().len, line.len(), "the last line is held");
 
-                // A line longer than the buffer is written at once, after what is held.
-                let long = vec![b'y'; HOLD_AT_MOST + 1];
-                (&held).write_all(&long).unwrap();
-                let written = writes(&held);
-                assert_eq!(written.len(), 3);
-                assert_eq!(written[1].as_bytes(), line);
-                assert_eq!(written[2].as_bytes(), long);
-                assert!(held.lines().is_empty());
-            });
+            // A line longer than the buffer is written at once, after what is held.
+            let long = vec![b'y'; HOLD_AT_MOST + 1];
+            (&held).write_all(&long).unwrap();
+            let written = writes(&held);
+            assert_eq!(written.len(), 3);
+            assert_eq!(written[1].as_bytes(), line);
+            assert_eq!(written[2].as_bytes(), long);
+            assert!(held.lines().is_empty());
         });
     }
 
@@ -278,16 +283,13 @@ mod tests {
             .with_ansi(false)
             .with_writer(move || held)
             .finish();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                park(held);
-                tracing::subscriber::with_default(subscriber, || {
-                    tracing::info!(target_path = "/t", "volume mounted");
-                    tracing::warn!("second");
-                });
-                assert!(writes(held).is_empty());
-                park(held);
+        on_a_worker(held, || {
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::info!(target_path = "/t", "volume mounted");
+                tracing::warn!("second");
             });
+            assert!(writes(held).is_empty());
+            park(held);
         });
         let written = writes(held);
         assert_eq!(written.len(), 1);
