@@ -8,8 +8,10 @@
 //! publish, 1.5 without them: docs/benchmarks.md). A CSI answer is a few hundred bytes and fits
 //! the socket buffer, so a write almost never has to wait: here a connection is registered for
 //! reads only, and only a write that would block registers a duplicate of the descriptor for
-//! writability, dropped again once the write went through. Nobody asks who the peer is (the
-//! socket is 0600), so no peer address or credentials are read either.
+//! writability, dropped again once the write went through. A read that leaves room in h2's
+//! buffer has emptied the socket, so the next read waits for epoll instead of being made and
+//! answered EAGAIN (one system call less per request). Nobody asks who the peer is (the socket
+//! is 0600), so no peer address or credentials are read either.
 //!
 //! Not for TLS or TCP: kubelet reaches CSI drivers on a unix socket only.
 
@@ -63,6 +65,9 @@ pub struct Connection {
     /// How many writes had to wait for room, for tests to see that the waiting path ran.
     #[cfg(test)]
     waits: u32,
+    /// How many `read(2)` calls were made, for tests to see that a drained socket is not read.
+    #[cfg(test)]
+    reads: u32,
 }
 
 impl Connection {
@@ -73,6 +78,8 @@ impl Connection {
             writable: None,
             #[cfg(test)]
             waits: 0,
+            #[cfg(test)]
+            reads: 0,
         })
     }
 
@@ -122,15 +129,28 @@ impl AsyncRead for Connection {
         // SAFETY: only a pointer and a length are taken here; nothing is de-initialised.
         let unfilled = unsafe { buf.unfilled_mut() };
         let (into, room) = (unfilled.as_mut_ptr().cast::<libc::c_void>(), unfilled.len());
+        let this = self.get_mut();
         loop {
-            let mut ready = ready!(self.stream.poll_read_ready(cx))?;
+            let mut ready = ready!(this.stream.poll_read_ready(cx))?;
             let read = ready.try_io(|fd| {
                 // SAFETY: `into` points to `room` writable bytes of `buf`, which outlives the call.
                 let read = unsafe { libc::read(fd.as_raw_fd(), into, room) };
                 usize::try_from(read).map_err(|_| io::Error::last_os_error())
             });
+            #[cfg(test)]
+            {
+                this.reads += 1;
+            }
             match read {
                 Ok(Ok(read)) => {
+                    // A read that left room in the buffer emptied the socket. Without this, the
+                    // next poll (h2 reads until Pending, so there always is one) would be one more
+                    // `read(2)` per request, answered EAGAIN, before the request is handled. Data
+                    // arriving after the read is not missed: epoll reports it, and tokio keeps the
+                    // readiness an event newer than this read's has set.
+                    if read > 0 && read < room {
+                        ready.clear_ready();
+                    }
                     // SAFETY: the kernel has written the first `read` bytes.
                     unsafe { buf.assume_init(read) };
                     buf.advance(read);
@@ -194,12 +214,13 @@ impl Connected for Connection {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
     use std::os::unix::net::{UnixListener, UnixStream};
+    use std::pin::Pin;
     use std::time::Duration;
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
     use tokio_stream::StreamExt;
 
     use super::{Connection, Incoming};
@@ -254,6 +275,45 @@ mod tests {
         client.read_to_end(&mut answer).await.unwrap();
         assert_eq!(answer, b"pong");
         assert!(server.writable.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_read_that_empties_the_socket_is_not_followed_by_one_that_finds_nothing() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mut conn = Connection::new(ours).unwrap();
+        peer.write_all(b"request").unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 7);
+        assert_eq!(conn.reads, 1);
+        // The socket is empty: asking again waits for epoll instead of reading.
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut again = tokio::io::ReadBuf::new(&mut buf);
+        assert!(
+            Pin::new(&mut conn)
+                .poll_read(&mut cx, &mut again)
+                .is_pending()
+        );
+        assert_eq!(conn.reads, 1);
+        // What arrives later is still read, and a read that fills the buffer keeps reading.
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            peer.write_all(&[7u8; 100]).unwrap();
+            peer
+        });
+        let mut got = Vec::new();
+        while got.len() < 100 {
+            let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+                .await
+                .expect("data written after the socket was emptied was never read")
+                .unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, [7u8; 100]);
+        drop(writer.join().unwrap());
+        // End of stream stays readable.
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
