@@ -23,6 +23,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -171,9 +172,10 @@ impl<'a> AtomicWriter<'a> {
         // new payload needs while the old one is still live.
         self.remove_leftovers(current.as_deref())?;
 
-        let new_dir = self.create_payload_dir()?;
+        let mut path = PathBuffer::new(self.root);
+        let new_dir = self.create_payload_dir(&mut path)?;
         let staged = self
-            .write_payload_dir(&new_dir, payload)
+            .write_payload_dir(&mut path, &new_dir, payload)
             .and_then(|()| self.add_missing_links(payload));
         let created_links = match staged {
             Ok(links) => links,
@@ -209,20 +211,36 @@ impl<'a> AtomicWriter<'a> {
     /// `..data` are created directly, without the listing, comparing and link renames an
     /// update needs. On error everything written is removed again.
     pub(crate) fn write_fresh(&self, payload: &Payload<'_>) -> Result<(), VolumeError> {
-        let new_dir = self.create_payload_dir()?;
-        let mut links = Vec::with_capacity(payload.top_level.len());
-        let written = self.write_payload_dir(&new_dir, payload).and_then(|()| {
-            for name in &payload.top_level {
-                let link = self.root.join(name);
-                symlink(Path::new(DATA_LINK).join(name), &link)
-                    .map_err(|e| self.io("creating link", &link, e))?;
-                links.push(link);
-            }
-            // Last, as in an update: `..data` appearing is the moment the set is complete.
-            let data = self.root.join(DATA_LINK);
-            symlink(&new_dir, &data).map_err(|e| self.io("creating link", data, e))
-        });
+        let mut path = PathBuffer::new(self.root);
+        let new_dir = self.create_payload_dir(&mut path)?;
+        let mut linked = 0;
+        let written = self
+            .write_payload_dir(&mut path, &new_dir, payload)
+            .and_then(|()| {
+                let root = path.len();
+                let mut points_to = PathBuffer::new(Path::new(DATA_LINK));
+                for name in &payload.top_level {
+                    path.truncate(root);
+                    path.push(name);
+                    points_to.truncate(DATA_LINK.len());
+                    points_to.push(name);
+                    symlink(points_to.as_path(), path.as_path())
+                        .map_err(|e| self.io("creating link", path.as_path(), e))?;
+                    linked += 1;
+                }
+                // Last, as in an update: `..data` appearing is the moment the set is complete.
+                path.truncate(root);
+                path.push(DATA_LINK);
+                symlink(&new_dir, path.as_path())
+                    .map_err(|e| self.io("creating link", path.as_path(), e))
+            });
         if written.is_err() {
+            let links: Vec<PathBuf> = payload
+                .top_level
+                .iter()
+                .take(linked)
+                .map(|name| self.root.join(name))
+                .collect();
             self.discard(&new_dir, &links);
         }
         written
@@ -301,19 +319,22 @@ impl<'a> AtomicWriter<'a> {
         Ok(())
     }
 
-    /// Creates a fresh, empty timestamped directory and returns its name.
-    fn create_payload_dir(&self) -> Result<OsString, VolumeError> {
+    /// Creates a fresh, empty timestamped directory below `path` (the root, and left so) and
+    /// returns its name.
+    fn create_payload_dir(&self, path: &mut PathBuffer) -> Result<OsString, VolumeError> {
         let base = timestamp_name(SystemTime::now());
+        let root = path.len();
         for attempt in 0..NAME_ATTEMPTS {
-            let name = match attempt {
-                0 => base.clone(),
-                n => format!("{base}_{n}"),
-            };
-            let path = self.root.join(&name);
-            match self.create_dir(&path) {
-                Ok(()) => return Ok(name.into()),
+            let suffixed = (attempt > 0).then(|| format!("{base}_{attempt}"));
+            path.truncate(root);
+            path.push(suffixed.as_deref().unwrap_or(&base));
+            match self.create_dir(path.as_path()) {
+                Ok(()) => {
+                    path.truncate(root);
+                    return Ok(suffixed.unwrap_or(base).into());
+                }
                 Err(err) if err.kind() == ErrorKind::AlreadyExists => continue,
-                Err(err) => return Err(self.io("creating directory", path, err)),
+                Err(err) => return Err(self.io("creating directory", path.as_path(), err)),
             }
         }
         Err(self.io(
@@ -323,26 +344,42 @@ impl<'a> AtomicWriter<'a> {
         ))
     }
 
-    /// Writes every file of `payload` below `dir`, creating directories as needed.
-    fn write_payload_dir(&self, dir: &OsStr, payload: &Payload<'_>) -> Result<(), VolumeError> {
-        let base = self.root.join(dir);
+    /// Writes every file of `payload` below `dir`, creating directories as needed. `path` is
+    /// the root on entry and is left so.
+    fn write_payload_dir(
+        &self,
+        path: &mut PathBuffer,
+        dir: &OsStr,
+        payload: &Payload<'_>,
+    ) -> Result<(), VolumeError> {
+        let root = path.len();
+        path.push(dir);
+        let written = self.write_files(path, payload);
+        path.truncate(root);
+        written
+    }
+
+    /// [`Self::write_payload_dir`] below `path`, the payload directory.
+    fn write_files(&self, path: &mut PathBuffer, payload: &Payload<'_>) -> Result<(), VolumeError> {
+        let base = path.len();
         let mut made: HashSet<PathBuf> = HashSet::new();
         for file in &payload.files {
-            let mut parent = base.clone();
-            let segments: Vec<&str> = file.path.segments().collect();
-            let (leaf, dirs) = segments
-                .split_last()
-                .ok_or_else(|| self.io("writing", &base, ErrorKind::InvalidInput.into()))?;
-            for segment in dirs {
-                parent.push(segment);
-                if made.insert(parent.clone()) {
-                    self.create_dir(&parent)
-                        .map_err(|e| self.io("creating directory", &parent, e))?;
+            path.truncate(base);
+            let mut segments = file.path.segments().peekable();
+            if segments.peek().is_none() {
+                return Err(self.io("writing", path.as_path(), ErrorKind::InvalidInput.into()));
+            }
+            while let Some(segment) = segments.next() {
+                path.push(segment);
+                let is_dir = segments.peek().is_some();
+                if is_dir && !made.contains(path.as_path()) {
+                    self.create_dir(path.as_path())
+                        .map_err(|e| self.io("creating directory", path.as_path(), e))?;
+                    made.insert(path.as_path().to_path_buf());
                 }
             }
-            let path = parent.join(leaf);
-            self.create_file(&path, file)
-                .map_err(|e| self.io("writing", &path, e))?;
+            self.create_file(path.as_path(), file)
+                .map_err(|e| self.io("writing", path.as_path(), e))?;
         }
         Ok(())
     }
@@ -460,6 +497,43 @@ impl<'a> AtomicWriter<'a> {
 
     fn io(&self, op: &'static str, path: impl Into<PathBuf>, err: std::io::Error) -> VolumeError {
         VolumeError::io(op, path, self.root, err)
+    }
+}
+
+/// A path built in one buffer that is truncated and extended again for every name below it: a
+/// publish otherwise allocated a new path for each directory, file and link it made.
+struct PathBuffer {
+    bytes: Vec<u8>,
+}
+
+impl PathBuffer {
+    /// A buffer holding `start`; room for a few names below it.
+    fn new(start: &Path) -> Self {
+        let start = start.as_os_str().as_bytes();
+        let mut bytes = Vec::with_capacity(start.len() + 96);
+        bytes.extend_from_slice(start);
+        Self { bytes }
+    }
+
+    /// Appends `/name` (no second slash after one that ends the buffer).
+    fn push(&mut self, name: impl AsRef<OsStr>) {
+        if self.bytes.last().is_some_and(|&b| b != b'/') {
+            self.bytes.push(b'/');
+        }
+        self.bytes.extend_from_slice(name.as_ref().as_bytes());
+    }
+
+    /// The length to [`Self::truncate`] back to.
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.bytes.truncate(len);
+    }
+
+    fn as_path(&self) -> &Path {
+        Path::new(OsStr::from_bytes(&self.bytes))
     }
 }
 

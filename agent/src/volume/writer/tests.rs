@@ -294,3 +294,34 @@ fn timestamp_names_are_utc_and_sortable() {
     assert_eq!(at(4_107_542_400, 0), "..2100_03_01_00_00_00.000000000");
     assert!(at(1, 0) < at(1, 1));
 }
+
+#[test]
+fn a_path_buffer_joins_names_with_one_slash_and_truncates_back() {
+    let mut path = PathBuffer::new(Path::new("/"));
+    path.push("a");
+    assert_eq!(path.as_path(), Path::new("/a"));
+    let mut path = PathBuffer::new(Path::new("/root/"));
+    let root = path.len();
+    path.push("..2026_01_01");
+    path.push("db");
+    assert_eq!(path.as_path(), Path::new("/root/..2026_01_01/db"));
+    path.truncate(root);
+    path.push("password");
+    assert_eq!(path.as_path(), Path::new("/root/password"));
+}
+
+#[test]
+fn a_fresh_write_that_fails_at_a_link_removes_the_links_it_made_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // Not empty after all (a race with somebody else): the link `b` cannot be made.
+    fs::write(root.join("b"), b"theirs").unwrap();
+    let files = [file("a", "1"), file("b", "2"), file("c", "3")];
+    let payload = check(&files, LIMIT).unwrap();
+    let err = AtomicWriter::new(root, None)
+        .write_fresh(&payload)
+        .unwrap_err();
+    assert!(err.to_string().contains("creating link"), "{err}");
+    assert_eq!(listing(root), ["b"]);
+    assert_eq!(fs::read(root.join("b")).unwrap(), b"theirs");
+}
