@@ -172,10 +172,9 @@ impl<'a> AtomicWriter<'a> {
         // new payload needs while the old one is still live.
         self.remove_leftovers(current.as_deref())?;
 
-        let mut path = PathBuffer::new(self.root);
-        let new_dir = self.create_payload_dir(&mut path)?;
+        let new_dir = self.create_payload_dir()?;
         let staged = self
-            .write_payload_dir(&mut path, &new_dir, payload)
+            .write_payload_dir(&new_dir, payload)
             .and_then(|()| self.add_missing_links(payload));
         let created_links = match staged {
             Ok(links) => links,
@@ -211,29 +210,27 @@ impl<'a> AtomicWriter<'a> {
     /// `..data` are created directly, without the listing, comparing and link renames an
     /// update needs. On error everything written is removed again.
     pub(crate) fn write_fresh(&self, payload: &Payload<'_>) -> Result<(), VolumeError> {
-        let mut path = PathBuffer::new(self.root);
-        let new_dir = self.create_payload_dir(&mut path)?;
+        let new_dir = self.create_payload_dir()?;
         let mut linked = 0;
-        let written = self
-            .write_payload_dir(&mut path, &new_dir, payload)
-            .and_then(|()| {
-                let root = path.len();
-                let mut points_to = PathBuffer::new(Path::new(DATA_LINK));
-                for name in &payload.top_level {
-                    path.truncate(root);
-                    path.push(name);
-                    points_to.truncate(DATA_LINK.len());
-                    points_to.push(name);
-                    symlink(points_to.as_path(), path.as_path())
-                        .map_err(|e| self.io("creating link", path.as_path(), e))?;
-                    linked += 1;
-                }
-                // Last, as in an update: `..data` appearing is the moment the set is complete.
+        let written = self.write_payload_dir(&new_dir, payload).and_then(|()| {
+            let mut path = PathBuffer::new(self.root);
+            let root = path.len();
+            let mut points_to = PathBuffer::new(Path::new(DATA_LINK));
+            for name in &payload.top_level {
                 path.truncate(root);
-                path.push(DATA_LINK);
-                symlink(&new_dir, path.as_path())
-                    .map_err(|e| self.io("creating link", path.as_path(), e))
-            });
+                path.push(name);
+                points_to.truncate(DATA_LINK.len());
+                points_to.push(name);
+                symlink(points_to.as_path(), path.as_path())
+                    .map_err(|e| self.io("creating link", path.as_path(), e))?;
+                linked += 1;
+            }
+            // Last, as in an update: `..data` appearing is the moment the set is complete.
+            path.truncate(root);
+            path.push(DATA_LINK);
+            symlink(&new_dir, path.as_path())
+                .map_err(|e| self.io("creating link", path.as_path(), e))
+        });
         if written.is_err() {
             let links: Vec<PathBuf> = payload
                 .top_level
@@ -319,20 +316,17 @@ impl<'a> AtomicWriter<'a> {
         Ok(())
     }
 
-    /// Creates a fresh, empty timestamped directory below `path` (the root, and left so) and
-    /// returns its name.
-    fn create_payload_dir(&self, path: &mut PathBuffer) -> Result<OsString, VolumeError> {
+    /// Creates a fresh, empty timestamped directory and returns its name.
+    fn create_payload_dir(&self) -> Result<OsString, VolumeError> {
         let base = timestamp_name(SystemTime::now());
+        let mut path = PathBuffer::new(self.root);
         let root = path.len();
         for attempt in 0..NAME_ATTEMPTS {
             let suffixed = (attempt > 0).then(|| format!("{base}_{attempt}"));
             path.truncate(root);
             path.push(suffixed.as_deref().unwrap_or(&base));
             match self.create_dir(path.as_path()) {
-                Ok(()) => {
-                    path.truncate(root);
-                    return Ok(suffixed.unwrap_or(base).into());
-                }
+                Ok(()) => return Ok(suffixed.unwrap_or(base).into()),
                 Err(err) if err.kind() == ErrorKind::AlreadyExists => continue,
                 Err(err) => return Err(self.io("creating directory", path.as_path(), err)),
             }
@@ -344,23 +338,12 @@ impl<'a> AtomicWriter<'a> {
         ))
     }
 
-    /// Writes every file of `payload` below `dir`, creating directories as needed. `path` is
-    /// the root on entry and is left so.
-    fn write_payload_dir(
-        &self,
-        path: &mut PathBuffer,
-        dir: &OsStr,
-        payload: &Payload<'_>,
-    ) -> Result<(), VolumeError> {
-        let root = path.len();
+    /// Writes every file of `payload` below `dir`, creating directories as needed.
+    // The signatures of this and `create_payload_dir` are part of their symbols' names, which
+    // agent/link/hot-functions.order lists: a change moves them out of the packed code.
+    fn write_payload_dir(&self, dir: &OsStr, payload: &Payload<'_>) -> Result<(), VolumeError> {
+        let mut path = PathBuffer::new(self.root);
         path.push(dir);
-        let written = self.write_files(path, payload);
-        path.truncate(root);
-        written
-    }
-
-    /// [`Self::write_payload_dir`] below `path`, the payload directory.
-    fn write_files(&self, path: &mut PathBuffer, payload: &Payload<'_>) -> Result<(), VolumeError> {
         let base = path.len();
         let mut made: HashSet<PathBuf> = HashSet::new();
         for file in &payload.files {
@@ -508,6 +491,7 @@ struct PathBuffer {
 
 impl PathBuffer {
     /// A buffer holding `start`; room for a few names below it.
+    #[inline]
     fn new(start: &Path) -> Self {
         let start = start.as_os_str().as_bytes();
         let mut bytes = Vec::with_capacity(start.len() + 96);
