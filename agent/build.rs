@@ -5,7 +5,11 @@
 //! serves a publish is spread over, not how big the binary is (docs/benchmarks.md, "Memory").
 //! `link/hot-functions.order` lists those functions, recorded by `scripts/symbol-order.sh`; lld
 //! places them first and together. A name the current build no longer has is skipped silently,
-//! so a stale list costs only the layout, never the build.
+//! so a stale list costs only the layout, never the build. Names go stale with the toolchain and
+//! the dependencies, and also when a listed function's signature changes (the hash in a mangled
+//! name covers it) or a new function on the publish path is not inlined: either is a function of
+//! every publish left out of the packed code, which shows as idle RSS (docs/benchmarks.md, "A
+//! lesson on the code layout"). Keep such signatures, or record the list again.
 //!
 //! Symbols are stripped here (`--strip-all`) instead of by the profile's `strip` setting: the
 //! profile is part of every crate's `-C metadata`, hence of every symbol's mangled hash, so the

@@ -5,8 +5,9 @@
 # 64 KiB windows, so packing the code that runs into few windows is what lowers it
 # (docs/benchmarks.md, "Memory").
 #
-# Run it after a change of dependencies or of the toolchain (the list goes stale then: names it
-# no longer finds are skipped, the layout slowly degrades, nothing breaks), then rebuild:
+# Run it after a change of dependencies or of the toolchain, or of the signature of a function
+# the publish path runs (the list goes stale then: names it no longer finds are skipped, the
+# layout slowly degrades, nothing breaks), then rebuild:
 #
 #   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~30-40 min on 2 cores
 #

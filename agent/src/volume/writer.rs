@@ -339,8 +339,6 @@ impl<'a> AtomicWriter<'a> {
     }
 
     /// Writes every file of `payload` below `dir`, creating directories as needed.
-    // The signatures of this and `create_payload_dir` are part of their symbols' names, which
-    // agent/link/hot-functions.order lists: a change moves them out of the packed code.
     fn write_payload_dir(&self, dir: &OsStr, payload: &Payload<'_>) -> Result<(), VolumeError> {
         let mut path = PathBuffer::new(self.root);
         path.push(dir);
@@ -348,10 +346,8 @@ impl<'a> AtomicWriter<'a> {
         let mut made: HashSet<PathBuf> = HashSet::new();
         for file in &payload.files {
             path.truncate(base);
+            // A `FilePath` has at least one segment, so the last one pushed names the file.
             let mut segments = file.path.segments().peekable();
-            if segments.peek().is_none() {
-                return Err(self.io("writing", path.as_path(), ErrorKind::InvalidInput.into()));
-            }
             while let Some(segment) = segments.next() {
                 path.push(segment);
                 let is_dir = segments.peek().is_some();
@@ -491,9 +487,8 @@ struct PathBuffer {
 
 impl PathBuffer {
     /// A buffer holding `start`; room for a few names below it.
-    // Inlined: an out-of-line copy would be a function of every publish that
-    // agent/link/hot-functions.order does not list (the first version, without the hint, had
-    // one).
+    // Inlined: out of line it would be a publish-path function missing from the code layout
+    // list (agent/build.rs), as it was in a first version without the hint.
     #[inline]
     fn new(start: &Path) -> Self {
         let start = start.as_os_str().as_bytes();
