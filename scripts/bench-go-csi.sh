@@ -12,7 +12,9 @@
 # Environment: LATCHKEY_BIN (default target/release/latchkey, copied before it is started),
 # GO_LAYOUT (flat: the Go plugin writes the 3 files straight into its tmpfs, the baseline;
 # atomic: it writes them in kubelet's ..data layout, the same volume system calls as Latchkey's),
-# BENCH_ROUNDS (10), BENCH_PER_ROUND (200), BENCH_WARMUP (50), BENCH_JSON (default
+# BENCH_CONNECTION (shared: every call of the benchmark on one connection per server; per-call:
+# each timed call dials a connection of its own and closes it after the answer, as kubelet does
+# for every operation), BENCH_ROUNDS (10), BENCH_PER_ROUND (200), BENCH_WARMUP (50), BENCH_JSON (default
 # target/bench/go-csi.json), TMPDIR (where the scratch directory and the targets go; the build
 # directory is below /var/tmp, on disk, so the binaries are file pages whatever TMPDIR says).
 #
@@ -31,7 +33,7 @@ for arg in "$@"; do
   case "$arg" in
     --go-only) GO_ONLY=1 ;;
     --strace) STRACE=1 ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-go-csi.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +49,11 @@ case "$GO_LAYOUT" in
   flat) GO_LABEL="minimal Go plugin" ;;
   atomic) GO_LABEL="Go plugin, atomic layout" ;;
   *) echo "bench-go-csi.sh: GO_LAYOUT must be flat or atomic, not $GO_LAYOUT" >&2; exit 2 ;;
+esac
+CONNECTION="${BENCH_CONNECTION:-shared}"
+case "$CONNECTION" in
+  shared | per-call) ;;
+  *) echo "bench-go-csi.sh: BENCH_CONNECTION must be shared or per-call, not $CONNECTION" >&2; exit 2 ;;
 esac
 ROUNDS="${BENCH_ROUNDS:-10}"
 PER_ROUND="${BENCH_PER_ROUND:-200}"
@@ -225,7 +232,7 @@ done
 # --- Benchmark -----------------------------------------------------------------------------------
 say "running the client (TMPDIR=${TMPDIR:-/tmp})"
 client -go-socket "$GO_SOCK" -go-pid "$GO_PID" -go-label "$GO_LABEL" "${LK_ARGS[@]}" -targets "$TARGETS" \
-  -rounds "$ROUNDS" -per-round "$PER_ROUND" -warmup "$WARMUP" -json "$JSON"
+  -rounds "$ROUNDS" -per-round "$PER_ROUND" -warmup "$WARMUP" -connection "$CONNECTION" -json "$JSON"
 
 # --- System calls (optional) ---------------------------------------------------------------------
 # strace -f -c attached to a running server, over 200 publishes and then over their 200
@@ -236,7 +243,7 @@ trace_phase() { # <server key> <pid> <socket flag> <socket> <mode>
   strace -f -c -o "$out" -p "$pid" 2>/dev/null &
   STRACE_PID=$!
   sleep 0.5 # attached to every thread before the first call
-  client "$flag" "$sock" -"$key"-pid "$pid" -targets "$TARGETS" -mode "$mode" -count 200 -prefix strace
+  client "$flag" "$sock" -"$key"-pid "$pid" -targets "$TARGETS" -connection "$CONNECTION" -mode "$mode" -count 200 -prefix strace
   kill -INT "$STRACE_PID"
   wait "$STRACE_PID" 2>/dev/null || true
   STRACE_PID=""

@@ -140,7 +140,8 @@ type server struct {
 	conn     *grpc.ClientConn
 	node     csi.NodeClient
 	identity csi.IdentityClient
-	next     int // pods are named warm-<next>, the same sequence on both servers
+	perCall  bool // each timed call dials a connection of its own, as kubelet does
+	next     int  // pods are named warm-<next>, the same sequence on both servers
 
 	Plugin   map[string]string  `json:"plugin"`
 	Idle     map[string]float64 `json:"idle_status_kib"`
@@ -179,6 +180,32 @@ func (s *server) connect() error {
 	s.node = csi.NewNodeClient(conn)
 	s.identity = csi.NewIdentityClient(conn)
 	return nil
+}
+
+// nodeForCall is the Node client a timed call uses and what to run once it has answered: the
+// shared connection's, or with -connection per-call a new connection's (dialled inside the
+// timed span, as kubelet dials for every operation, and closed after it).
+func (s *server) nodeForCall() (csi.NodeClient, func(), error) {
+	if !s.perCall {
+		return s.node, func() {}, nil
+	}
+	conn, err := dial(s.socket)
+	if err != nil {
+		return nil, nil, err
+	}
+	return csi.NewNodeClient(conn), func() { conn.Close() }, nil
+}
+
+// identityForCall is nodeForCall for the Identity service.
+func (s *server) identityForCall() (csi.IdentityClient, func(), error) {
+	if !s.perCall {
+		return s.identity, func() {}, nil
+	}
+	conn, err := dial(s.socket)
+	if err != nil {
+		return nil, nil, err
+	}
+	return csi.NewIdentityClient(conn), func() { conn.Close() }, nil
 }
 
 // waitReady polls Probe until the plugin says it is ready.
@@ -254,8 +281,14 @@ func (s *server) publishAll(vols []volume, createParents bool) ([]time.Duration,
 	times := make([]time.Duration, 0, len(vols))
 	for _, v := range vols {
 		start := time.Now()
-		_, err := s.node.NodePublishVolume(ctx, v.publish)
+		node, done, err := s.nodeForCall()
+		if err == nil {
+			_, err = node.NodePublishVolume(ctx, v.publish)
+		}
 		elapsed := time.Since(start)
+		if done != nil {
+			done()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: NodePublishVolume %s: %w", s.label, v.target, err)
 		}
@@ -271,8 +304,14 @@ func (s *server) probeAll(n int) ([]time.Duration, error) {
 	times := make([]time.Duration, 0, n)
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		_, err := s.identity.Probe(ctx, &csi.ProbeRequest{})
+		identity, done, err := s.identityForCall()
+		if err == nil {
+			_, err = identity.Probe(ctx, &csi.ProbeRequest{})
+		}
 		elapsed := time.Since(start)
+		if done != nil {
+			done()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: Probe: %w", s.label, err)
 		}
@@ -286,8 +325,14 @@ func (s *server) unpublishAll(vols []volume) ([]time.Duration, error) {
 	times := make([]time.Duration, 0, len(vols))
 	for _, v := range vols {
 		start := time.Now()
-		_, err := s.node.NodeUnpublishVolume(ctx, v.unpublish)
+		node, done, err := s.nodeForCall()
+		if err == nil {
+			_, err = node.NodeUnpublishVolume(ctx, v.unpublish)
+		}
 		elapsed := time.Since(start)
+		if done != nil {
+			done()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: NodeUnpublishVolume %s: %w", s.label, v.target, err)
 		}
@@ -514,6 +559,7 @@ type config struct {
 	idleWait, readyTimeout   time.Duration
 	createParents            bool
 	targets, jsonPath        string
+	connection               string // "shared" or "per-call"
 }
 
 func runBench(cfg config, servers []*server) error {
@@ -666,7 +712,7 @@ func newReport(cfg config, servers []*server, started, finished time.Time, sizes
 			"rounds": cfg.rounds, "publishes_per_round": cfg.perRound, "warmup": cfg.warmup,
 			"idle_wait_s": cfg.idleWait.Seconds(), "client_creates_parents": cfg.createParents,
 			"tmpfs_bytes": sizes, "namespace": namespace, "external_secret": externalSecret,
-			"files": warmFiles, "value_bytes": valueBytes,
+			"files": warmFiles, "value_bytes": valueBytes, "connection": cfg.connection,
 		},
 		Servers: map[string]*serverReport{},
 	}
@@ -716,8 +762,8 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "machine: %s, %s CPUs, Linux %s; targets below %s (%s)\n",
 		r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"], r.Machine["targets"], r.Machine["targets_fs"])
 	fmt.Fprintf(&b, "%d rounds x %d publishes per server, first server alternating, after %d untimed; "+
-		"client: Go CSI bindings, grpc-go, %s\n\n", r.Config["rounds"], r.Config["publishes_per_round"],
-		r.Config["warmup"], r.Machine["client_go"])
+		"client: Go CSI bindings, grpc-go, %s; connection: %s\n\n", r.Config["rounds"], r.Config["publishes_per_round"],
+		r.Config["warmup"], r.Machine["client_go"], r.Config["connection"])
 	head := "| measurement |"
 	rule := "|---|"
 	for _, k := range r.order {
@@ -793,6 +839,7 @@ func main() {
 	readyTimeout := flag.Duration("ready-timeout", 30*time.Second, "longest wait for Probe to say ready")
 	createParents := flag.Bool("create-parents", true, "create each target's parent before publishing, as kubelet does (false: as publish.rs, the server creates it)")
 	jsonPath := flag.String("json", "", "write the report as JSON to this path")
+	connection := flag.String("connection", "shared", "shared: every call on one connection per server; per-call: each timed call dials its own, as kubelet does")
 	mode := flag.String("mode", "bench", "bench, publish or unpublish")
 	count := flag.Int("count", 200, "-mode publish/unpublish: volumes")
 	prefix := flag.String("prefix", "strace", "-mode publish/unpublish: pod name prefix")
@@ -839,12 +886,19 @@ func main() {
 	if *targets == "" {
 		log.Fatal("-targets is required")
 	}
+	if *connection != "shared" && *connection != "per-call" {
+		log.Fatalf("-connection %q: want shared or per-call", *connection)
+	}
+	for _, s := range servers {
+		s.perCall = *connection == "per-call"
+	}
 	if *rounds < 1 || *perRound < 1 || *warmup < 0 || *count < 1 {
 		log.Fatal("-rounds, -per-round and -count must be at least 1, -warmup at least 0")
 	}
 	cfg := config{
 		rounds: *rounds, perRound: *perRound, warmup: *warmup, idleWait: *idleWait,
 		readyTimeout: *readyTimeout, createParents: *createParents, targets: *targets, jsonPath: *jsonPath,
+		connection: *connection,
 	}
 	var err error
 	switch *mode {
