@@ -604,6 +604,39 @@ async fn a_publish_is_logged_before_the_agent_says_it_stopped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_at_sigterm_gets_the_grace_period_and_no_more() {
+    let slow = "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {name: stuck, namespace: shop}\n\
+                spec: {provider: {fake: {latency: 120s, data: [{key: k, value: v}]}}}\n---\n\
+                apiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: stuck, namespace: shop}\n\
+                spec: {secretStoreRef: {name: stuck}, data: [{secretKey: v, remoteRef: {key: k}}]}\n";
+    let mut agent = Agent::start(&[("stuck.yaml", slow)], &[]).await;
+    let mut node = agent.node().await;
+    let req = publish_req(&agent, "stuck", "stuck");
+    std::fs::create_dir_all(agent.target("stuck").parent().unwrap()).unwrap();
+    let call = tokio::spawn(async move { node.node_publish_volume(req).await });
+    // The call is inside the agent, waiting on the backend, once its cache miss is counted.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while agent.metric("latchkey_cache_misses_total").await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "{}", agent.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let stopping = std::time::Instant::now();
+    assert!(agent.stop().success());
+    let took = stopping.elapsed();
+    // The server's 5 s grace for calls in flight, then the process exits, call or no call.
+    assert!(
+        (4..30).contains(&took.as_secs()),
+        "exited {took:?} after SIGTERM"
+    );
+    let log = std::fs::read_to_string(&agent.log).unwrap();
+    assert!(log.contains("connections still open"), "{log}");
+    assert!(
+        call.await.unwrap().is_err(),
+        "the call cannot have succeeded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
     let first = agent().await;
     // A second agent on the same live socket must refuse to start.

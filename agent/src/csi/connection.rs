@@ -11,13 +11,15 @@
 //! writability, dropped again once the write went through. A read that leaves room in h2's
 //! buffer has emptied the socket, so the next read waits for epoll instead of being made and
 //! answered EAGAIN (one system call less per request). Nobody asks who the peer is (the socket
-//! is 0600), so no peer address or credentials are read either.
+//! is 0600), so no peer address or credentials are read either. kubelet dials a connection for
+//! every call, so a connection is accepted non-blocking in one `accept4(2)` rather than made
+//! non-blocking by a second system call.
 //!
 //! Not for TLS or TCP: kubelet reaches CSI drivers on a unix socket only.
 
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -48,11 +50,36 @@ impl Stream for Incoming {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
             let mut ready = ready!(self.listener.poll_read_ready(cx))?;
-            if let Ok(accepted) = ready.try_io(|listener| listener.get_ref().accept()) {
-                return Poll::Ready(Some(
-                    accepted.and_then(|(stream, _)| Connection::new(stream)),
-                ));
+            if let Ok(accepted) = ready.try_io(|listener| accept_non_blocking(listener.get_ref())) {
+                return Poll::Ready(Some(accepted.and_then(Connection::new)));
             }
+        }
+    }
+}
+
+/// Accepts one connection, already non-blocking and close-on-exec.
+fn accept_non_blocking(listener: &UnixListener) -> io::Result<UnixStream> {
+    // libc rather than a crate feature (rustix's or nix's `net`): a dependency's changed features
+    // change the symbol names of every crate above it, which makes agent/link's code layout stale.
+    loop {
+        // SAFETY: the listener's descriptor is open for the call; a null address and length are
+        // what accept4(2) takes for "the peer's address is not wanted".
+        let fd = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: accept4 returned a new descriptor that nothing else owns.
+            return Ok(unsafe { UnixStream::from_raw_fd(fd) });
+        }
+        let err = io::Error::last_os_error();
+        // As std's accept: a signal that interrupted the call is not the caller's error.
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
         }
     }
 }
@@ -71,8 +98,8 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Watches `stream`, which must be non-blocking already.
     fn new(stream: UnixStream) -> io::Result<Self> {
-        stream.set_nonblocking(true)?;
         Ok(Self {
             stream: register(stream, Interest::READABLE)?,
             writable: None,
@@ -250,6 +277,12 @@ mod tests {
         found
     }
 
+    /// A connection on one end of a socket pair, made non-blocking as an accepted one is.
+    fn non_blocking(stream: UnixStream) -> Connection {
+        stream.set_nonblocking(true).unwrap();
+        Connection::new(stream).unwrap()
+    }
+
     const EPOLLIN: u32 = 0x1;
     const EPOLLOUT: u32 = 0x4;
 
@@ -263,6 +296,18 @@ mod tests {
 
         let events = epoll_events(server.stream.as_raw_fd()).expect("registered");
         assert_eq!(events & (EPOLLIN | EPOLLOUT), EPOLLIN, "{events:#x}");
+        // Accepted non-blocking and close-on-exec, by the accept itself.
+        let fd = server.stream.get_ref();
+        assert!(
+            rustix::fs::fcntl_getfl(fd)
+                .unwrap()
+                .contains(rustix::fs::OFlags::NONBLOCK)
+        );
+        assert!(
+            rustix::io::fcntl_getfd(fd)
+                .unwrap()
+                .contains(rustix::io::FdFlags::CLOEXEC)
+        );
 
         client.write_all(b"ping").await.unwrap();
         let mut got = [0u8; 4];
@@ -280,7 +325,7 @@ mod tests {
     #[tokio::test]
     async fn a_read_that_empties_the_socket_is_not_followed_by_one_that_finds_nothing() {
         let (ours, mut peer) = UnixStream::pair().unwrap();
-        let mut conn = Connection::new(ours).unwrap();
+        let mut conn = non_blocking(ours);
         peer.write_all(b"request").unwrap();
         let mut buf = [0u8; 64];
         assert_eq!(conn.read(&mut buf).await.unwrap(), 7);
@@ -319,7 +364,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_write_that_would_block_waits_for_room_and_then_stops_watching_for_it() {
         let (ours, mut peer) = UnixStream::pair().unwrap();
-        let mut conn = Connection::new(ours).unwrap();
+        let mut conn = non_blocking(ours);
         // Far more than a unix socket buffers, so writes block until the peer reads.
         let sent: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
         let reader = std::thread::spawn(move || {
