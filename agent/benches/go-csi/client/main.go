@@ -182,30 +182,19 @@ func (s *server) connect() error {
 	return nil
 }
 
-// nodeForCall is the Node client a timed call uses and what to run once it has answered: the
-// shared connection's, or with -connection per-call a new connection's (dialled inside the
-// timed span, as kubelet dials for every operation, and closed after it).
-func (s *server) nodeForCall() (csi.NodeClient, func(), error) {
+// callConn is the connection a timed call uses and what to run once it has answered: the shared
+// one, or with -connection per-call a new one (dialled inside the timed span, as kubelet dials
+// for every operation, and closed after it). A generated client is a struct around it: making
+// one per call costs nothing measurable.
+func (s *server) callConn() (*grpc.ClientConn, func(), error) {
 	if !s.perCall {
-		return s.node, func() {}, nil
+		return s.conn, func() {}, nil
 	}
 	conn, err := dial(s.socket)
 	if err != nil {
 		return nil, nil, err
 	}
-	return csi.NewNodeClient(conn), func() { conn.Close() }, nil
-}
-
-// identityForCall is nodeForCall for the Identity service.
-func (s *server) identityForCall() (csi.IdentityClient, func(), error) {
-	if !s.perCall {
-		return s.identity, func() {}, nil
-	}
-	conn, err := dial(s.socket)
-	if err != nil {
-		return nil, nil, err
-	}
-	return csi.NewIdentityClient(conn), func() { conn.Close() }, nil
+	return conn, func() { conn.Close() }, nil
 }
 
 // waitReady polls Probe until the plugin says it is ready.
@@ -281,9 +270,9 @@ func (s *server) publishAll(vols []volume, createParents bool) ([]time.Duration,
 	times := make([]time.Duration, 0, len(vols))
 	for _, v := range vols {
 		start := time.Now()
-		node, done, err := s.nodeForCall()
+		conn, done, err := s.callConn()
 		if err == nil {
-			_, err = node.NodePublishVolume(ctx, v.publish)
+			_, err = csi.NewNodeClient(conn).NodePublishVolume(ctx, v.publish)
 		}
 		elapsed := time.Since(start)
 		if done != nil {
@@ -304,9 +293,9 @@ func (s *server) probeAll(n int) ([]time.Duration, error) {
 	times := make([]time.Duration, 0, n)
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		identity, done, err := s.identityForCall()
+		conn, done, err := s.callConn()
 		if err == nil {
-			_, err = identity.Probe(ctx, &csi.ProbeRequest{})
+			_, err = csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{})
 		}
 		elapsed := time.Since(start)
 		if done != nil {
@@ -325,9 +314,9 @@ func (s *server) unpublishAll(vols []volume) ([]time.Duration, error) {
 	times := make([]time.Duration, 0, len(vols))
 	for _, v := range vols {
 		start := time.Now()
-		node, done, err := s.nodeForCall()
+		conn, done, err := s.callConn()
 		if err == nil {
-			_, err = node.NodeUnpublishVolume(ctx, v.unpublish)
+			_, err = csi.NewNodeClient(conn).NodeUnpublishVolume(ctx, v.unpublish)
 		}
 		elapsed := time.Since(start)
 		if done != nil {
