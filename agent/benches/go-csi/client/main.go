@@ -182,17 +182,17 @@ func (s *server) connect() error {
 	return nil
 }
 
-// callConn is the connection a timed call uses and what to run once it has answered: the shared
-// one, or with -connection per-call a new one (dialled inside the timed span, as kubelet dials
-// for every operation, and closed after it). A generated client is a struct around it: making
-// one per call costs nothing measurable.
+// callConn is the connection a timed call uses and what to run once it has answered (also when
+// it failed): the shared one, or with -connection per-call a new one (dialled inside the timed
+// span, as kubelet dials for every operation, and closed after it). A generated client is a
+// struct around it: making one per call costs nothing measurable.
 func (s *server) callConn() (*grpc.ClientConn, func(), error) {
 	if !s.perCall {
 		return s.conn, func() {}, nil
 	}
 	conn, err := dial(s.socket)
 	if err != nil {
-		return nil, nil, err
+		return nil, func() {}, err
 	}
 	return conn, func() { conn.Close() }, nil
 }
@@ -275,9 +275,7 @@ func (s *server) publishAll(vols []volume, createParents bool) ([]time.Duration,
 			_, err = csi.NewNodeClient(conn).NodePublishVolume(ctx, v.publish)
 		}
 		elapsed := time.Since(start)
-		if done != nil {
-			done()
-		}
+		done()
 		if err != nil {
 			return nil, fmt.Errorf("%s: NodePublishVolume %s: %w", s.label, v.target, err)
 		}
@@ -298,9 +296,7 @@ func (s *server) probeAll(n int) ([]time.Duration, error) {
 			_, err = csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{})
 		}
 		elapsed := time.Since(start)
-		if done != nil {
-			done()
-		}
+		done()
 		if err != nil {
 			return nil, fmt.Errorf("%s: Probe: %w", s.label, err)
 		}
@@ -319,9 +315,7 @@ func (s *server) unpublishAll(vols []volume) ([]time.Duration, error) {
 			_, err = csi.NewNodeClient(conn).NodeUnpublishVolume(ctx, v.unpublish)
 		}
 		elapsed := time.Since(start)
-		if done != nil {
-			done()
-		}
+		done()
 		if err != nil {
 			return nil, fmt.Errorf("%s: NodeUnpublishVolume %s: %w", s.label, v.target, err)
 		}
