@@ -154,9 +154,9 @@ pub async fn serve(
     tokio::select! {
         finished = &mut served => match finished {
             Ok(result) => result?,
-            // A panic, never a cancellation: only the branch below aborts the task, and this
-            // branch is not polled again after it.
-            Err(err) => std::panic::resume_unwind(err.into_panic()),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            // Only abort() cancels the task, and only the branch below calls it.
+            Err(_) => {}
         },
         _ = async {
             stopping.notified().await;
