@@ -265,8 +265,11 @@ async fn measure_warm_against_floor(
         Unit::Ratio,
         Target::AtMost(1.5),
     );
-    round_ratios.sort_by(f64::total_cmp);
-    let (lowest, highest) = (round_ratios[0], round_ratios[ROUNDS - 1]);
+    let lowest = round_ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = round_ratios
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
     report.info(
         "warm_ratio_round_min",
         "warm / floor of one round, lowest".into(),

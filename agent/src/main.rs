@@ -57,7 +57,7 @@ fn main() -> std::process::ExitCode {
         .on_thread_stop(latchkey::telemetry::held::flush)
         .build()
         .map_err(anyhow::Error::from)
-        .and_then(|runtime| runtime.block_on(run(Cli::parse())));
+        .and_then(|runtime| runtime.block_on(on_a_worker(run(Cli::parse()))));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
@@ -67,6 +67,20 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Runs the subcommand's future as a task of the runtime rather than in `block_on`, whose thread
+/// is not one of the runtime's workers: an accept loop there (the CSI server's) woke that thread
+/// for every connection, which kubelet opens per call, and then a worker for the connection's
+/// task, two thread hand-offs per call (docs/benchmarks.md). A panic in it is re-raised.
+async fn on_a_worker(
+    main: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) -> anyhow::Result<()> {
+    // The task is never aborted (nothing holds its handle but this await, and the runtime is
+    // dropped only after `block_on` returns), so a failed join is a panic.
+    tokio::spawn(main)
+        .await
+        .unwrap_or_else(|joined| std::panic::resume_unwind(joined.into_panic()))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -118,7 +118,7 @@ pub async fn serve(
     publisher: Arc<Publisher>,
     metrics: Arc<Metrics>,
     node_id: String,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let io = |source| ServeError::Io {
         op: "serving",
@@ -144,27 +144,14 @@ pub async fn serve(
             shutdown.await;
             signalled.notify_one();
         });
-    // kubelet dials a connection for every call. Accepting on a runtime worker starts each
-    // connection's task on the worker that accepted it; accepting here, on the thread that runs
-    // the agent's main future (not a worker), woke that thread for every connection and then a
-    // worker for the new task: two thread hand-offs per call (docs/benchmarks.md).
-    let mut served = tokio::spawn(server);
     // Graceful shutdown waits for every open connection; a client that keeps an idle one open
     // must not keep the agent alive past its pod's termination grace period.
     tokio::select! {
-        finished = &mut served => match finished {
-            Ok(result) => result?,
-            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-            // Only abort() cancels the task, and only the branch below calls it.
-            Err(_) => {}
-        },
+        served = server => served?,
         _ = async {
             stopping.notified().await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {
-            served.abort();
-            warn!("connections still open {SHUTDOWN_GRACE:?} after shutdown began; exiting anyway");
-        }
+        } => warn!("connections still open {SHUTDOWN_GRACE:?} after shutdown began; exiting anyway"),
     }
     Ok(())
 }
