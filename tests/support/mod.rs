@@ -108,8 +108,8 @@ impl Agent {
             kubeconfig: kubeconfig.map(Path::to_path_buf),
             umask,
         };
-        agent.spawn();
-        agent.wait_ready().await;
+        let log_start = agent.spawn();
+        agent.wait_ready(log_start).await;
         agent
     }
 
@@ -123,11 +123,12 @@ impl Agent {
     /// Starts the agent again with the same socket, directory and arguments.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill the agent first");
-        self.spawn();
-        self.wait_ready().await;
+        let log_start = self.spawn();
+        self.wait_ready(log_start).await;
     }
 
-    fn spawn(&mut self) {
+    /// Starts the agent; returns where its lines begin in the log.
+    fn spawn(&mut self) -> u64 {
         let (args, kubeconfig) = (self.args.clone(), self.kubeconfig.clone());
         // Appends: a restarted agent's log follows the first one's.
         let log = std::fs::OpenOptions::new()
@@ -162,14 +163,32 @@ impl Agent {
         if let Some(path) = kubeconfig {
             cmd.env("KUBECONFIG", path);
         }
+        let log_start = std::fs::metadata(&self.log).map_or(0, |m| m.len());
         self.child = Some(cmd.spawn().expect("start latchkey node"));
+        log_start
     }
 
-    async fn wait_ready(&mut self) {
+    /// Waits until the agent started with its log lines from `log_start` on serves.
+    async fn wait_ready(&mut self, mut log_start: u64) {
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut port_retries = 3;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("agent exited early ({status}):\n{}", self.log_text());
+                let log = self.log_text();
+                // free_local_addr's port can be taken by another test's process before the agent
+                // binds it: that start belongs to no test, so its lines go and a new port is tried.
+                if port_retries > 0
+                    && log.contains("binding the metrics endpoint")
+                    && log.contains("Address already in use")
+                {
+                    port_retries -= 1;
+                    let file = std::fs::OpenOptions::new().write(true).open(&self.log);
+                    file.and_then(|f| f.set_len(log_start)).unwrap();
+                    self.metrics_addr = free_local_addr();
+                    log_start = self.spawn();
+                    continue;
+                }
+                panic!("agent exited early ({status}):\n{log}");
             }
             // The agent binds the CSI socket first and its metrics endpoint right after: a test
             // that reads /readyz or /metrics next must not find the port still closed.
