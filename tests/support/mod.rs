@@ -177,10 +177,7 @@ impl Agent {
                 let log = self.log_text();
                 // free_local_addr's port can be taken by another test's process before the agent
                 // binds it: that start belongs to no test, so its lines go and a new port is tried.
-                if port_retries > 0
-                    && log.contains("binding the metrics endpoint")
-                    && log.contains("Address already in use")
-                {
+                if port_retries > 0 && lost_its_port(&log) {
                     port_retries -= 1;
                     let file = std::fs::OpenOptions::new().write(true).open(&self.log);
                     file.and_then(|f| f.set_len(log_start)).unwrap();
@@ -388,6 +385,12 @@ pub fn free_local_addr() -> std::net::SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
+}
+
+/// True when a process's log says it exited because the port [`free_local_addr`] gave it was
+/// taken by another process before it could bind it: a start that belongs to no test.
+pub fn lost_its_port(log: &str) -> bool {
+    log.contains("binding the metrics endpoint") && log.contains("Address already in use")
 }
 
 /// Number of mounts whose mount point is exactly `path`.

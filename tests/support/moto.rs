@@ -63,7 +63,9 @@ impl Moto {
                 let mut out = Vec::new();
                 if s.write_all(req.as_bytes()).await.is_ok()
                     && s.read_to_end(&mut out).await.is_ok()
-                    && out.starts_with(b"HTTP/1.")
+                    // 200 only: another test's process that took the port first (an agent's
+                    // metrics endpoint) answers HTTP too, with a 404.
+                    && out.starts_with(b"HTTP/1.1 200")
                 {
                     return;
                 }
