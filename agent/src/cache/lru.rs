@@ -4,7 +4,6 @@
 //! no extra crate.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,9 +28,9 @@ struct Entry {
 /// Entries bounded by count and bytes, evicting the least recently used first.
 #[derive(Default)]
 pub(super) struct Lru {
-    entries: HashMap<Arc<CacheKey>, Entry>,
+    entries: HashMap<CacheKey, Entry>,
     /// Tick of last use -> key; the first entry is the least recently used.
-    order: BTreeMap<u64, Arc<CacheKey>>,
+    order: BTreeMap<u64, CacheKey>,
     tick: u64,
     bytes: u64,
 }
@@ -66,7 +65,7 @@ impl Lru {
     /// any value when `max_entries` is 0, is not stored.
     pub(super) fn insert(
         &mut self,
-        key: Arc<CacheKey>,
+        key: CacheKey,
         value: SecretBytes,
         stored_at: Instant,
         lifetime: f64,
@@ -79,7 +78,7 @@ impl Lru {
             return;
         }
         let tick = self.next_tick();
-        self.order.insert(tick, Arc::clone(&key));
+        self.order.insert(tick, key.clone());
         self.bytes += size;
         self.entries.insert(
             key,
@@ -95,7 +94,7 @@ impl Lru {
             let Some((_, oldest)) = self.order.pop_first() else {
                 break;
             };
-            if let Some(evicted) = self.entries.remove(&*oldest) {
+            if let Some(evicted) = self.entries.remove(&oldest) {
                 self.bytes -= evicted.size;
             }
         }

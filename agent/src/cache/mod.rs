@@ -37,21 +37,72 @@ use crate::telemetry::Metrics;
 use lru::Lru;
 
 /// What one cached value is for: which store, as whom, which remote key and version.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CacheKey {
-    /// Opaque store identity built by the caller (kind/namespace/name plus a hash of the spec).
-    pub store: String,
-    /// Auth identity the value was fetched as (e.g. `shop/web` for a pod's service account).
-    pub identity: String,
-    /// The remote key and version.
-    pub key: RemoteKey,
-}
+///
+/// The four parts are packed into one shared allocation, each after its length (an absent
+/// version has a length no string can have), so that two different keys never pack alike. One
+/// allocation, made once per look-up and shared by the flight and the entry: a warm publish of
+/// 3 keys made 9 strings here before, and every cached entry held 4 allocations for its key,
+/// which a mount storm scattered over as many pages of its burst (docs/benchmarks.md).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey(Arc<[u8]>);
+
+/// The length prefix of an absent version.
+const NO_VERSION: u64 = u64::MAX;
 
 impl CacheKey {
+    /// The key of `key` in `store` (an opaque store identity built by the caller: kind,
+    /// namespace, name plus a hash of the spec), fetched as `identity` (e.g. `shop/web` for a
+    /// pod's service account).
+    pub fn new(store: &str, identity: &str, key: &RemoteKey) -> Self {
+        let version = key.version.as_deref();
+        type Part<'a> = std::iter::Chain<std::array::IntoIter<u8, 8>, std::str::Bytes<'a>>;
+        fn part(length: u64, bytes: &str) -> Part<'_> {
+            length.to_le_bytes().into_iter().chain(bytes.bytes())
+        }
+        // Every iterator in this chain knows its exact length, so the slice is allocated once.
+        let packed = part(store.len() as u64, store)
+            .chain(part(identity.len() as u64, identity))
+            .chain(part(key.key.len() as u64, &key.key))
+            .chain(part(
+                version.map_or(NO_VERSION, |v| v.len() as u64),
+                version.unwrap_or_default(),
+            ))
+            .collect();
+        Self(packed)
+    }
+
     /// Bytes this key is charged in the cache's byte budget.
     fn size(&self) -> u64 {
-        let version = self.key.version.as_ref().map_or(0, String::len);
-        (self.store.len() + self.identity.len() + self.key.key.len() + version) as u64
+        self.0.len() as u64
+    }
+
+    /// The packed parts, in order, each `None` when absent (only the version can be).
+    fn parts(&self) -> impl Iterator<Item = Option<&str>> {
+        let mut rest = &self.0[..];
+        std::iter::from_fn(move || {
+            let (length, tail) = rest.split_first_chunk::<8>()?;
+            let length = u64::from_le_bytes(*length);
+            if length == NO_VERSION {
+                rest = tail;
+                return Some(None);
+            }
+            let (bytes, tail) = tail.split_at_checked(usize::try_from(length).ok()?)?;
+            rest = tail;
+            Some(std::str::from_utf8(bytes).ok())
+        })
+    }
+}
+
+impl fmt::Debug for CacheKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = self.parts();
+        let mut next = || parts.next().flatten();
+        f.debug_struct("CacheKey")
+            .field("store", &next())
+            .field("identity", &next())
+            .field("key", &next())
+            .field("version", &next())
+            .finish()
     }
 }
 
@@ -90,7 +141,7 @@ struct Flight {
 /// Everything behind the cache's lock.
 struct State {
     lru: Lru,
-    flights: HashMap<Arc<CacheKey>, Flight>,
+    flights: HashMap<CacheKey, Flight>,
     next_flight: u64,
 }
 
@@ -203,10 +254,10 @@ impl ValueCache {
         let id = state.next_flight;
         state.next_flight += 1;
         let (tx, rx) = watch::channel(None);
-        let key = Arc::new(key.clone());
+        let key = key.clone();
         state
             .flights
-            .insert(Arc::clone(&key), Flight { id, outcome: rx });
+            .insert(key.clone(), Flight { id, outcome: rx });
         self.metrics.cache_misses.inc();
         Step::Fetch(FlightGuard {
             cache: self,
@@ -240,7 +291,7 @@ impl fmt::Debug for ValueCache {
 /// and closes the channel, which wakes the waiters so that they retry.
 struct FlightGuard<'a> {
     cache: &'a ValueCache,
-    key: Arc<CacheKey>,
+    key: CacheKey,
     id: u64,
     outcome: watch::Sender<Option<Outcome>>,
     finished: bool,
@@ -255,14 +306,14 @@ impl FlightGuard<'_> {
             let mut state = cache.lock();
             if state
                 .flights
-                .get(&*self.key)
+                .get(&self.key)
                 .is_some_and(|f| f.id == self.id)
             {
-                state.flights.remove(&*self.key);
+                state.flights.remove(&self.key);
                 if let Ok(value) = outcome {
                     let lifetime = 1.0 - cache.limits.jitter * fastrand::f64();
                     state.lru.insert(
-                        Arc::clone(&self.key),
+                        self.key.clone(),
                         value.clone(),
                         Instant::now(),
                         lifetime,
@@ -289,10 +340,10 @@ impl Drop for FlightGuard<'_> {
         let mut state = self.cache.lock();
         if state
             .flights
-            .get(&*self.key)
+            .get(&self.key)
             .is_some_and(|f| f.id == self.id)
         {
-            state.flights.remove(&*self.key);
+            state.flights.remove(&self.key);
         }
         // `self.outcome` (the sender) is dropped after this, closing the channel.
     }

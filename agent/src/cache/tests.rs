@@ -5,14 +5,14 @@ use std::time::Duration;
 use super::*;
 
 fn key(identity: &str, name: &str) -> CacheKey {
-    CacheKey {
-        store: "SecretStore/shop/aws-prod#1a2b".into(),
-        identity: identity.into(),
-        key: RemoteKey {
+    CacheKey::new(
+        "SecretStore/shop/aws-prod#1a2b",
+        identity,
+        &RemoteKey {
             key: name.into(),
             version: None,
         },
-    }
+    )
 }
 
 fn cache(limits: CacheLimits) -> (Arc<ValueCache>, Arc<Metrics>) {
@@ -437,4 +437,37 @@ fn get_or_fetch_is_send() {
     let (cache, _) = cache(CacheLimits::default());
     let fut = cache.get_or_fetch(key("shop/web", "db"), None, || value("v"));
     assert_send(&fut);
+}
+
+#[test]
+fn keys_whose_parts_join_alike_stay_apart() {
+    let remote = |key: &str, version: Option<&str>| RemoteKey {
+        key: key.into(),
+        version: version.map(Into::into),
+    };
+    let keys = [
+        CacheKey::new("store", "shop/web", &remote("db", None)),
+        CacheKey::new("store", "shop/we", &remote("bdb", None)),
+        CacheKey::new("stores", "hop/web", &remote("db", None)),
+        CacheKey::new("store", "shop/web", &remote("db", Some(""))),
+        CacheKey::new("store", "shop/web", &remote("d", Some("b"))),
+        CacheKey::new("store", "shop/web", &remote("db", Some("AWSCURRENT"))),
+    ];
+    for (i, a) in keys.iter().enumerate() {
+        for (j, b) in keys.iter().enumerate() {
+            assert_eq!(a == b, i == j, "{a:?} against {b:?}");
+        }
+    }
+    assert_eq!(
+        keys[0],
+        CacheKey::new("store", "shop/web", &remote("db", None))
+    );
+    assert_eq!(
+        format!("{:?}", keys[5]),
+        r#"CacheKey { store: Some("store"), identity: Some("shop/web"), key: Some("db"), version: Some("AWSCURRENT") }"#
+    );
+    assert_eq!(
+        format!("{:?}", keys[0]),
+        r#"CacheKey { store: Some("store"), identity: Some("shop/web"), key: Some("db"), version: None }"#
+    );
 }

@@ -171,11 +171,7 @@ impl Fetcher {
             limit: budget.limit,
         };
         let values = futures::future::try_join_all(plan.keys.into_iter().map(|key| {
-            let cache_key = CacheKey {
-                store: source.store.clone(),
-                identity: source.identity.clone(),
-                key: key.clone(),
-            };
+            let cache_key = CacheKey::new(&source.store, &source.identity, &key);
             async {
                 let fetch = || async {
                     gate.enter()?;
