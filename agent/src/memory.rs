@@ -126,16 +126,23 @@ pub fn one_arena() {
 /// Below this many entries a map keeps its table: not worth reallocating.
 const KEEP_ENTRIES: usize = 64;
 
-/// Gives back most of `map`'s table once it is three-quarters empty, and all of it once empty.
+/// An emptied map keeps a table this small: publishes one at a time take such a map from 0 to
+/// 1 entry and back on every call, and freeing it would make them allocate it again each time.
+const KEEP_WHEN_EMPTY: usize = 4;
+
+/// Gives back most of `map`'s table once it is three-quarters empty, and all of a grown one
+/// once empty.
 ///
 /// A hash table never shrinks by itself, so a map keyed by target path keeps the room of the
 /// most volumes it ever held (~84 KiB at 1,000), made in the middle of a burst where it pins the
 /// burst's pages. Call after a removal; halving at a quarter keeps it amortised O(1). The last
 /// table of those steps (room for 64, ~4 KiB) was still made while the burst's volumes went,
-/// so an emptied map frees its table outright; the next insert makes a small one.
+/// so an emptied map frees it outright; the next insert makes a small one.
 pub fn shrink_emptied<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
     if map.is_empty() {
-        map.shrink_to(0);
+        if map.capacity() > KEEP_WHEN_EMPTY {
+            map.shrink_to(0);
+        }
     } else if map.capacity() > KEEP_ENTRIES && map.len() < map.capacity() / 4 {
         map.shrink_to(KEEP_ENTRIES.max(map.len() * 2));
     }
@@ -178,6 +185,17 @@ mod tests {
             );
         }
         assert_eq!(map.capacity(), 0, "an emptied map keeps no table");
+    }
+
+    #[test]
+    fn a_map_used_one_entry_at_a_time_keeps_its_small_table() {
+        let mut map: HashMap<u32, u32> = HashMap::new();
+        map.insert(1, 1);
+        let small = map.capacity();
+        assert!(small <= KEEP_WHEN_EMPTY, "{small}");
+        map.remove(&1);
+        shrink_emptied(&mut map);
+        assert_eq!(map.capacity(), small);
     }
 
     #[tokio::test(start_paused = true)]

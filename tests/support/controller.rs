@@ -1,10 +1,10 @@
 //! Runs the real `latchkey controller` as a child process against a fake API server.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{BIN, free_local_addr, http_get, lost_its_port, metric_value, terminate};
+use super::{ANY_LOCAL_PORT, BIN, bound_metrics_addr, http_get, metric_value, terminate};
 
 /// A running `latchkey controller`.
 pub struct ControllerProcess {
@@ -28,65 +28,43 @@ impl ControllerProcess {
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml).unwrap();
         let log = dir.path().join("controller.log");
-        let args: Vec<String> = [
-            "--identity",
-            identity,
-            "--pod-namespace",
-            "latchkey",
-            "--leader-elect-lease-duration",
-            "3s",
-            "--leader-elect-renew-deadline",
-            "2s",
-            "--leader-elect-retry-period",
-            "500ms",
-        ]
-        .iter()
-        .chain(extra_args)
-        .map(|a| a.to_string())
-        .collect();
-        let mut c = Self {
-            child: None,
-            dir,
-            log,
-            metrics_addr: free_local_addr(),
-        };
-        c.spawn(&args, &kubeconfig);
-        c.wait_ready(&args, &kubeconfig).await;
-        c
-    }
-
-    /// Starts the process on `self.metrics_addr`, its log begun anew.
-    fn spawn(&mut self, args: &[String], kubeconfig: &Path) {
         let child = Command::new(BIN)
             .arg("controller")
             .arg("--metrics-addr")
-            .arg(self.metrics_addr.to_string())
-            .args(args)
+            .arg(ANY_LOCAL_PORT.to_string())
+            .args(["--identity", identity, "--pod-namespace", "latchkey"])
+            .args(["--leader-elect-lease-duration", "3s"])
+            .args(["--leader-elect-renew-deadline", "2s"])
+            .args(["--leader-elect-retry-period", "500ms"])
+            .args(extra_args)
             .env("RUST_LOG", "debug")
-            .env("KUBECONFIG", kubeconfig)
-            .env("HOME", self.dir.path())
+            .env("KUBECONFIG", &kubeconfig)
+            .env("HOME", dir.path())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&self.log).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start latchkey controller");
-        self.child = Some(child);
+        let mut c = Self {
+            child: Some(child),
+            dir,
+            log,
+            metrics_addr: ANY_LOCAL_PORT,
+        };
+        c.wait_ready().await;
+        c
     }
 
-    async fn wait_ready(&mut self, args: &[String], kubeconfig: &Path) {
+    /// Waits until the controller is ready, and learns the port its metrics endpoint was given.
+    async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut port_retries = 3;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let log = self.log_text();
-                if port_retries > 0 && lost_its_port(&log) {
-                    port_retries -= 1;
-                    self.metrics_addr = free_local_addr();
-                    self.spawn(args, kubeconfig);
-                    continue;
-                }
-                panic!("controller exited early ({status}):\n{log}");
+                panic!("controller exited early ({status}):\n{}", self.log_text());
             }
-            if matches!(http_get(self.metrics_addr, "/readyz").await, Some((200, _))) {
+            if let Some(bound) = bound_metrics_addr(&self.log, 0)
+                && matches!(http_get(bound, "/readyz").await, Some((200, _)))
+            {
+                self.metrics_addr = bound;
                 return;
             }
             assert!(

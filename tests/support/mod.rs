@@ -97,13 +97,12 @@ impl Agent {
     ) -> Self {
         let socket = dir.path().join("plugin").join("csi.sock");
         let log = dir.path().join("agent.log");
-        let metrics_addr = free_local_addr();
         let mut agent = Self {
             child: None,
             socket,
             log,
             dir,
-            metrics_addr,
+            metrics_addr: ANY_LOCAL_PORT,
             args: args.to_vec(),
             kubeconfig: kubeconfig.map(Path::to_path_buf),
             umask,
@@ -152,7 +151,7 @@ impl Agent {
             .arg(format!("unix://{}", self.socket.display()))
             .args(["--node-id", "test-node"])
             .arg("--metrics-addr")
-            .arg(self.metrics_addr.to_string())
+            .arg(ANY_LOCAL_PORT.to_string())
             .args(&args)
             .env("RUST_LOG", "debug")
             // Never the developer's own cluster: no kubeconfig unless the test gives one.
@@ -168,31 +167,21 @@ impl Agent {
         log_start
     }
 
-    /// Waits until the agent started with its log lines from `log_start` on serves.
-    async fn wait_ready(&mut self, mut log_start: u64) {
+    /// Waits until the agent started with its log lines from `log_start` on serves, and learns
+    /// the port its metrics endpoint was given.
+    async fn wait_ready(&mut self, log_start: u64) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut port_retries = 3;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let log = self.log_text();
-                // free_local_addr's port can be taken by another test's process before the agent
-                // binds it: that start belongs to no test, so its lines go and a new port is tried.
-                if port_retries > 0 && lost_its_port(&log) {
-                    port_retries -= 1;
-                    let file = std::fs::OpenOptions::new().write(true).open(&self.log);
-                    file.and_then(|f| f.set_len(log_start)).unwrap();
-                    self.metrics_addr = free_local_addr();
-                    log_start = self.spawn();
-                    continue;
-                }
-                panic!("agent exited early ({status}):\n{log}");
+                panic!("agent exited early ({status}):\n{}", self.log_text());
             }
-            // The agent binds the CSI socket first and its metrics endpoint right after: a test
-            // that reads /readyz or /metrics next must not find the port still closed.
-            if self.socket.exists()
+            // A test that reads /readyz or /metrics next must find both endpoints served.
+            if let Some(bound) = bound_metrics_addr(&self.log, log_start)
+                && self.socket.exists()
                 && client::connect(&self.socket).await.is_ok()
-                && http_get(self.metrics_addr, "/healthz").await.is_some()
+                && http_get(bound, "/healthz").await.is_some()
             {
+                self.metrics_addr = bound;
                 return;
             }
             assert!(
@@ -387,10 +376,25 @@ pub fn free_local_addr() -> std::net::SocketAddr {
         .unwrap()
 }
 
-/// True when a process's log says it exited because the port [`free_local_addr`] gave it was
-/// taken by another process before it could bind it: a start that belongs to no test.
-pub fn lost_its_port(log: &str) -> bool {
-    log.contains("binding the metrics endpoint") && log.contains("Address already in use")
+/// `--metrics-addr` for the agent and the controller: the kernel picks the port as the process
+/// binds it, so no other process can take it in between (as one picked by [`free_local_addr`]
+/// and passed on can be); the process logs where it bound ([`bound_metrics_addr`]).
+pub const ANY_LOCAL_PORT: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// The metrics endpoint a process started with [`ANY_LOCAL_PORT`] logged once bound, read from
+/// byte `from` of its log on (a restarted agent's lines follow the previous run's); text or JSON.
+pub fn bound_metrics_addr(log: &Path, from: u64) -> Option<std::net::SocketAddr> {
+    let log = std::fs::read(log).ok()?;
+    let log = String::from_utf8_lossy(log.get(usize::try_from(from).ok()?..)?);
+    let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+    let host = "127.0.0.1:";
+    let port = &line[line.find(host)? + host.len()..];
+    let digits = port
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(port.len());
+    let port = port[..digits].parse().ok()?;
+    Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// Number of mounts whose mount point is exactly `path`.
