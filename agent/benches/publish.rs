@@ -494,23 +494,28 @@ async fn measure_later_storms(
         last.rss,
         Unit::MiB,
     );
-    // #13's "no growth after a storm": a storm may leave its values in the cache once, but no
-    // storm may leave more behind than the one before it. The slack is that of one reading (a
-    // 64 KiB window of code, the allocator's per-thread caches refilled elsewhere).
+    // #13's "no growth after a storm": each later storm caches its own 10 values (a few KB), so
+    // together they should leave about nothing. The slack is that of one reading (a 64 KiB
+    // window of code, the allocator's per-thread caches filled from other pages).
     let later = counts.storms - 1;
+    let which = if later == 1 {
+        "what storm 2 left: RSS settled after it".to_owned()
+    } else {
+        format!(
+            "what storms 2-{} left together: RSS settled after the last",
+            counts.storms
+        )
+    };
     report.check(
         "rss_later_storms_growth_mib",
-        format!(
-            "what storms 2-{} left together: RSS settled after the last - after the first",
-            counts.storms
-        ),
+        format!("{which} - after the first"),
         last.rss - after_first.rss,
         Unit::MiB,
-        Target::AtMost(0.25),
+        Target::AtMost(0.3),
     );
     report.info(
         "rss_anon_later_storms_growth_mib",
-        format!("of which RssAnon ({later} storms)"),
+        "of which RssAnon".into(),
         last.rss_anon - after_first.rss_anon,
         Unit::MiB,
     );
