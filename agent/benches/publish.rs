@@ -57,6 +57,11 @@ use serde_json::{Map, Value, json};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
+/// The number in environment variable `name`, if it holds one.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// The binary under test, built by Cargo with the same profile as this benchmark.
 const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
 
@@ -183,10 +188,7 @@ async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
         Unit::MiB,
     );
     // For looking at the agent from outside (smaps, gdb) once everything has been measured.
-    if let Some(hold) = std::env::var("LATCHKEY_BENCH_HOLD_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(hold) = env_number("LATCHKEY_BENCH_HOLD_SECS") {
         println!("holding the agent (pid {}) for {hold} s", agent.pid()?);
         tokio::time::sleep(Duration::from_secs(hold)).await;
     }
@@ -439,26 +441,12 @@ async fn measure_storm(
     // #13: no growth after a storm once its threads have idled out. Half a MiB of slack: the
     // storm's 10 cache values stay by design, and a code page first touched by the storm stays
     // mapped as it would after any first call.
-    report.check(
-        "rss_storm_growth_mib",
+    report_left(
+        report,
+        "storm",
         "what the storm left: RSS settled after it - settled before".into(),
-        after.rss - before_storm.rss,
-        Unit::MiB,
-        Target::AtMost(0.5),
-    );
-    report.info(
-        "rss_anon_storm_growth_mib",
-        "of which RssAnon".into(),
-        after.rss_anon - before_storm.rss_anon,
-        Unit::MiB,
-    );
-    // The rest is pages of the binary (code the storm ran first): clean page cache, which the
-    // kernel can take back under memory pressure, unlike the heap.
-    report.info(
-        "rss_file_storm_growth_mib",
-        "of which RssFile (code the storm ran first)".into(),
-        after.rss_file - before_storm.rss_file,
-        Unit::MiB,
+        (&after, before_storm),
+        0.5,
     );
     measure_later_storms(agent, counts, threads_idle, &after, report).await
 }
@@ -472,22 +460,18 @@ async fn measure_later_storms(
     after_first: &Settled,
     report: &mut Report,
 ) -> Result<()> {
-    if counts.storms < 2 {
-        return Ok(());
-    }
-    let mut settled_rss = Vec::with_capacity(counts.storms);
-    settled_rss.push(after_first.rss);
-    let mut last = None;
+    let mut later = Vec::with_capacity(counts.storms.saturating_sub(1));
     for round in 2..=counts.storms {
         storm(agent, counts, round).await?;
-        let after = settled(agent, threads_idle, counts.settle).await?;
-        settled_rss.push(after.rss);
-        last = Some(after);
+        later.push(settled(agent, threads_idle, counts.settle).await?);
     }
-    let Some(last) = last else {
+    let Some(last) = later.last() else {
         return Ok(());
     };
-    let each: Vec<String> = settled_rss.iter().map(|r| format!("{r:.2}")).collect();
+    let each: Vec<String> = std::iter::once(after_first)
+        .chain(&later)
+        .map(|s| format!("{:.2}", s.rss))
+        .collect();
     report.info(
         "rss_settled_each_storm_mib",
         format!("agent RSS settled after each storm: {}", each.join(", ")),
@@ -497,8 +481,7 @@ async fn measure_later_storms(
     // #13's "no growth after a storm": each later storm caches its own 10 values (a few KB), so
     // together they should leave about nothing. The slack is that of one reading (a 64 KiB
     // window of code, the allocator's per-thread caches filled from other pages).
-    let later = counts.storms - 1;
-    let which = if later == 1 {
+    let which = if later.len() == 1 {
         "what storm 2 left: RSS settled after it".to_owned()
     } else {
         format!(
@@ -506,20 +489,47 @@ async fn measure_later_storms(
             counts.storms
         )
     };
-    report.check(
-        "rss_later_storms_growth_mib",
+    report_left(
+        report,
+        "later_storms",
         format!("{which} - after the first"),
-        last.rss - after_first.rss,
-        Unit::MiB,
-        Target::AtMost(0.3),
-    );
-    report.info(
-        "rss_anon_later_storms_growth_mib",
-        "of which RssAnon".into(),
-        last.rss_anon - after_first.rss_anon,
-        Unit::MiB,
+        (last, after_first),
+        0.3,
     );
     Ok(())
+}
+
+/// Reports how much more the agent holds settled `after` than settled `before`: RSS, checked
+/// against at most `limit` MiB, and its heap and binary-page parts
+/// (`rss[_anon|_file]_<id>_growth_mib`).
+fn report_left(
+    report: &mut Report,
+    id: &str,
+    label: String,
+    (after, before): (&Settled, &Settled),
+    limit: f64,
+) {
+    report.check(
+        &format!("rss_{id}_growth_mib"),
+        label,
+        after.rss - before.rss,
+        Unit::MiB,
+        Target::AtMost(limit),
+    );
+    report.info(
+        &format!("rss_anon_{id}_growth_mib"),
+        "of which RssAnon".into(),
+        after.rss_anon - before.rss_anon,
+        Unit::MiB,
+    );
+    // The rest is pages of the binary (code run there first): clean page cache, which the
+    // kernel can take back under memory pressure, unlike the heap.
+    report.info(
+        &format!("rss_file_{id}_growth_mib"),
+        "of which RssFile (code run there first)".into(),
+        after.rss_file - before.rss_file,
+        Unit::MiB,
+    );
 }
 
 /// One storm: publishes all its pods at once on a connection of its own, then unpublishes them
@@ -1224,10 +1234,7 @@ impl Counts {
                 settle: Duration::from_secs(20),
             }
         };
-        if let Some(storms) = std::env::var("LATCHKEY_BENCH_STORMS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
+        if let Some(storms) = env_number("LATCHKEY_BENCH_STORMS") {
             counts.storms = storms;
         }
         if warm_only {

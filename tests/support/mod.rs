@@ -388,13 +388,13 @@ pub fn bound_metrics_addr(log: &Path, from: u64) -> Option<std::net::SocketAddr>
     let log = std::fs::read(log).ok()?;
     let log = String::from_utf8_lossy(log.get(usize::try_from(from).ok()?..)?);
     let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-    let host = "127.0.0.1:";
-    let port = &line[line.find(host)? + host.len()..];
+    let host = format!("{}:", ANY_LOCAL_PORT.ip());
+    let port = &line[line.find(&host)? + host.len()..];
     let digits = port
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(port.len());
     let port = port[..digits].parse().ok()?;
-    Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    Some(std::net::SocketAddr::new(ANY_LOCAL_PORT.ip(), port))
 }
 
 /// Number of mounts whose mount point is exactly `path`.
