@@ -471,3 +471,123 @@ fn keys_whose_parts_join_alike_stay_apart() {
         r#"CacheKey { store: Some("store"), identity: Some("shop/web"), key: Some("db"), version: None }"#
     );
 }
+
+#[tokio::test]
+async fn a_storms_new_entries_share_one_chunk() {
+    let (cache, _) = cache(CacheLimits::default());
+    for identity in ["shop/a", "shop/b", "shop/c", "shop/d", "shop/e"] {
+        for name in 0..10 {
+            cache
+                .get_or_fetch(key(identity, &format!("db-{name}")), None, || async {
+                    Ok(SecretBytes::new(vec![b'v'; 64]))
+                })
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(cache.len(), 50);
+    assert_eq!(cache.lock().lru.slab().chunks_held(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn entries_stale_for_their_max_age_are_swept_by_a_later_store() {
+    let (cache, _) = cache(no_jitter());
+    let minute = Some(Duration::from_secs(60));
+    let hour = Some(Duration::from_secs(3600));
+    let (gone, long, forever) = (
+        key("shop/gone", "db"),
+        key("shop/web", "db"),
+        key("shop/web", "ca"),
+    );
+    cache
+        .get_or_fetch(gone.clone(), minute, || value("old"))
+        .await
+        .unwrap();
+    cache
+        .get_or_fetch(long.clone(), hour, || value("kept"))
+        .await
+        .unwrap();
+    cache
+        .get_or_fetch(forever.clone(), None, || value("kept"))
+        .await
+        .unwrap();
+    let bytes = cache.bytes();
+
+    // Reading is not storing: nothing is swept yet.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!((cache.len(), cache.bytes()), (3, bytes));
+
+    cache
+        .get_or_fetch(key("shop/new", "db"), minute, || value("new"))
+        .await
+        .unwrap();
+    assert_eq!(cache.len(), 3);
+    let v = cache.get_or_fetch(long, hour, must_not_fetch).await;
+    assert_eq!(v.unwrap().expose(), b"kept");
+    let v = cache.get_or_fetch(forever, None, must_not_fetch).await;
+    assert_eq!(v.unwrap().expose(), b"kept");
+    // Even a caller that would take any age no longer finds the swept value.
+    let v = cache
+        .get_or_fetch(gone, None, || value("fetched again"))
+        .await;
+    assert_eq!(v.unwrap().expose(), b"fetched again");
+}
+
+#[tokio::test]
+async fn entries_keep_their_values_when_moved_out_of_emptied_chunks() {
+    let (cache, _) = cache(CacheLimits::default());
+    let keys: Vec<CacheKey> = (0..1000)
+        .map(|i| key("shop/web", &format!("k{i}")))
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        let v = SecretBytes::from(format!("value-{i}")).with_file_mode(Some(0o400 + i as u32 % 8));
+        cache
+            .get_or_fetch(k.clone(), None, || async { Ok(v) })
+            .await
+            .unwrap();
+    }
+    let full = cache.lock().lru.slab().held();
+    for (i, k) in keys.iter().enumerate() {
+        if i % 50 != 0 {
+            cache.invalidate(k);
+        }
+    }
+    assert_eq!(cache.len(), 20);
+    let held = cache.lock().lru.slab().held();
+    assert!(held < full / 2, "{held} bytes held of {full}");
+    for (i, k) in keys.iter().enumerate().step_by(50) {
+        let v = cache
+            .get_or_fetch(k.clone(), None, must_not_fetch)
+            .await
+            .unwrap();
+        assert_eq!(v.expose(), format!("value-{i}").as_bytes());
+        assert_eq!(v.file_mode(), Some(0o400 + i as u32 % 8));
+    }
+}
+
+#[test]
+fn keys_whose_hashes_collide_never_share_a_value() {
+    /// Hashes every key to 0.
+    #[derive(Default)]
+    struct Collide;
+    impl std::hash::Hasher for Collide {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, _: &[u8]) {}
+    }
+    let mut lru = lru::Lru::<std::hash::BuildHasherDefault<Collide>>::default();
+    let (a, b) = (key("shop/web", "db"), key("shop/other", "db"));
+    let now = tokio::time::Instant::now();
+    let limits = CacheLimits::default();
+    lru.insert(&a, &SecretBytes::from("web's"), (now, None), 1.0, &limits);
+    assert!(lru.get_fresh(&b, None, now).is_none());
+    assert!(!lru.remove(&b));
+    assert_eq!(lru.get_fresh(&a, None, now).unwrap().expose(), b"web's");
+
+    // The later key replaces the earlier: a miss for `a`, never `b`'s value.
+    lru.insert(&b, &SecretBytes::from("other's"), (now, None), 1.0, &limits);
+    assert!(lru.get_fresh(&a, None, now).is_none());
+    assert_eq!(lru.get_fresh(&b, None, now).unwrap().expose(), b"other's");
+    assert_eq!(lru.len(), 1);
+}
