@@ -43,9 +43,9 @@ use lru::Lru;
 ///
 /// The four parts are packed into one shared allocation, each after its length (an absent
 /// version has a length no string can have), so that two different keys never pack alike. One
-/// allocation, made once per look-up and shared by the flight (a warm publish of 3 keys made 9
-/// strings here before); a stored entry keeps a copy of these bytes beside its value in the
-/// cache's own chunks (`slab`).
+/// allocation, made once per look-up and shared by the flight and the entry: a warm publish of
+/// 3 keys made 9 strings here before, and every cached entry held 4 allocations for its key,
+/// which a mount storm scattered over as many pages of its burst (docs/benchmarks.md).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey(Arc<[u8]>);
 
