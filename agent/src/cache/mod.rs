@@ -9,9 +9,7 @@
 //! - Freshness is the caller's `refreshInterval` (`max_age`), shortened per entry by a random
 //!   jitter drawn when the value is stored, so values fetched together do not expire together.
 //! - Values live in memory only, are bounded by entry count and total bytes (least recently used
-//!   evicted first), are dropped some time after they went stale for the `max_age` they were
-//!   fetched with, and are zeroized when dropped, evicted, replaced or invalidated. They are kept
-//!   packed in buffers of the cache's own (`slab`), not one allocation each.
+//!   evicted first) and are zeroized when evicted, replaced or invalidated ([`SecretBytes`]).
 //! - Errors are shared with every caller waiting on the same fetch, and never cached.
 //! - If the caller running a fetch is cancelled, the callers waiting on it retry; one of them
 //!   becomes the new fetcher.
@@ -22,7 +20,6 @@
 //! again and may [`ValueCache::invalidate`] after a failed refresh or a backend change).
 
 mod lru;
-mod slab;
 #[cfg(test)]
 mod tests;
 
@@ -266,7 +263,6 @@ impl ValueCache {
             cache: self,
             key,
             id,
-            max_age,
             outcome: tx,
             finished: false,
         })
@@ -297,8 +293,6 @@ struct FlightGuard<'a> {
     cache: &'a ValueCache,
     key: CacheKey,
     id: u64,
-    /// The fetching caller's `max_age`: how long the stored value is worth keeping.
-    max_age: Option<Duration>,
     outcome: watch::Sender<Option<Outcome>>,
     finished: bool,
 }
@@ -319,11 +313,12 @@ impl FlightGuard<'_> {
                 if let Ok(value) = outcome {
                     let lifetime = 1.0 - cache.limits.jitter * fastrand::f64();
                     state.lru.insert(
-                        &self.key,
-                        value,
-                        (Instant::now(), self.max_age),
+                        self.key.clone(),
+                        value.clone(),
+                        Instant::now(),
                         lifetime,
-                        &cache.limits,
+                        cache.limits.max_entries,
+                        cache.limits.max_bytes,
                     );
                 }
             }
