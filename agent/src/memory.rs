@@ -11,8 +11,9 @@
 //! one malloc arena for the whole process ([`one_arena`]), and the per-target maps giving their
 //! table back once a burst's volumes are gone ([`shrink_emptied`]).
 //!
-//! Not for the value cache (it has its own bounds), and not for allocators other than glibc's
-//! (elsewhere the calls here do nothing).
+//! The value cache has its own bounds and trims after dropping expired entries
+//! (`cache/sweep.rs`). Nothing here works for allocators other than glibc's (elsewhere the calls
+//! do nothing).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
@@ -68,15 +69,7 @@ impl Bursts {
             }
             bursts.peak.store(0, Ordering::Relaxed);
             bursts.scheduled.store(false, Ordering::Release);
-            // Walks the arenas under their lock: up to milliseconds, so off the runtime's
-            // threads; and not on its blocking pool either, whose thread would then idle on for
-            // BLOCKING_KEEP_ALIVE with its stack, after the burst's have gone.
-            let spawned = std::thread::Builder::new()
-                .name("latchkey-trim".into())
-                .spawn(trim);
-            if let Err(err) = spawned {
-                tracing::debug!(%err, "no thread to return the memory of a burst");
-            }
+            trim_in_background("a burst");
         });
     }
 }
@@ -91,17 +84,30 @@ impl Drop for InFlight {
     }
 }
 
-/// Returns the free memory of every malloc arena to the system.
+/// Returns the free memory of every malloc arena to the system, on a thread of its own; `what`
+/// freed it (for the debug log).
+pub fn trim_in_background(what: &'static str) {
+    // Walks the arenas under their lock: up to milliseconds, so off the runtime's threads; and
+    // not on its blocking pool either, whose thread would then idle on for BLOCKING_KEEP_ALIVE
+    // with its stack, after a burst's have gone.
+    let spawned = std::thread::Builder::new()
+        .name("latchkey-trim".into())
+        .spawn(move || trim(what));
+    if let Err(err) = spawned {
+        tracing::debug!(%err, what, "no thread to return freed memory");
+    }
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() {
+fn trim(what: &'static str) {
     // SAFETY: malloc_trim takes no pointers and only releases pages malloc holds free; glibc
     // makes it safe to call from any thread at any time (it locks each arena).
     let released = unsafe { libc::malloc_trim(0) };
-    tracing::debug!(released = released == 1, "memory of a burst returned");
+    tracing::debug!(released = released == 1, what, "freed memory returned");
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() {}
+fn trim(_: &'static str) {}
 
 /// Makes every thread allocate from one malloc arena. Call it first thing in `main`.
 ///

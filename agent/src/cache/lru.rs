@@ -1,7 +1,7 @@
 //! The bounded store behind [`ValueCache`](super::ValueCache): entries by key, plus a recency
 //! index (a monotonically increasing tick per use, oldest first) to evict the least recently used
 //! entry when the entry count or the byte total goes over its limit. O(log n) per use; no unsafe,
-//! no extra crate.
+//! no extra crate. Entries no reader would take any more are dropped by [`Lru::sweep`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -19,6 +19,9 @@ struct Entry {
     stored_at: Instant,
     /// Fraction of the caller's `max_age` this entry lives: `1 - jitter_i`.
     lifetime: f64,
+    /// When the entry turns stale for every reader that has used it, the longest `max_age`
+    /// among them deciding; `None`: never (a reader took it with no `max_age`).
+    expires: Option<Instant>,
     /// Last use, the key of this entry in `Lru::order`.
     tick: u64,
     /// Bytes charged to this entry (value + key).
@@ -57,26 +60,37 @@ impl Lru {
             self.order.insert(tick, shared);
         }
         entry.tick = tick;
+        // A reader with a longer `max_age` keeps the entry for itself until then.
+        entry.expires = match (entry.expires, max_age) {
+            (Some(expires), Some(max_age)) => {
+                expiry(entry.stored_at, max_age, entry.lifetime).map(|e| e.max(expires))
+            }
+            _ => None,
+        };
         Some(entry.value.clone())
     }
 
-    /// Stores `value` under `key` (replacing and dropping any previous value), then evicts least
-    /// recently used entries until both limits hold. A value that alone exceeds `max_bytes`, or
-    /// any value when `max_entries` is 0, is not stored.
+    /// Stores `value`, fetched for a reader taking values up to `max_age` old (`None`: any age),
+    /// under `key` (replacing and dropping any previous value), then evicts least recently used
+    /// entries until both limits hold. A value that alone exceeds `max_bytes`, or any value when
+    /// `max_entries` is 0, is not stored. Returns when the stored entry expires, if it does.
+    #[allow(clippy::too_many_arguments)] // Each is one fact about the entry or a limit.
     pub(super) fn insert(
         &mut self,
         key: CacheKey,
         value: SecretBytes,
         stored_at: Instant,
+        max_age: Option<Duration>,
         lifetime: f64,
         max_entries: usize,
         max_bytes: u64,
-    ) {
+    ) -> Option<Instant> {
         self.remove(&key);
         let size = value.len() as u64 + key.size();
         if max_entries == 0 || size > max_bytes {
-            return;
+            return None;
         }
+        let expires = max_age.and_then(|max_age| expiry(stored_at, max_age, lifetime));
         let tick = self.next_tick();
         self.order.insert(tick, key.clone());
         self.bytes += size;
@@ -86,6 +100,7 @@ impl Lru {
                 value,
                 stored_at,
                 lifetime,
+                expires,
                 tick,
                 size,
             },
@@ -98,6 +113,37 @@ impl Lru {
                 self.bytes -= evicted.size;
             }
         }
+        expires
+    }
+
+    /// Drops (and so zeroizes) every entry expired at `now`, then gives back most of the table
+    /// if it emptied. Returns how many went and when the next of the others expires.
+    pub(super) fn sweep(&mut self, now: Instant) -> (usize, Option<Instant>) {
+        let Self {
+            entries,
+            order,
+            bytes,
+            ..
+        } = self;
+        let mut dropped = 0;
+        let mut next: Option<Instant> = None;
+        entries.retain(|_, entry| match entry.expires {
+            Some(expires) if expires <= now => {
+                order.remove(&entry.tick);
+                *bytes -= entry.size;
+                dropped += 1;
+                false
+            }
+            Some(expires) => {
+                next = Some(next.map_or(expires, |n| n.min(expires)));
+                true
+            }
+            None => true,
+        });
+        if dropped > 0 {
+            crate::memory::shrink_emptied(entries);
+        }
+        (dropped, next)
     }
 
     /// Drops the entry for `key`, if any; true when there was one.
@@ -126,4 +172,11 @@ impl Lru {
         self.tick += 1;
         self.tick
     }
+}
+
+/// When a value stored at `stored_at` turns stale for a reader with `max_age`, if it ever does
+/// (`None` past what an `Instant` holds). The same f64 arithmetic as [`Lru::get_fresh`]'s.
+fn expiry(stored_at: Instant, max_age: Duration, lifetime: f64) -> Option<Instant> {
+    let lives = Duration::try_from_secs_f64(max_age.as_secs_f64() * lifetime).ok()?;
+    stored_at.checked_add(lives)
 }

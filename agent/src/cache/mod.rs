@@ -10,6 +10,9 @@
 //!   jitter drawn when the value is stored, so values fetched together do not expire together.
 //! - Values live in memory only, are bounded by entry count and total bytes (least recently used
 //!   evicted first) and are zeroized when evicted, replaced or invalidated ([`SecretBytes`]).
+//! - A value leaves once stale for the longest `max_age` of the readers that used it
+//!   ([`sweep`]): a gone pod's secrets do not wait for the LRU bound. A reader with a longer
+//!   `max_age` that comes only after that fetches again.
 //! - Errors are shared with every caller waiting on the same fetch, and never cached.
 //! - If the caller running a fetch is cancelled, the callers waiting on it retry; one of them
 //!   becomes the new fetcher.
@@ -20,6 +23,7 @@
 //! again and may [`ValueCache::invalidate`] after a failed refresh or a backend change).
 
 mod lru;
+mod sweep;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +39,7 @@ use crate::providers::{ProviderError, RemoteKey};
 use crate::secret::SecretBytes;
 use crate::telemetry::Metrics;
 use lru::Lru;
+use sweep::Sweeps;
 
 /// What one cached value is for: which store, as whom, which remote key and version.
 ///
@@ -143,13 +148,20 @@ struct State {
     lru: Lru,
     flights: HashMap<CacheKey, Flight>,
     next_flight: u64,
+    sweeps: Sweeps,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // No code panics while holding the lock with the state half-updated; recover from poison.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// In-memory, identity-scoped cache of fetched secret values with single-flight fetching.
 pub struct ValueCache {
     limits: CacheLimits,
     metrics: Arc<Metrics>,
-    state: Mutex<State>,
+    /// Shared with the sweeping task, which holds it only while it sweeps.
+    state: Arc<Mutex<State>>,
 }
 
 /// What one look-up under the lock decided.
@@ -173,11 +185,12 @@ impl ValueCache {
         Self {
             limits: CacheLimits { jitter, ..limits },
             metrics,
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 lru: Lru::default(),
                 flights: HashMap::new(),
                 next_flight: 0,
-            }),
+                sweeps: Sweeps::default(),
+            })),
         }
     }
 
@@ -262,6 +275,7 @@ impl ValueCache {
         Step::Fetch(FlightGuard {
             cache: self,
             key,
+            max_age,
             id,
             outcome: tx,
             finished: false,
@@ -269,8 +283,7 @@ impl ValueCache {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // No code panics while holding the lock with the state half-updated; recover from poison.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 
@@ -292,6 +305,8 @@ impl fmt::Debug for ValueCache {
 struct FlightGuard<'a> {
     cache: &'a ValueCache,
     key: CacheKey,
+    /// The fetching reader's: how long the value it stores stays.
+    max_age: Option<Duration>,
     id: u64,
     outcome: watch::Sender<Option<Outcome>>,
     finished: bool,
@@ -312,14 +327,18 @@ impl FlightGuard<'_> {
                 state.flights.remove(&self.key);
                 if let Ok(value) = outcome {
                     let lifetime = 1.0 - cache.limits.jitter * fastrand::f64();
-                    state.lru.insert(
+                    let expires = state.lru.insert(
                         self.key.clone(),
                         value.clone(),
                         Instant::now(),
+                        self.max_age,
                         lifetime,
                         cache.limits.max_entries,
                         cache.limits.max_bytes,
                     );
+                    if let Some(expires) = expires {
+                        state.sweeps.expiring(expires, &cache.state, &cache.metrics);
+                    }
                 }
             }
         }

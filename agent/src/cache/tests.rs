@@ -471,3 +471,129 @@ fn keys_whose_parts_join_alike_stay_apart() {
         r#"CacheKey { store: Some("store"), identity: Some("shop/web"), key: Some("db"), version: None }"#
     );
 }
+
+/// Lets the sweeping task run up to `secs` seconds from now (paused time advances by itself).
+async fn wait(secs: f64) {
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_entries_leave_without_a_reader() {
+    let (cache, metrics) = cache(no_jitter());
+    let ten = Some(Duration::from_secs(10));
+    for name in ["db", "api"] {
+        cache
+            .get_or_fetch(key("shop/web", name), ten, || value("v"))
+            .await
+            .unwrap();
+    }
+    wait(9.9).await;
+    assert_eq!(cache.len(), 2, "still fresh");
+    wait(0.2).await;
+    assert_eq!((cache.len(), cache.bytes()), (0, 0), "gone once stale");
+    assert_eq!(metrics.cache_expired.get(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_reader_keeps_an_entry() {
+    let (cache, metrics) = cache(no_jitter());
+    let k = key("shop/web", "db");
+    cache
+        .get_or_fetch(k.clone(), Some(Duration::from_secs(10)), || value("v"))
+        .await
+        .unwrap();
+    wait(5.0).await;
+    // A reader with a longer refresh interval uses it: it stays until stale for that one too.
+    cache
+        .get_or_fetch(k.clone(), Some(Duration::from_secs(100)), must_not_fetch)
+        .await
+        .unwrap();
+    wait(50.0).await;
+    assert_eq!(cache.len(), 1);
+    wait(50.0).await;
+    assert_eq!(cache.len(), 0);
+    assert_eq!(metrics.cache_expired.get(), 1);
+
+    // A reader with no max_age takes any value: nothing expires it any more.
+    cache
+        .get_or_fetch(k.clone(), Some(Duration::from_secs(10)), || value("v"))
+        .await
+        .unwrap();
+    cache.get_or_fetch(k, None, must_not_fetch).await.unwrap();
+    wait(365.0 * 24.0 * 3600.0).await;
+    assert_eq!(cache.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sooner_expiry_moves_the_planned_sweep_earlier() {
+    let (cache, _) = cache(no_jitter());
+    let hour = Some(Duration::from_secs(3600));
+    cache
+        .get_or_fetch(key("shop/web", "hourly"), hour, || value("v"))
+        .await
+        .unwrap();
+    wait(1.0).await;
+    let short = key("shop/web", "short");
+    cache
+        .get_or_fetch(short.clone(), Some(Duration::from_secs(5)), || value("v"))
+        .await
+        .unwrap();
+    wait(5.1).await;
+    assert_eq!(
+        cache.len(),
+        1,
+        "the short-lived entry went, the hourly one stays"
+    );
+    // Sweeps are at least GAP apart: one expiring now waits for the next.
+    cache
+        .get_or_fetch(short.clone(), Some(Duration::from_secs(1)), || value("v"))
+        .await
+        .unwrap();
+    wait(1.5).await;
+    assert_eq!(cache.len(), 2);
+    wait(sweep::GAP.as_secs_f64()).await;
+    assert_eq!(cache.len(), 1);
+    wait(3600.0).await;
+    assert!(cache.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweeping_task_ends_with_its_cache() {
+    let (cache, _) = cache(no_jitter());
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    cache
+        .get_or_fetch(
+            key("shop/web", "db"),
+            Some(Duration::from_secs(3600)),
+            || value("v"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(tasks(), before + 1, "one task sweeps");
+    let state = Arc::downgrade(&cache.state);
+    drop(cache);
+    wait(0.1).await;
+    assert_eq!(tasks(), before, "and ends when the cache goes");
+    assert!(state.upgrade().is_none(), "without keeping its state");
+}
+
+#[test]
+fn without_a_runtime_entries_still_store_and_expire_on_read() {
+    let (cache, _) = cache(no_jitter());
+    let k = key("shop/web", "db");
+    let got = futures::executor::block_on(cache.get_or_fetch(
+        k.clone(),
+        Some(Duration::from_secs(3600)),
+        || value("v"),
+    ));
+    assert_eq!(got.unwrap().expose(), b"v");
+    assert_eq!(cache.len(), 1);
+    let got =
+        futures::executor::block_on(cache.get_or_fetch(k, Some(Duration::ZERO), || value("again")));
+    assert_eq!(got.unwrap().expose(), b"again");
+}

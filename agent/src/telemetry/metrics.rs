@@ -84,6 +84,8 @@ pub struct Metrics {
     pub cache_misses: Counter,
     /// Fetches that joined one already in flight for the same key.
     pub cache_joins: Counter,
+    /// Values dropped once stale for every reader that used them.
+    pub cache_expired: Counter,
     /// Backend logins by provider.
     pub logins: Family<ProviderLabel, Counter>,
     /// Objects in the catalog that do not deserialize, by kind.
@@ -128,6 +130,7 @@ impl Metrics {
             cache_hits: Counter::default(),
             cache_misses: Counter::default(),
             cache_joins: Counter::default(),
+            cache_expired: Counter::default(),
             logins: Family::default(),
             catalog_unusable: Family::default(),
             mirror_syncs: Family::default(),
@@ -187,6 +190,11 @@ impl Metrics {
             "latchkey_cache_singleflight_joins",
             "Fetches that joined one already in flight for the same key",
             m.cache_joins.clone(),
+        );
+        registry.register(
+            "latchkey_cache_expired",
+            "Cached values dropped once stale for every reader that used them",
+            m.cache_expired.clone(),
         );
         registry.register(
             "latchkey_backend_logins",
