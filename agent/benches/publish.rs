@@ -15,7 +15,8 @@
 //! RSS and threads right after the storm are reported too, and again once the threads it started
 //! have exited (what the storm leaves behind for good), against the same reading just before it;
 //! then more storms like it (3 in all, `LATCHKEY_BENCH_STORMS=<n>`), each settled, and what they
-//! left together against the first (whether every storm leaves more, or only the first).
+//! left together against the first (whether every storm leaves more, or only the first); then a
+//! storm whose values go stale in 5 s, and what it left once the agent had dropped them.
 //! Target directories are created below `$TMPDIR` (the header names its filesystem), as kubelet
 //! creates them on the node's disk.
 //!
@@ -85,6 +86,12 @@ const WARM_FILES: usize = 3;
 const VALUE_BYTES: usize = 64;
 /// Remote secrets the mount storm spreads over.
 const STORM_SECRETS: usize = 10;
+/// The ExternalSecrets of the storms, over the storm's secrets (`storm-0`, ...).
+const STORM: &str = "storm";
+/// The same secrets with a short `refreshInterval`, for the storm whose values expire.
+const EXPIRING: &str = "expiring";
+/// Their `refreshInterval`.
+const EXPIRING_REFRESH: Duration = Duration::from_secs(5);
 /// Untimed iterations before each timed series (and each round of one).
 const WARMUP: usize = 5;
 /// Rounds the floor's and the warm publish's series are split into, taken in turn.
@@ -391,7 +398,7 @@ async fn measure_storm(
     report: &mut Report,
 ) -> Result<()> {
     let n = counts.storm;
-    let (wall, calls) = storm(agent, counts, DEFAULT_SERVICE_ACCOUNT).await?;
+    let (wall, calls) = storm(agent, counts, STORM, DEFAULT_SERVICE_ACCOUNT).await?;
     let what = format!("storm: {n} concurrent publishes over {STORM_SECRETS} secrets");
     report.info(
         "storm_wall_ms",
@@ -450,26 +457,30 @@ async fn measure_storm(
         (&after, before_storm),
         0.5,
     );
-    measure_later_storms(agent, counts, threads_idle, &after, report).await
+    let last = measure_later_storms(agent, counts, threads_idle, &after, report).await?;
+    measure_expiring_storm(agent, counts, threads_idle, &last, report).await
 }
 
 /// Storms 2 to [`Counts::storms`], each as the first (its own service account, so each misses
 /// the cache and fetches its 10 values again), and what they left together once settled.
+/// Returns the agent settled after the last storm.
 async fn measure_later_storms(
     agent: &Agent,
     counts: &Counts,
     threads_idle: f64,
     after_first: &Settled,
     report: &mut Report,
-) -> Result<()> {
+) -> Result<Settled> {
     let mut later = Vec::with_capacity(counts.storms.saturating_sub(1));
     let mut calls = 0.0;
     for round in 2..=counts.storms {
-        calls += storm(agent, counts, &format!("storm-{round}")).await?.1;
+        calls += storm(agent, counts, STORM, &format!("storm-{round}"))
+            .await?
+            .1;
         later.push(settled(agent, threads_idle, counts.settle).await?);
     }
     let Some(last) = later.last() else {
-        return Ok(());
+        return Ok(after_first.clone());
     };
     // Otherwise the later storms would hit the first one's cache entries and measure less.
     report.check(
@@ -506,6 +517,53 @@ async fn measure_later_storms(
         format!("{which} - after the first"),
         (last, after_first),
         0.3,
+    );
+    Ok(last.clone())
+}
+
+/// One more storm, of a new service account over ExternalSecrets refreshed every
+/// [`EXPIRING_REFRESH`]: once its values are stale the agent drops them, and what the storm left
+/// then is what a storm leaves beyond its cache entries.
+async fn measure_expiring_storm(
+    agent: &Agent,
+    counts: &Counts,
+    threads_idle: f64,
+    before: &Settled,
+    report: &mut Report,
+) -> Result<()> {
+    let expired_before = agent.cache_expired()?;
+    let calls = storm(agent, counts, EXPIRING, "storm-expiring").await?.1;
+    report.check(
+        "expiring_storm_backend_calls",
+        "storm whose values expire, as a new service account: backend calls".into(),
+        calls,
+        Unit::Count,
+        Target::Exactly(STORM_SECRETS as f64),
+    );
+    // The agent sweeps at most every 10 s (agent/src/cache/sweep.rs); give it two sweeps.
+    let deadline = Instant::now() + EXPIRING_REFRESH + Duration::from_secs(25);
+    let mut expired = 0.0;
+    while expired < STORM_SECRETS as f64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        expired = agent.cache_expired()? - expired_before;
+    }
+    report.check(
+        "expiring_storm_values_dropped",
+        format!(
+            "its values dropped once stale ({} s refresh), without a reader",
+            EXPIRING_REFRESH.as_secs()
+        ),
+        expired,
+        Unit::Count,
+        Target::Exactly(STORM_SECRETS as f64),
+    );
+    let after = settled(agent, threads_idle, counts.settle).await?;
+    report_left(
+        report,
+        "expiring_storm",
+        "what it left once its values were dropped: RSS settled then - before it".into(),
+        (&after, before),
+        0.1,
     );
     Ok(())
 }
@@ -544,14 +602,20 @@ fn report_left(
 }
 
 /// One storm: publishes all its pods at once on a connection of its own, then unpublishes them
-/// and closes it. Every pod runs as service account `sa`: a new one misses the cache as the
-/// first storm did. Returns its wall time and backend calls.
-async fn storm(agent: &Agent, counts: &Counts, sa: &str) -> Result<(Duration, f64)> {
+/// and closes it. The pods mount ExternalSecrets `<external_secrets>-<i>`, round-robin, and run
+/// as service account `sa`: a new one misses the cache as the first storm did. Returns its wall
+/// time and backend calls.
+async fn storm(
+    agent: &Agent,
+    counts: &Counts,
+    external_secrets: &str,
+    sa: &str,
+) -> Result<(Duration, f64)> {
     let storm_connection = NodeClient::new(agent.channel().await?);
     let node = &storm_connection;
     let volumes: Vec<Volume> = (0..counts.storm)
         .map(|i| {
-            let secret = storm_name(i % STORM_SECRETS);
+            let secret = storm_name(external_secrets, i % STORM_SECRETS);
             Volume::as_service_account(agent, &format!("storm-{i}"), &secret, sa)
         })
         .collect();
@@ -565,6 +629,7 @@ async fn storm(agent: &Agent, counts: &Counts, sa: &str) -> Result<(Duration, f6
 }
 
 /// The agent once a burst's threads have exited again and it has trimmed its heap.
+#[derive(Clone)]
 struct Settled {
     /// How long that took (at most the run's `settle`).
     waited: Duration,
@@ -889,23 +954,27 @@ fn warm_volume_files() -> Result<Vec<VolumeFile>> {
         .collect()
 }
 
-fn storm_name(i: usize) -> String {
-    format!("storm-{i}")
+/// ExternalSecret `i` of a set (`storm-3`); also the remote key of `storm` ones.
+fn storm_name(set: &str, i: usize) -> String {
+    format!("{set}-{i}")
 }
 
 fn manifests() -> String {
     let warm = warm_values();
     let cold = vec![("cold-0".to_string(), value("cold-value-"))];
     let storm: Vec<_> = (0..STORM_SECRETS)
-        .map(|i| (storm_name(i), value(&format!("storm-value-{i}-"))))
+        .map(|i| (storm_name(STORM, i), value(&format!("storm-value-{i}-"))))
         .collect();
     let latency = format!("{}ms", BACKEND_LATENCY.as_millis());
     let slow_data: Vec<_> = cold.iter().chain(&storm).cloned().collect();
     let mut out = store("fast", None, &warm) + &store("slow", Some(&latency), &slow_data);
-    out += &external_secret("warm", "fast", &warm);
-    out += &external_secret("cold", "slow", &cold);
-    for entry in &storm {
-        out += &external_secret(&entry.0, "slow", std::slice::from_ref(entry));
+    out += &external_secret("warm", "fast", &warm, None);
+    out += &external_secret("cold", "slow", &cold, None);
+    let expiring = format!("{}s", EXPIRING_REFRESH.as_secs());
+    for (i, entry) in storm.iter().enumerate() {
+        let data = std::slice::from_ref(entry);
+        out += &external_secret(&entry.0, "slow", data, None);
+        out += &external_secret(&storm_name(EXPIRING, i), "slow", data, Some(&expiring));
     }
     out
 }
@@ -926,12 +995,22 @@ fn store(name: &str, latency: Option<&str>, data: &[(String, String)]) -> String
 }
 
 /// An ExternalSecret whose files are named like the remote keys.
-fn external_secret(name: &str, store: &str, data: &[(String, String)]) -> String {
+/// An ExternalSecret of `data`'s keys in `store`, refreshed every `refresh` (default: 1h).
+fn external_secret(
+    name: &str,
+    store: &str,
+    data: &[(String, String)],
+    refresh: Option<&str>,
+) -> String {
     let mut out = format!(
         "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
          metadata: {{name: {name}, namespace: {NAMESPACE}}}\nspec:\n  \
-         secretStoreRef: {{name: {store}}}\n  data:\n"
+         secretStoreRef: {{name: {store}}}\n"
     );
+    if let Some(refresh) = refresh {
+        let _ = writeln!(out, "  refreshInterval: {refresh}");
+    }
+    out += "  data:\n";
     for (key, _) in data {
         let _ = writeln!(out, "  - {{secretKey: {key}, remoteRef: {{key: {key}}}}}");
     }
@@ -1047,6 +1126,12 @@ impl Agent {
     fn backend_calls(&self) -> Result<f64> {
         let text = http_get(self.metrics_addr, "/metrics")?;
         Ok(sum_series(&text, "latchkey_backend_requests_total"))
+    }
+
+    /// Cached values the agent dropped once stale.
+    fn cache_expired(&self) -> Result<f64> {
+        let text = http_get(self.metrics_addr, "/metrics")?;
+        Ok(sum_series(&text, "latchkey_cache_expired_total"))
     }
 
     /// Total seconds and count of backend requests, as the agent's histogram has them.
