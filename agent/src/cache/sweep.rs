@@ -40,19 +40,22 @@ impl Sweeps {
         state: &Arc<Mutex<State>>,
         metrics: &Arc<Metrics>,
     ) {
+        if self.bell.is_none() {
+            self.start(state, metrics);
+        }
+        // Without a runtime (a caller outside tokio) entries leave by the LRU bound only.
+        let Some(bell) = &self.bell else {
+            return;
+        };
         let at = self.last.map_or(expires, |last| expires.max(last + GAP));
         if self.at.is_some_and(|planned| planned <= at) {
             return;
         }
         self.at = Some(at);
-        match &self.bell {
-            Some(bell) => bell.send_replace(()),
-            None => self.start(state, metrics),
-        }
+        bell.send_replace(());
     }
 
     fn start(&mut self, state: &Arc<Mutex<State>>, metrics: &Arc<Metrics>) {
-        // Without a runtime (a caller outside tokio) entries leave by the LRU bound only.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

@@ -596,4 +596,20 @@ fn without_a_runtime_entries_still_store_and_expire_on_read() {
     let got =
         futures::executor::block_on(cache.get_or_fetch(k, Some(Duration::ZERO), || value("again")));
     assert_eq!(got.unwrap().expose(), b"again");
+
+    // The first store inside a runtime starts the sweeping after all.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let short = key("shop/web", "short");
+        let ten = Some(Duration::from_secs(10));
+        cache.get_or_fetch(short, ten, || value("v")).await.unwrap();
+        assert_eq!(cache.len(), 2);
+        wait(10.1).await;
+        // With the value stored for `max_age` zero outside, stale since.
+        assert!(cache.is_empty());
+    });
 }
