@@ -613,3 +613,40 @@ fn without_a_runtime_entries_still_store_and_expire_on_read() {
         assert!(cache.is_empty());
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_logs_no_value() {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(data);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let out = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || out.clone())
+        .finish();
+    // The runtime is this thread's: the sweeping task logs here.
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let (cache, metrics) = cache(no_jitter());
+    cache
+        .get_or_fetch(key("shop/web", "db"), Some(Duration::from_secs(1)), || {
+            value("hunter2-super-secret")
+        })
+        .await
+        .unwrap();
+    wait(1.1).await;
+    assert_eq!(metrics.cache_expired.get(), 1);
+    let printed = format!(
+        "{} {cache:?}",
+        String::from_utf8_lossy(&buffer.0.lock().unwrap())
+    );
+    assert!(!printed.contains("hunter2"), "{printed}");
+}
