@@ -102,8 +102,9 @@ async fn run(state: Weak<Mutex<State>>, mut rung: watch::Receiver<()>, metrics: 
         drop(state);
         if dropped > 0 {
             metrics.cache_expired.inc_by(dropped as u64);
-            // The values were zeroized as they went; their pages go back to the system too,
-            // or RSS would keep what a storm of new service accounts cached.
+            // The values were zeroized as they went. As after a burst, the free pages go back
+            // to the system rather than wait in glibc's free lists; a storm's ~0.1 MiB left is
+            // mostly not these values, though (docs/benchmarks.md, 27 Nov, 18:06-19:23 UTC).
             crate::memory::trim_in_background("expired cache entries");
         }
     }
