@@ -1124,14 +1124,18 @@ impl Agent {
 
     /// Backend requests so far: the sum of every `latchkey_backend_requests_total` series.
     fn backend_calls(&self) -> Result<f64> {
-        let text = http_get(self.metrics_addr, "/metrics")?;
-        Ok(sum_series(&text, "latchkey_backend_requests_total"))
+        self.metric_total("latchkey_backend_requests_total")
     }
 
     /// Cached values the agent dropped once stale.
     fn cache_expired(&self) -> Result<f64> {
+        self.metric_total("latchkey_cache_expired_total")
+    }
+
+    /// The sum of every series of metric `name`, as the agent serves it now.
+    fn metric_total(&self, name: &str) -> Result<f64> {
         let text = http_get(self.metrics_addr, "/metrics")?;
-        Ok(sum_series(&text, "latchkey_cache_expired_total"))
+        Ok(sum_series(&text, name))
     }
 
     /// Total seconds and count of backend requests, as the agent's histogram has them.

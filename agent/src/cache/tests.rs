@@ -616,18 +616,7 @@ fn without_a_runtime_entries_still_store_and_expire_on_read() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sweep_logs_no_value() {
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(data);
-            Ok(data.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
+    let buffer = crate::telemetry::LogBuffer::default();
     let out = buffer.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -644,9 +633,6 @@ async fn a_sweep_logs_no_value() {
         .unwrap();
     wait(1.1).await;
     assert_eq!(metrics.cache_expired.get(), 1);
-    let printed = format!(
-        "{} {cache:?}",
-        String::from_utf8_lossy(&buffer.0.lock().unwrap())
-    );
+    let printed = format!("{} {cache:?}", buffer.text());
     assert!(!printed.contains("hunter2"), "{printed}");
 }

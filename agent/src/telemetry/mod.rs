@@ -86,32 +86,42 @@ fn quiet_dependencies(mut filter: EnvFilter) -> EnvFilter {
     filter
 }
 
+/// What a test's subscriber wrote, for tests that check what is (not) logged: clones share it.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl LogBuffer {
+    /// Everything written so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
     use tracing_subscriber::EnvFilter;
 
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Buffer {
-        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(data);
-            Ok(data.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use super::LogBuffer;
 
     #[test]
     fn dependencies_never_log_below_info_even_when_asked() {
         let filter = super::quiet_dependencies(EnvFilter::new(
             "trace,aws_smithy_runtime=trace,vaultrs=trace,aws_sigv4=trace",
         ));
-        let buffer = Buffer::default();
+        let buffer = LogBuffer::default();
         let out = buffer.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(filter)
@@ -125,7 +135,7 @@ mod tests {
             tracing::info!(target: "aws_smithy_runtime::client", "sdk-info");
             tracing::debug!(target: "latchkey::publish", "own-debug");
         });
-        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let text = buffer.text();
         assert!(
             !text.contains("AKID-debug")
                 && !text.contains("token-trace")
