@@ -19,9 +19,10 @@ struct Entry {
     stored_at: Instant,
     /// Fraction of the caller's `max_age` this entry lives: `1 - jitter_i`.
     lifetime: f64,
-    /// When the entry turns stale for every reader that has used it, the longest `max_age`
-    /// among them deciding; `None`: never (a reader took it with no `max_age`).
-    expires: Option<Instant>,
+    /// The longest `max_age` among the readers that have used it, which decides when the entry
+    /// turns stale for all of them; `None`: never (a reader took it with no `max_age`). Kept as
+    /// given, not as an instant: a cache hit compares two durations, and only a sweep computes.
+    longest: Option<Duration>,
     /// Last use, the key of this entry in `Lru::order`.
     tick: u64,
     /// Bytes charged to this entry (value + key).
@@ -61,12 +62,10 @@ impl Lru {
         }
         entry.tick = tick;
         // A reader with a longer `max_age` keeps the entry for itself until then.
-        entry.expires = match (entry.expires, max_age) {
-            (Some(expires), Some(max_age)) => {
-                expiry(entry.stored_at, max_age, entry.lifetime).map(|e| e.max(expires))
-            }
-            _ => None,
-        };
+        entry.longest = entry
+            .longest
+            .zip(max_age)
+            .map(|(longest, max_age)| longest.max(max_age));
         Some(entry.value.clone())
     }
 
@@ -100,7 +99,7 @@ impl Lru {
                 value,
                 stored_at,
                 lifetime,
-                expires,
+                longest: max_age,
                 tick,
                 size,
             },
@@ -127,7 +126,7 @@ impl Lru {
         } = self;
         let mut dropped = 0;
         let mut next: Option<Instant> = None;
-        entries.retain(|_, entry| match entry.expires {
+        entries.retain(|_, entry| match entry.expires() {
             Some(expires) if expires <= now => {
                 order.remove(&entry.tick);
                 *bytes -= entry.size;
@@ -171,6 +170,13 @@ impl Lru {
     fn next_tick(&mut self) -> u64 {
         self.tick += 1;
         self.tick
+    }
+}
+
+impl Entry {
+    /// When the entry turns stale for every reader that has used it, if it ever does.
+    fn expires(&self) -> Option<Instant> {
+        expiry(self.stored_at, self.longest?, self.lifetime)
     }
 }
 
