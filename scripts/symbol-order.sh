@@ -13,7 +13,7 @@
 # the list, 65 of them such numbers, and until the list was recorded again the idle agent mapped
 # 0.4-0.9 MiB more of its code.
 #
-#   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~40-50 min on 2 cores
+#   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~30-40 min on 2 cores
 #
 # Three builds are recorded, since a symbol's mangled name carries a hash of how its crate was
 # built: `cargo build --release` (a source install), `cargo bench`'s (built with the
@@ -24,13 +24,12 @@
 # holds what starting the agent ran (until /readyz answers) and what an idle agent runs (probes,
 # metric scrapes, a second of idling); the second what publishing ran: first and repeated
 # publishes with and without a template, a refresh that is due, unpublishes, a refused request;
-# the third what many volumes and a mount storm add: 1,000 volumes published, published again
-# and unpublished 100 at a time, then 40 pods at once on a store with a backend latency (the
+# the third what a mount storm adds: 40 pods at once on a store with a backend latency (the
 # shared fetch, the blocking pool, the concurrent unpublish) and the quiet period after it (the
-# pool's threads exiting, the heap trim, the cache sweep). What only start-up runs comes first,
-# then what start-up and publishing both run (the gRPC stack, the runtime, logging), then what
-# only publishing runs, then what only the last phase runs (a few dozen functions: most of its
-# code is the publish path's). So start-up's code is one stretch, which an idle agent maps in few windows,
+# pool's threads exiting, the heap trim). What only start-up runs comes first, then what
+# start-up and publishing both run (the gRPC stack, the runtime, logging), then what only
+# publishing runs, then what only the storm runs (a few dozen functions: most of a storm's code is
+# the publish path's). So start-up's code is one stretch, which an idle agent maps in few windows,
 # and the publish path's is one stretch too, overlapping it in the middle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,8 +41,6 @@ fi
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-# Volumes of the many-volumes phase (the benchmark's count).
-VOLUMES="${VOLUMES:-1000}"
 ORDER=agent/link/hot-functions.order
 WORK="$(mktemp -d)"
 AGENT_PID=""
@@ -180,18 +177,8 @@ record() {
   pub missing no-such-external-secret 2>/dev/null || true
   for d in "$WORK"/pods/*; do unpub "$(basename "$d")"; done
   callgrind_control --dump=publish "$AGENT_PID" >/dev/null
-  # Many volumes, as the benchmark's 1,000-volume phase: published one after another, published
-  # again with nothing due (kubelet's requiresRepublish), then unpublished 100 at a time. Maps
-  # and connections grown that far run code a handful of volumes never reaches, and an agent on
-  # a busy node runs it; left out, it lands wherever the linker puts it (27 Nov 2026: after the
-  # benchmark's volume phase one build mapped up to 0.7 MiB more code than the one before it).
-  local i
-  for i in $(seq "$VOLUMES"); do pub "volume-$i" plain; done
-  for i in $(seq "$VOLUMES"); do pub "volume-$i" plain; done
-  seq "$VOLUMES" | xargs -P 100 -I{} "$BIN" unpublish --endpoint "unix://$SOCK" \
-    --target "$WORK/pods/volume-{}" >/dev/null
   # A storm: more calls in flight at once than agent/src/memory.rs's burst, one shared fetch.
-  local pids=()
+  local i pids=()
   for i in $(seq 40); do pub "storm-$i" slow & pids+=($!); done
   for i in "${pids[@]}"; do wait "$i"; done
   pids=()

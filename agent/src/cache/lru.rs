@@ -19,10 +19,9 @@ struct Entry {
     stored_at: Instant,
     /// Fraction of the caller's `max_age` this entry lives: `1 - jitter_i`.
     lifetime: f64,
-    /// The longest `max_age` among the readers that have used it, which decides when the entry
-    /// turns stale for all of them; `None`: never (a reader took it with no `max_age`). Kept as
-    /// given, not as an instant: a cache hit compares two durations, and only a sweep computes.
-    longest: Option<Duration>,
+    /// When the entry turns stale for every reader that has used it, the longest `max_age`
+    /// among them deciding; `None`: never (a reader took it with no `max_age`).
+    expires: Option<Instant>,
     /// Last use, the key of this entry in `Lru::order`.
     tick: u64,
     /// Bytes charged to this entry (value + key).
@@ -62,10 +61,12 @@ impl Lru {
         }
         entry.tick = tick;
         // A reader with a longer `max_age` keeps the entry for itself until then.
-        entry.longest = entry
-            .longest
-            .zip(max_age)
-            .map(|(longest, max_age)| longest.max(max_age));
+        entry.expires = match (entry.expires, max_age) {
+            (Some(expires), Some(max_age)) => {
+                expiry(entry.stored_at, max_age, entry.lifetime).map(|e| e.max(expires))
+            }
+            _ => None,
+        };
         Some(entry.value.clone())
     }
 
@@ -99,7 +100,7 @@ impl Lru {
                 value,
                 stored_at,
                 lifetime,
-                longest: max_age,
+                expires,
                 tick,
                 size,
             },
@@ -126,7 +127,7 @@ impl Lru {
         } = self;
         let mut dropped = 0;
         let mut next: Option<Instant> = None;
-        entries.retain(|_, entry| match entry.expires() {
+        entries.retain(|_, entry| match entry.expires {
             Some(expires) if expires <= now => {
                 order.remove(&entry.tick);
                 *bytes -= entry.size;
@@ -170,13 +171,6 @@ impl Lru {
     fn next_tick(&mut self) -> u64 {
         self.tick += 1;
         self.tick
-    }
-}
-
-impl Entry {
-    /// When the entry turns stale for every reader that has used it, if it ever does.
-    fn expires(&self) -> Option<Instant> {
-        expiry(self.stored_at, self.longest?, self.lifetime)
     }
 }
 
