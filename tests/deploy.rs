@@ -161,6 +161,21 @@ fn chart_renders_what_kustomize_builds() {
     );
 }
 
+/// The agent's allocator settings in a deployment are the ones it was measured with
+/// (`memory::GLIBC_TUNABLES`, which the benchmark applies), in daemonset/ and the chart alike.
+#[test]
+fn the_agent_runs_with_the_allocator_settings_it_was_measured_with() {
+    let rendered = chart().render("latchkey", "latchkey", &helm::no_overrides());
+    for (docs, what) in [(kustomize("."), "daemonset/"), (rendered, "the chart")] {
+        let agent = container(find(&docs, "DaemonSet", "latchkey-node"), "latchkey");
+        assert_eq!(
+            env(agent, "GLIBC_TUNABLES"),
+            latchkey::memory::GLIBC_TUNABLES,
+            "{what}"
+        );
+    }
+}
+
 #[test]
 fn chart_crds_are_the_generated_ones() {
     let generated = std::fs::read(repo().join("crds/latchkey-crds.yaml")).unwrap();
