@@ -15,8 +15,10 @@
 //! RSS and threads right after the storm are reported too, and again once the threads it started
 //! have exited (what the storm leaves behind for good), against the same reading just before it;
 //! then more storms like it (3 in all, `LATCHKEY_BENCH_STORMS=<n>`), each settled, and what they
-//! left together against the first (whether every storm leaves more, or only the first); then a
-//! storm whose values go stale in 5 s, and what it left once the agent had dropped them.
+//! left together against the first (whether every storm leaves more, or only the first); then
+//! storms whose values go stale in 5 s (3, `LATCHKEY_BENCH_EXPIRING_STORMS=<n>`), each settled
+//! once the agent has dropped its values: what the first left, and what the later ones left
+//! together against it (whether storms whose values leave still add up).
 //! Target directories are created below `$TMPDIR` (the header names its filesystem), as kubelet
 //! creates them on the node's disk.
 //!
@@ -26,6 +28,7 @@
 //! cargo bench -p latchkey --bench publish                          # full counts, release build
 //! LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --bench publish    # small counts (CI)
 //! LATCHKEY_BENCH_ONLY=warm cargo bench -p latchkey --bench publish # 5,000 warm publishes only
+//! LATCHKEY_BENCH_AGENT_TUNABLES= cargo bench -p latchkey --bench publish # glibc's malloc defaults
 //! ```
 //!
 //! `LATCHKEY_BENCH_ONLY=warm` is for profiling the agent (docs/benchmarks.md says how): it prints
@@ -70,6 +73,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
 /// under the same harness), or the one Cargo built.
 fn agent_binary() -> PathBuf {
     std::env::var_os("LATCHKEY_BENCH_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
+}
+/// The agent's `GLIBC_TUNABLES`: the DaemonSet's unless `LATCHKEY_BENCH_AGENT_TUNABLES` says
+/// otherwise (empty: glibc's defaults).
+fn agent_tunables() -> String {
+    std::env::var("LATCHKEY_BENCH_AGENT_TUNABLES")
+        .unwrap_or_else(|_| latchkey::memory::GLIBC_TUNABLES.to_owned())
 }
 /// Where the JSON report goes (the workspace's target directory).
 const REPORT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
@@ -458,7 +467,7 @@ async fn measure_storm(
         0.5,
     );
     let last = measure_later_storms(agent, counts, threads_idle, &after, report).await?;
-    measure_expiring_storm(agent, counts, threads_idle, &last, report).await
+    measure_expiring_storms(agent, counts, threads_idle, &last, report).await
 }
 
 /// Storms 2 to [`Counts::storms`], each as the first (its own service account, so each misses
@@ -521,48 +530,81 @@ async fn measure_later_storms(
     Ok(last.clone())
 }
 
-/// One more storm, of a new service account over ExternalSecrets refreshed every
-/// [`EXPIRING_REFRESH`]: once its values are stale the agent drops them, and what the storm left
-/// then is what a storm leaves beyond its cache entries.
-async fn measure_expiring_storm(
+/// [`Counts::expiring_storms`] more storms, each of a new service account over ExternalSecrets
+/// refreshed every [`EXPIRING_REFRESH`]: once its values are stale the agent drops them, so what
+/// such a storm leaves is what a storm leaves beyond its cache entries, and the later ones tell
+/// whether that adds up with every storm or was filled once.
+async fn measure_expiring_storms(
     agent: &Agent,
     counts: &Counts,
     threads_idle: f64,
     before: &Settled,
     report: &mut Report,
 ) -> Result<()> {
+    let n = counts.expiring_storms;
+    if n == 0 {
+        return Ok(());
+    }
     let expired_before = agent.cache_expired()?;
-    let calls = storm(agent, counts, EXPIRING, "storm-expiring").await?.1;
+    let mut calls = 0.0;
+    let mut each = Vec::with_capacity(n);
+    for round in 1..=n {
+        calls += storm(agent, counts, EXPIRING, &format!("storm-expiring-{round}"))
+            .await?
+            .1;
+        // The agent sweeps at most every 10 s (agent/src/cache/sweep.rs); give it two sweeps.
+        let deadline = Instant::now() + EXPIRING_REFRESH + Duration::from_secs(25);
+        let dropped = (STORM_SECRETS * round) as f64;
+        while agent.cache_expired()? - expired_before < dropped && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        each.push(settled(agent, threads_idle, counts.settle).await?);
+    }
+    let what = format!("{n} storm(s) whose values expire, each as a new service account");
     report.check(
         "expiring_storm_backend_calls",
-        "storm whose values expire, as a new service account: backend calls".into(),
+        format!("{what}: backend calls"),
         calls,
         Unit::Count,
-        Target::Exactly(STORM_SECRETS as f64),
+        Target::Exactly((STORM_SECRETS * n) as f64),
     );
-    // The agent sweeps at most every 10 s (agent/src/cache/sweep.rs); give it two sweeps.
-    let deadline = Instant::now() + EXPIRING_REFRESH + Duration::from_secs(25);
-    let mut expired = 0.0;
-    while expired < STORM_SECRETS as f64 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        expired = agent.cache_expired()? - expired_before;
-    }
     report.check(
         "expiring_storm_values_dropped",
         format!(
-            "its values dropped once stale ({} s refresh), without a reader",
+            "their values dropped once stale ({} s refresh), without a reader",
             EXPIRING_REFRESH.as_secs()
         ),
-        expired,
+        agent.cache_expired()? - expired_before,
         Unit::Count,
-        Target::Exactly(STORM_SECRETS as f64),
+        Target::Exactly((STORM_SECRETS * n) as f64),
     );
-    let after = settled(agent, threads_idle, counts.settle).await?;
+    let (first, last) = (&each[0], &each[n - 1]);
     report_left(
         report,
         "expiring_storm",
-        "what it left once its values were dropped: RSS settled then - before it".into(),
-        (&after, before),
+        "what the first left once its values were dropped: RSS settled then - before it".into(),
+        (first, before),
+        0.1,
+    );
+    if n == 1 {
+        return Ok(());
+    }
+    let rss: Vec<String> = each.iter().map(|s| format!("{:.2}", s.rss)).collect();
+    report.info(
+        "rss_settled_each_expiring_storm_mib",
+        format!("agent RSS settled after each of them: {}", rss.join(", ")),
+        last.rss,
+        Unit::MiB,
+    );
+    // #13's "no growth after a storm": with their values gone, storms after the first should
+    // leave nothing beyond one reading's slack (a 64 KiB window of code).
+    report_left(
+        report,
+        "later_expiring_storms",
+        format!(
+            "what storms 2-{n} of them left together: RSS settled after the last - after the first"
+        ),
+        (last, first),
         0.1,
     );
     Ok(())
@@ -994,8 +1036,8 @@ fn store(name: &str, latency: Option<&str>, data: &[(String, String)]) -> String
     out
 }
 
-/// An ExternalSecret whose files are named like the remote keys.
-/// An ExternalSecret of `data`'s keys in `store`, refreshed every `refresh` (default: 1h).
+/// An ExternalSecret of `data`'s keys in `store`, its files named like the remote keys,
+/// refreshed every `refresh` (default: 1h).
 fn external_secret(
     name: &str,
     store: &str,
@@ -1056,7 +1098,11 @@ impl Agent {
         let mut log = std::fs::File::create(&self.log)?;
         let bin = agent_binary();
         evict_from_page_cache(&bin)?;
-        let mut child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        // The allocator settings the DaemonSet gives the agent, and the agent alone: the floor's
+        // allocations are this process's.
+        command.env("GLIBC_TUNABLES", agent_tunables());
+        let mut child = command
             .arg("node")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -1293,6 +1339,10 @@ struct Counts {
     /// Storms in a row, each settled (`LATCHKEY_BENCH_STORMS`): the first is measured against
     /// the agent before it, the later ones against the first.
     storms: usize,
+    /// Storms whose values expire, after those (`LATCHKEY_BENCH_EXPIRING_STORMS`), each settled
+    /// once its values are dropped: the first is measured against the agent before it, the later
+    /// ones against the first.
+    expiring_storms: usize,
     volumes: usize,
     idle: Duration,
     /// Longest wait after the storm for the agent's extra threads to exit (tokio's blocking
@@ -1314,6 +1364,7 @@ impl Counts {
                 cold: 20,
                 storm: 50,
                 storms: 2,
+                expiring_storms: 1,
                 volumes: 50,
                 idle: Duration::from_secs(1),
                 settle: Duration::from_secs(1),
@@ -1328,6 +1379,7 @@ impl Counts {
                 cold: 200,
                 storm: 500,
                 storms: 3,
+                expiring_storms: 3,
                 volumes: 1000,
                 idle: Duration::from_secs(10),
                 settle: Duration::from_secs(20),
@@ -1335,6 +1387,9 @@ impl Counts {
         };
         if let Some(storms) = env_number("LATCHKEY_BENCH_STORMS") {
             counts.storms = storms;
+        }
+        if let Some(storms) = env_number("LATCHKEY_BENCH_EXPIRING_STORMS") {
+            counts.expiring_storms = storms;
         }
         if warm_only {
             // Enough samples that the agent's start is lost in them.
@@ -1356,6 +1411,7 @@ impl Counts {
         json!({
             "floor": self.floor, "probe": self.probe, "warm": self.warm, "cold": self.cold,
             "storm": self.storm, "storms": self.storms, "storm_secrets": STORM_SECRETS,
+            "expiring_storms": self.expiring_storms,
             "volumes": self.volumes,
             "idle_seconds": self.idle.as_secs(), "settle_seconds": self.settle.as_secs(),
             "warmup": WARMUP,
@@ -1443,7 +1499,7 @@ impl Machine {
     fn header(&self, counts: &Counts) -> String {
         format!(
             "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}; \
-             targets on {} ({})\nagent: {}\n",
+             targets on {} ({})\nagent: {} (GLIBC_TUNABLES={})\n",
             counts.mode(),
             self.build,
             self.date,
@@ -1453,6 +1509,7 @@ impl Machine {
             std::env::temp_dir().display(),
             self.scratch_fs,
             agent_binary().display(),
+            agent_tunables(),
         )
     }
 }
@@ -1659,6 +1716,7 @@ impl Report {
                 "scratch_dir": std::env::temp_dir(), "scratch_fs": machine.scratch_fs,
             },
             "counts": counts.json(),
+            "agent_glibc_tunables": agent_tunables(),
             "results": results,
         })
     }
