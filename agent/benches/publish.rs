@@ -480,15 +480,9 @@ async fn measure_later_storms(
     after_first: &Settled,
     report: &mut Report,
 ) -> Result<Settled> {
-    let mut later = Vec::with_capacity(counts.storms.saturating_sub(1));
-    let mut calls = 0.0;
-    for round in 2..=counts.storms {
-        calls += storm(agent, counts, STORM, &format!("storm-{round}"))
-            .await?
-            .1;
-        later.push(settled(agent, threads_idle, counts.settle).await?);
-    }
-    let Some(last) = later.last() else {
+    let rounds = 2..=counts.storms;
+    let (calls, later) = storms_in_a_row(agent, counts, threads_idle, STORM, rounds, None).await?;
+    let Some(last) = later.last().cloned() else {
         return Ok(after_first.clone());
     };
     // Otherwise the later storms would hit the first one's cache entries and measure less.
@@ -499,35 +493,12 @@ async fn measure_later_storms(
         Unit::Count,
         Target::Exactly((STORM_SECRETS * later.len()) as f64),
     );
-    let each: Vec<String> = std::iter::once(after_first)
-        .chain(&later)
-        .map(|s| format!("{:.2}", s.rss))
-        .collect();
-    report.info(
-        "rss_settled_each_storm_mib",
-        format!("agent RSS settled after each storm: {}", each.join(", ")),
-        last.rss,
-        Unit::MiB,
-    );
     // #13's "no growth after a storm": each later storm caches its own 10 values (a few KB), so
     // together they should leave about nothing. The slack is that of one reading (a 64 KiB
     // window of code, the allocator's per-thread caches filled from other pages).
-    let which = if later.len() == 1 {
-        "what storm 2 left: RSS settled after it".to_owned()
-    } else {
-        format!(
-            "what storms 2-{} left together: RSS settled after the last",
-            counts.storms
-        )
-    };
-    report_left(
-        report,
-        "later_storms",
-        format!("{which} - after the first"),
-        (last, after_first),
-        0.3,
-    );
-    Ok(last.clone())
+    let series: Vec<Settled> = std::iter::once(after_first.clone()).chain(later).collect();
+    report_series(report, "", &series, 0.3);
+    Ok(last)
 }
 
 /// [`Counts::expiring_storms`] more storms, each of a new service account over ExternalSecrets
@@ -542,24 +513,20 @@ async fn measure_expiring_storms(
     report: &mut Report,
 ) -> Result<()> {
     let n = counts.expiring_storms;
-    if n == 0 {
-        return Ok(());
-    }
     let expired_before = agent.cache_expired()?;
-    let mut calls = 0.0;
-    let mut each = Vec::with_capacity(n);
-    for round in 1..=n {
-        calls += storm(agent, counts, EXPIRING, &format!("storm-expiring-{round}"))
-            .await?
-            .1;
-        // The agent sweeps at most every 10 s (agent/src/cache/sweep.rs); give it two sweeps.
-        let deadline = Instant::now() + EXPIRING_REFRESH + Duration::from_secs(25);
-        let dropped = (STORM_SECRETS * round) as f64;
-        while agent.cache_expired()? - expired_before < dropped && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        each.push(settled(agent, threads_idle, counts.settle).await?);
-    }
+    let rounds = 1..=n;
+    let (calls, each) = storms_in_a_row(
+        agent,
+        counts,
+        threads_idle,
+        EXPIRING,
+        rounds,
+        Some(expired_before),
+    )
+    .await?;
+    let Some(first) = each.first() else {
+        return Ok(());
+    };
     let what = format!("{n} storm(s) whose values expire, each as a new service account");
     report.check(
         "expiring_storm_backend_calls",
@@ -578,7 +545,6 @@ async fn measure_expiring_storms(
         Unit::Count,
         Target::Exactly((STORM_SECRETS * n) as f64),
     );
-    let (first, last) = (&each[0], &each[n - 1]);
     report_left(
         report,
         "expiring_storm",
@@ -586,28 +552,74 @@ async fn measure_expiring_storms(
         (first, before),
         0.1,
     );
-    if n == 1 {
-        return Ok(());
+    // #13's "no growth after a storm": with their values gone, storms after the first should
+    // leave nothing beyond one reading's slack (a 64 KiB window of code).
+    report_series(report, "expiring ", &each, 0.1);
+    Ok(())
+}
+
+/// Storms `rounds` in a row over ExternalSecrets `<set>-<i>`, storm `round` as service account
+/// `<set>-<round>` (a new one: it misses the cache and fetches its 10 values), each
+/// settled. With `expired_before` (the agent's count of dropped values before the first), each
+/// is settled only once the agent has dropped the values of every storm so far, or 30 s on.
+/// Returns their backend calls and the agent settled after each.
+async fn storms_in_a_row(
+    agent: &Agent,
+    counts: &Counts,
+    threads_idle: f64,
+    set: &str,
+    rounds: std::ops::RangeInclusive<usize>,
+    expired_before: Option<f64>,
+) -> Result<(f64, Vec<Settled>)> {
+    let mut calls = 0.0;
+    let mut each = Vec::new();
+    for round in rounds {
+        calls += storm(agent, counts, set, &format!("{set}-{round}"))
+            .await?
+            .1;
+        if let Some(expired_before) = expired_before {
+            // The agent sweeps at most every 10 s (agent/src/cache/sweep.rs); give it two sweeps.
+            let deadline = Instant::now() + EXPIRING_REFRESH + Duration::from_secs(25);
+            let dropped = (STORM_SECRETS * (each.len() + 1)) as f64;
+            while agent.cache_expired()? - expired_before < dropped && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        each.push(settled(agent, threads_idle, counts.settle).await?);
     }
-    let rss: Vec<String> = each.iter().map(|s| format!("{:.2}", s.rss)).collect();
+    Ok((calls, each))
+}
+
+/// Reports, for a series of `kind` storms (`""` or `"expiring "`) settled one after another,
+/// RSS settled after each (`rss_settled_each_<kind>storm_mib`) and what the storms after the
+/// first left together against it (`rss_later_<kind>storms_growth_mib`, at most `limit` MiB).
+/// Reports nothing for a series of one.
+fn report_series(report: &mut Report, kind: &str, series: &[Settled], limit: f64) {
+    let [first, .., last] = series else {
+        return;
+    };
+    let id = kind.replace(' ', "_");
+    let rss: Vec<String> = series.iter().map(|s| format!("{:.2}", s.rss)).collect();
     report.info(
-        "rss_settled_each_expiring_storm_mib",
-        format!("agent RSS settled after each of them: {}", rss.join(", ")),
+        &format!("rss_settled_each_{id}storm_mib"),
+        format!(
+            "agent RSS settled after each {kind}storm: {}",
+            rss.join(", ")
+        ),
         last.rss,
         Unit::MiB,
     );
-    // #13's "no growth after a storm": with their values gone, storms after the first should
-    // leave nothing beyond one reading's slack (a 64 KiB window of code).
+    let which = match series.len() {
+        2 => format!("what {kind}storm 2 left: RSS settled after it"),
+        n => format!("what {kind}storms 2-{n} left together: RSS settled after the last"),
+    };
     report_left(
         report,
-        "later_expiring_storms",
-        format!(
-            "what storms 2-{n} of them left together: RSS settled after the last - after the first"
-        ),
+        &format!("later_{id}storms"),
+        format!("{which} - after the first"),
         (last, first),
-        0.1,
+        limit,
     );
-    Ok(())
 }
 
 /// Reports how much more the agent holds settled `after` than settled `before`: RSS, checked
