@@ -472,6 +472,29 @@ fn keys_whose_parts_join_alike_stay_apart() {
     );
 }
 
+#[test]
+fn a_key_too_long_for_the_stack_packs_alike() {
+    // Past the stack buffer the key is packed on the heap: same bytes, same parts.
+    let long = "k".repeat(600);
+    let remote = RemoteKey {
+        key: long.clone(),
+        version: Some("v2".into()),
+    };
+    let key = CacheKey::new("store", "shop/web", &remote);
+    assert_eq!(key, CacheKey::new("store", "shop/web", &remote));
+    assert_eq!(key.size(), 4 * 8 + 5 + 8 + 600 + 2);
+    let parts: Vec<_> = key.parts().collect();
+    assert_eq!(
+        parts,
+        [
+            Some("store"),
+            Some("shop/web"),
+            Some(long.as_str()),
+            Some("v2")
+        ]
+    );
+}
+
 /// Lets the sweeping task run up to `secs` seconds from now (paused time advances by itself).
 async fn wait(secs: f64) {
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;

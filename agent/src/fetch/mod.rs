@@ -11,16 +11,18 @@
 //! not for turning values into entries or files (see [`crate::resolve`]). No CSI, no volumes, no
 //! Events.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
 use crate::api::StoreKind;
 use crate::api::validate::ProviderSpec;
+use crate::api::{ClusterSecretStore, SecretStore};
 use crate::cache::{CacheKey, CacheLimits, ValueCache};
-use crate::catalog::Binding;
+use crate::catalog::{Binding, BoundStore};
 use crate::identity::PodInfo;
 use crate::providers::{self, FindQuery, Provider, ProviderError, RemoteKey};
 use crate::resolve::{Context, Fetched, Plan};
@@ -73,17 +75,18 @@ pub struct Source<'a> {
     spec: ProviderSpec<'a>,
     store_kind: StoreKind,
     pod: &'a PodInfo,
-    store: String,
+    store: Arc<str>,
     identity: String,
 }
 
 impl<'a> Source<'a> {
-    /// The store of `binding`, read as `pod` (a caller with no pod brings the identity it acts
-    /// as); `ctx` names the objects in errors.
-    pub fn new(
+    /// The store of `binding`, named `store` (its [`store_identity`]), read as `pod`; `ctx`
+    /// names the objects in errors.
+    fn new(
         ctx: &'a Context,
         binding: &'a Binding,
         pod: &'a PodInfo,
+        store: Arc<str>,
     ) -> Result<Self, FetchError> {
         // `bind` validated the provider block, so there is one; map its absence rather than panic.
         let spec = binding
@@ -94,7 +97,7 @@ impl<'a> Source<'a> {
             spec,
             store_kind: binding.store_kind(),
             pod,
-            store: store_identity(binding),
+            store,
             // Pods of one service account share a fetch; two identities never share a value.
             identity: format!("{}/{}", pod.namespace, pod.service_account),
         })
@@ -123,6 +126,7 @@ impl<'a> Source<'a> {
 pub struct Fetcher {
     cache: ValueCache,
     providers: providers::Env,
+    stores: StoreIdentities,
 }
 
 impl Fetcher {
@@ -131,7 +135,19 @@ impl Fetcher {
         Self {
             cache: ValueCache::new(cache_limits, Arc::clone(&providers.metrics)),
             providers,
+            stores: StoreIdentities::default(),
         }
+    }
+
+    /// The store of `binding`, read as `pod` (a caller with no pod brings the identity it acts
+    /// as); `ctx` names the objects in errors.
+    pub fn source<'a>(
+        &self,
+        ctx: &'a Context,
+        binding: &'a Binding,
+        pod: &'a PodInfo,
+    ) -> Result<Source<'a>, FetchError> {
+        Source::new(ctx, binding, pod, self.stores.of(binding))
     }
 
     /// Fetches what `plan` asks for from `source`. Cached values older than `max_age` are read
@@ -258,6 +274,65 @@ fn store_identity(binding: &Binding) -> String {
     )
 }
 
+/// Most store identities remembered: more stores than a node's pods use at once.
+const REMEMBERED_STORES: usize = 16;
+
+/// The identities of the stores used last, each with the store object it was computed from.
+/// Hashing a provider block through its JSON took ~9,000 instructions on every warm publish of
+/// the benchmark's store (docs/benchmarks.md); a store the catalog holds does not change, and an
+/// edited one is a new object, so it is not found here and gets its identity anew.
+#[derive(Default)]
+struct StoreIdentities(Mutex<VecDeque<(RememberedStore, Arc<str>)>>);
+
+/// A store object, held weakly: an entry keeps no deleted or replaced store alive, and while
+/// it exists no other object can take the allocation it points to.
+enum RememberedStore {
+    Namespaced(Weak<SecretStore>),
+    Cluster(Weak<ClusterSecretStore>),
+}
+
+impl RememberedStore {
+    fn new(store: &BoundStore) -> Self {
+        match store {
+            BoundStore::Namespaced(s) => Self::Namespaced(Arc::downgrade(s)),
+            BoundStore::Cluster(s) => Self::Cluster(Arc::downgrade(s)),
+        }
+    }
+
+    fn is(&self, store: &BoundStore) -> bool {
+        match (self, store) {
+            (Self::Namespaced(w), BoundStore::Namespaced(s)) => w.as_ptr() == Arc::as_ptr(s),
+            (Self::Cluster(w), BoundStore::Cluster(s)) => w.as_ptr() == Arc::as_ptr(s),
+            _ => false,
+        }
+    }
+}
+
+impl StoreIdentities {
+    /// [`store_identity`] of `binding`'s store, computed once per store object.
+    fn of(&self, binding: &Binding) -> Arc<str> {
+        // Every operation under this lock leaves a well-formed list, so a poisoned lock is
+        // still safe to use.
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // Most recently used first, so the one a storm uses is found at once.
+        if let Some(found) = known
+            .iter()
+            .position(|(s, _)| s.is(&binding.store))
+            .and_then(|at| known.remove(at))
+        {
+            let identity = Arc::clone(&found.1);
+            known.push_front(found);
+            return identity;
+        }
+        let identity: Arc<str> = store_identity(binding).into();
+        if known.len() == REMEMBERED_STORES {
+            known.pop_back();
+        }
+        known.push_front((RememberedStore::new(&binding.store), Arc::clone(&identity)));
+        identity
+    }
+}
+
 /// Feeds written bytes to a hasher, so a value can be hashed through its serialization.
 struct HashWriter<'a, H: std::hash::Hasher>(&'a mut H);
 
@@ -338,6 +413,37 @@ mod tests {
         assert!(!a.contains("v1"), "the identity never carries a value: {a}");
         let c = super::store_identity(&binding(StoreKind::ClusterSecretStore, "v1"));
         assert!(c.starts_with("ClusterSecretStore//s#"), "{c}");
+    }
+
+    #[test]
+    fn a_store_identity_is_remembered_per_store_object_and_keeps_none_alive() {
+        let stores = super::StoreIdentities::default();
+        let v1 = binding(StoreKind::SecretStore, "v1");
+        let first = stores.of(&v1);
+        assert_eq!(*first, super::store_identity(&v1));
+        assert!(Arc::ptr_eq(&first, &stores.of(&v1)), "computed once");
+        // An edited store is a new object in the catalog: its identity is computed anew.
+        let v2 = binding(StoreKind::SecretStore, "v2");
+        assert_ne!(stores.of(&v2), first);
+        let cluster = binding(StoreKind::ClusterSecretStore, "v1");
+        assert_eq!(*stores.of(&cluster), super::store_identity(&cluster));
+        // Remembered weakly: dropping the binding drops the store.
+        let BoundStore::Namespaced(store) = &v1.store else {
+            unreachable!()
+        };
+        let weak = Arc::downgrade(store);
+        drop(v1);
+        assert!(weak.upgrade().is_none(), "the list kept a store alive");
+        // Never more than REMEMBERED_STORES; the oldest goes first.
+        let many: Vec<_> = (0..super::REMEMBERED_STORES + 2)
+            .map(|i| binding(StoreKind::SecretStore, &format!("s{i}")))
+            .collect();
+        for b in &many {
+            stores.of(b);
+        }
+        let known = stores.0.lock().unwrap();
+        assert_eq!(known.len(), super::REMEMBERED_STORES);
+        assert!(known[0].0.is(&many.last().unwrap().store));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::catalog::{Catalog, Lenient, bind};
 use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, NORMAL, WARNING};
 use crate::fetch::backoff::{self, Backoff, Gate};
-use crate::fetch::{FetchError, Fetcher, Source};
+use crate::fetch::{FetchError, Fetcher};
 use crate::identity::PodInfo;
 use crate::providers::ProviderError;
 use crate::providers::audiences::token_audiences;
@@ -361,7 +361,7 @@ impl Reconciler {
             service_account,
             tokens,
         };
-        let source = match Source::new(&cx, &binding, &identity) {
+        let source = match self.fetcher.source(&cx, &binding, &identity) {
             Ok(s) => s,
             Err(e) => return Ok(fail(Reason::SecretSyncedError, e.to_string())),
         };

@@ -2,23 +2,28 @@
 //! for the same volume is still running.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 type Slot = Arc<AsyncMutex<()>>;
 
+/// Slots by the target path's bytes, as kubelet spells it (it names a target the same way in
+/// every call): hashing a `Path` goes component by component, 8 times per publish.
+type Slots = HashMap<OsString, Slot>;
+
 /// Per-target async locks; an entry lives only while someone holds or waits for it.
 #[derive(Default)]
 pub struct TargetLocks {
-    slots: Arc<Mutex<HashMap<PathBuf, Slot>>>,
+    slots: Arc<Mutex<Slots>>,
 }
 
 /// Holds a target's lock; dropping it releases the lock and forgets an unused entry.
 pub struct TargetGuard {
-    slots: Arc<Mutex<HashMap<PathBuf, Slot>>>,
-    path: PathBuf,
+    slots: Arc<Mutex<Slots>>,
+    path: OsString,
     guard: Option<OwnedMutexGuard<()>>,
 }
 
@@ -27,12 +32,12 @@ impl TargetLocks {
     pub async fn lock(&self, path: &Path) -> TargetGuard {
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(slots.entry(path.to_path_buf()).or_default())
+            Arc::clone(slots.entry(path.as_os_str().to_owned()).or_default())
         };
         let guard = slot.lock_owned().await;
         TargetGuard {
             slots: Arc::clone(&self.slots),
-            path: path.to_path_buf(),
+            path: path.as_os_str().to_owned(),
             guard: Some(guard),
         }
     }

@@ -28,7 +28,7 @@ use crate::catalog::{BindingError, Catalog, bind};
 use crate::compute::{ComputeError, Pool};
 use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
 use crate::fetch::backoff::{Backoff, Gate};
-use crate::fetch::{FetchError, Fetcher, Source};
+use crate::fetch::{FetchError, Fetcher};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
@@ -348,7 +348,7 @@ impl Publisher {
             store_kind: binding.store_kind(),
             store_name: binding.store_name.clone(),
         };
-        let source = Source::new(&ctx, &binding, &req.pod)?;
+        let source = self.fetcher.source(&ctx, &binding, &req.pod)?;
         let plan = resolve::plan(&ctx, &binding.external_secret.spec)?;
         // A backend that keeps failing is left alone until its backoff delay has passed; what
         // is still cached is served meanwhile.

@@ -5,7 +5,8 @@
 //! Held in memory: after an agent restart every volume is due once, then back on schedule.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -65,14 +66,15 @@ impl Refresh {
 /// Next refresh time per mounted target (`None`: never).
 #[derive(Default)]
 pub struct Schedule {
-    due: Mutex<HashMap<PathBuf, Option<Instant>>>,
+    /// By the target path's bytes (see `locks`): cheaper to hash than a `Path`.
+    due: Mutex<HashMap<OsString, Option<Instant>>>,
 }
 
 impl Schedule {
     /// True when `target` was refreshed by this process and is not due yet.
     pub fn is_fresh(&self, target: &Path, now: Instant) -> bool {
         let due = self.due.lock().unwrap_or_else(|p| p.into_inner());
-        match due.get(target) {
+        match due.get(target.as_os_str()) {
             Some(None) => true,
             Some(Some(at)) => now < *at,
             None => false,
@@ -109,7 +111,7 @@ impl Schedule {
     /// Forgets `target` (unpublished).
     pub fn remove(&self, target: &Path) {
         let mut due = self.due.lock().unwrap_or_else(|p| p.into_inner());
-        due.remove(target);
+        due.remove(target.as_os_str());
         crate::memory::shrink_emptied(&mut due);
     }
 
@@ -117,7 +119,7 @@ impl Schedule {
         self.due
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(target.to_path_buf(), next);
+            .insert(target.as_os_str().to_owned(), next);
     }
 }
 

@@ -12,8 +12,9 @@
 //! Not for deciding what to do with a target (that is `Volumes`).
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use rustix::fs::{AtFlags, CWD, FileType, StatxAttributes, StatxFlags};
@@ -85,28 +86,29 @@ pub(crate) fn look(target: &Path) -> Result<Seen, VolumeError> {
 /// more entries than there are volumes plus those unmounted behind our back.
 #[derive(Debug, Default)]
 pub(crate) struct OurMounts {
-    by_target: Mutex<HashMap<PathBuf, MountKey>>,
+    /// By the target path's bytes (see `publish::locks`): cheaper to hash than a `Path`.
+    by_target: Mutex<HashMap<OsString, MountKey>>,
 }
 
 impl OurMounts {
     /// Remembers that the mount `key` at `target` is ours.
     pub(crate) fn record(&self, target: &Path, key: MountKey) {
-        self.map().insert(target.to_path_buf(), key);
+        self.map().insert(target.as_os_str().to_owned(), key);
     }
 
     /// Forgets `target`.
     pub(crate) fn forget(&self, target: &Path) {
         let mut map = self.map();
-        map.remove(target);
+        map.remove(target.as_os_str());
         crate::memory::shrink_emptied(&mut map);
     }
 
     /// True when `key` is the mount recorded for `target`.
     pub(crate) fn holds(&self, target: &Path, key: MountKey) -> bool {
-        self.map().get(target) == Some(&key)
+        self.map().get(target.as_os_str()) == Some(&key)
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, MountKey>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<OsString, MountKey>> {
         // A panic while holding this lock cannot leave the map half-updated (every operation is
         // a single insert, remove or get), so a poisoned lock is still safe to use.
         self.by_target
