@@ -16,8 +16,9 @@ use tracing::{Level, debug, info, info_span, warn};
 
 use super::{request, status};
 use crate::memory::Bursts;
-use crate::publish::{Outcome, Publisher, Report};
+use crate::publish::{Outcome, PublishError, PublishRequest, Publisher, Report};
 use crate::telemetry::Metrics;
+use crate::telemetry::held;
 use crate::telemetry::metrics::{PublishLabels, ResultLabel};
 
 /// Serves the Node service.
@@ -56,33 +57,14 @@ impl NodeService {
         {
             return Ok(outcome);
         }
-        // The span is made once the publish is over, not held across it: each live span takes a
-        // slot in tracing's registry, and the slots a mount storm fills stay, each with a small
-        // table allocated among the storm's garbage that keeps its page resident (~2 MiB after
-        // 500 concurrent publishes; docs/benchmarks.md).
-        let span = info_span!(
-            "publish",
-            volume_id = %parsed.volume_id,
-            pod_namespace = %parsed.pod.namespace,
-            pod = %parsed.pod.name,
-            external_secret = %parsed.external_secret,
-            // Left out when nothing was resolved (a failure before binding, a republish not due).
-            store = result.as_ref().ok().and_then(|r| r.store.as_deref()),
-        );
-        let _entered = span.enter();
-        let report = result.map_err(|e| {
-            warn!(error = %e, "publish failed");
-            status::from_publish(&e)
-        })?;
-        match report.outcome {
-            Outcome::Mounted => info!("published"),
-            Outcome::Refreshed { changed: true } => info!("refreshed with new content"),
-            // Periodic republishes of 1,000s of volumes must not flood the log.
-            Outcome::Refreshed { changed: false } => debug!("refreshed, unchanged"),
-            Outcome::NotDue => debug!("republished, refresh not due"),
-            Outcome::RefreshFailed => warn!("republished with previous content"),
-        }
-        Ok(report.outcome)
+        let answer = match &result {
+            Ok(report) => Ok(report.outcome),
+            Err(e) => Err(status::from_publish(e)),
+        };
+        // The line is formatted once the answer is out (held::after_answer): its span and
+        // fields were a tenth of the agent's own work on a warm publish.
+        held::after_answer(move || log_publish(&parsed, &result));
+        answer
     }
 
     fn record_publish(&self, result: &Result<Outcome, Status>, seconds: f64) {
@@ -136,29 +118,33 @@ impl Node for NodeService {
         let req = req.into_inner();
         let target = request::unpublish(&req).map_err(|e| status::from_request(&e))?;
         let result = self.publisher.unpublish(&target).await;
-        // After the work, as for publish: no registry slot held across the unmount.
-        let span = info_span!("unpublish", volume_id = %req.volume_id);
-        let _entered = span.enter();
-        if let Ok(true) = result {
-            info!(target_path = %target.display(), "volume unmounted");
-        }
         let label = if result.is_ok() { "success" } else { "error" };
         self.metrics
             .unpublishes
             .get_or_create(&ResultLabel { result: label })
             .inc();
-        match result {
+        let answer = match &result {
             Ok(_) => {
                 self.metrics
                     .volumes_active
                     .set(self.publisher.volumes() as i64);
                 Ok(Response::new(NodeUnpublishVolumeResponse {}))
             }
-            Err(e) => {
-                warn!(error = %e, "unpublish failed");
-                Err(status::from_publish(&e))
+            Err(e) => Err(status::from_publish(e)),
+        };
+        // Formatted after the answer, as for publish.
+        let volume_id = req.volume_id;
+        held::after_answer(move || {
+            // After the work, as for publish: no registry slot held across the unmount.
+            let span = info_span!(parent: None, "unpublish", volume_id = %volume_id);
+            let _entered = span.enter();
+            match result {
+                Ok(true) => info!(target_path = %target.display(), "volume unmounted"),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "unpublish failed"),
             }
-        }
+        });
+        answer
     }
 
     async fn node_get_capabilities(
@@ -188,5 +174,34 @@ impl Node for NodeService {
             max_volumes_per_node: 0,
             accessible_topology: None,
         }))
+    }
+}
+
+/// Logs what a publish did, in a span naming the request. The span is made once the publish
+/// is over, not held across it: each live span takes a slot in tracing's registry, and the
+/// slots a mount storm fills stay, each with a small table allocated among the storm's garbage
+/// that keeps its page resident (~2 MiB after 500 concurrent publishes; docs/benchmarks.md).
+fn log_publish(parsed: &PublishRequest, result: &Result<Report, PublishError>) {
+    let span = info_span!(
+        parent: None,
+        "publish",
+        volume_id = %parsed.volume_id,
+        pod_namespace = %parsed.pod.namespace,
+        pod = %parsed.pod.name,
+        external_secret = %parsed.external_secret,
+        // Left out when nothing was resolved (a failure before binding, a republish not due).
+        store = result.as_ref().ok().and_then(|r| r.store.as_deref()),
+    );
+    let _entered = span.enter();
+    match result {
+        Ok(report) => match report.outcome {
+            Outcome::Mounted => info!("published"),
+            Outcome::Refreshed { changed: true } => info!("refreshed with new content"),
+            // Periodic republishes of 1,000s of volumes must not flood the log.
+            Outcome::Refreshed { changed: false } => debug!("refreshed, unchanged"),
+            Outcome::NotDue => debug!("republished, refresh not due"),
+            Outcome::RefreshFailed => warn!("republished with previous content"),
+        },
+        Err(e) => warn!(error = %e, "publish failed"),
     }
 }

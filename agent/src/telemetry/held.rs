@@ -11,10 +11,17 @@
 //! (a mount storm) writes in steps of a few KiB, and nothing here ever allocates. A worker that
 //! hangs keeps its last lines until another worker parks or anything else logs.
 //!
+//! A line can be put off further, before it is formatted: [`after_answer`] runs the code that
+//! logs it when the worker runs out of work (or has put off [`DEFER_AT_MOST`] of them). Formatting
+//! a publish's span and line took about a tenth of the agent's own work on a warm publish
+//! (docs/benchmarks.md). A line logged at once by the same worker may come before lines it put off
+//! earlier; the CSI edge puts off all of its lines, so a volume's own lines keep their order.
+//!
 //! Not for formatting lines (tracing-subscriber does) nor for deciding what is logged.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, Write};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -23,24 +30,71 @@ use tracing_subscriber::fmt::MakeWriter;
 /// nothing and a mount storm leaves no memory behind.
 const HOLD_AT_MOST: usize = 4096;
 
+/// Most lines a worker puts off before it logs them at once: a worker that stays busy (a mount
+/// storm) formats them in batches, and the list stays small.
+const DEFER_AT_MOST: usize = 32;
+
+/// Code that logs a line, put off by [`after_answer`].
+type Deferred = Box<dyn FnOnce()>;
+
 thread_local! {
     /// Whether this thread holds its lines: set by its first [`write_held`].
     static HOLDS: Cell<bool> = const { Cell::new(false) };
+    /// What this worker put off with [`after_answer`], oldest first.
+    static DEFERRED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The process's held stderr lines.
 static STDERR: Held<Stderr> = Held::new(Stderr);
 
-/// For tokio's `on_thread_park`: writes the lines held so far, and from now on holds the lines
-/// this thread logs.
+/// For tokio's `on_thread_park`: logs what this thread put off and writes the lines held so
+/// far, and from now on holds the lines this thread logs.
 pub fn write_held() {
     HOLDS.set(true);
+    run_deferred();
     STDERR.flush_held();
 }
 
-/// For tokio's `on_thread_stop`: writes the lines held so far.
+/// For tokio's `on_thread_stop`: logs what this thread put off and writes the lines held so far.
 pub fn flush() {
+    run_deferred();
     STDERR.flush_held();
+}
+
+/// Runs `log` (code that logs) once this runtime worker has run out of work, after the answer
+/// its line describes; at once on any other thread.
+pub fn after_answer(log: impl FnOnce() + 'static) {
+    if !HOLDS.get() {
+        log();
+        return;
+    }
+    let full = DEFERRED.with_borrow_mut(|deferred| {
+        deferred.push(Box::new(log));
+        deferred.len() >= DEFER_AT_MOST
+    });
+    if full {
+        run_deferred();
+    }
+}
+
+/// Runs what this thread put off, oldest first.
+fn run_deferred() {
+    // Taken out of the cell first: what runs only logs, but must find the cell free.
+    let mut batch = DEFERRED.take();
+    if batch.is_empty() {
+        return;
+    }
+    for log in batch.drain(..) {
+        // A panic while formatting a line must not take the runtime's worker with it; the line
+        // is lost, as it would be if it had panicked where it was logged.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(log));
+    }
+    // The emptied list keeps its room for the next batch.
+    DEFERRED.with_borrow_mut(|deferred| {
+        if deferred.is_empty() {
+            *deferred = batch;
+        }
+    });
 }
 
 /// A `tracing_subscriber` writer to stderr that holds the lines of runtime workers (see the
@@ -273,6 +327,62 @@ mod tests {
             assert_eq!(written[1].as_bytes(), line);
             assert_eq!(written[2].as_bytes(), long);
             assert!(held.lines().is_empty());
+        });
+    }
+
+    /// What [`after_answer`]'s code did, in order.
+    type Ran = std::rc::Rc<RefCell<Vec<usize>>>;
+
+    fn put_off(ran: &Ran, n: usize) {
+        let ran = ran.clone();
+        after_answer(move || ran.borrow_mut().push(n));
+    }
+
+    #[test]
+    fn a_thread_that_never_parked_logs_what_it_would_put_off_at_once() {
+        std::thread::spawn(|| {
+            let ran = Ran::default();
+            put_off(&ran, 1);
+            assert_eq!(*ran.borrow(), [1]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_worker_logs_what_it_put_off_when_it_parks_or_stops_in_order() {
+        let held = Held::new(Recorded::default());
+        on_a_worker(&held, || {
+            let ran = Ran::default();
+            put_off(&ran, 1);
+            put_off(&ran, 2);
+            assert!(
+                ran.borrow().is_empty(),
+                "run before the worker ran out of work"
+            );
+            write_held();
+            assert_eq!(*ran.borrow(), [1, 2]);
+            put_off(&ran, 3);
+            flush();
+            assert_eq!(*ran.borrow(), [1, 2, 3]);
+        });
+    }
+
+    #[test]
+    fn a_busy_worker_logs_what_it_put_off_in_batches_and_a_panic_loses_one_line() {
+        let held = Held::new(Recorded::default());
+        on_a_worker(&held, || {
+            let ran = Ran::default();
+            for n in 0..DEFER_AT_MOST - 1 {
+                put_off(&ran, n);
+            }
+            after_answer(|| panic!("a bug while formatting"));
+            // The batch is full: all of it ran, but for the line that panicked.
+            assert_eq!(*ran.borrow(), (0..DEFER_AT_MOST - 1).collect::<Vec<_>>());
+            put_off(&ran, 99);
+            assert_eq!(ran.borrow().len(), DEFER_AT_MOST - 1);
+            run_deferred();
+            assert_eq!(ran.borrow().last(), Some(&99));
         });
     }
 
