@@ -11,17 +11,20 @@
 //! (a mount storm) writes in steps of a few KiB, and nothing here ever allocates. A worker that
 //! hangs keeps its last lines until another worker parks or anything else logs.
 //!
-//! A line can be put off further, before it is formatted: [`after_answer`] runs the code that
-//! logs it when the worker runs out of work (or has put off [`DEFER_AT_MOST`] of them). Formatting
-//! a publish's span and line took about a tenth of the agent's own work on a warm publish
-//! (docs/benchmarks.md). A line logged at once by the same worker may come before lines it put off
-//! earlier; the CSI edge puts off all of its lines, so a volume's own lines keep their order.
+//! A line can be put off further, before it is formatted: [`after_answer`] keeps the code that
+//! logs it until a worker runs out of work (or [`DEFER_AT_MOST`] of them wait). Formatting a
+//! publish's span and line took about a tenth of the agent's own work on a warm publish
+//! (docs/benchmarks.md). The list is the process's, not a thread's: any line logged later, on any
+//! thread, first has what waits logged, so put-off lines keep their place among the others (their
+//! timestamps are when they were formatted, a few microseconds later).
 //!
 //! Not for formatting lines (tracing-subscriber does) nor for deciding what is logged.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
+use std::fmt;
 use std::io::{self, Write};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -30,71 +33,44 @@ use tracing_subscriber::fmt::MakeWriter;
 /// nothing and a mount storm leaves no memory behind.
 const HOLD_AT_MOST: usize = 4096;
 
-/// Most lines a worker puts off before it logs them at once: a worker that stays busy (a mount
-/// storm) formats them in batches, and the list stays small.
+/// Most lines put off before they are logged at once: workers that stay busy (a mount storm)
+/// format them in batches, and the list stays small.
 const DEFER_AT_MOST: usize = 32;
 
 /// Code that logs a line, put off by [`after_answer`].
-type Deferred = Box<dyn FnOnce()>;
+type Deferred = Box<dyn FnOnce() + Send>;
 
 thread_local! {
     /// Whether this thread holds its lines: set by its first [`write_held`].
     static HOLDS: Cell<bool> = const { Cell::new(false) };
-    /// What this worker put off with [`after_answer`], oldest first.
-    static DEFERRED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The process's held stderr lines.
 static STDERR: Held<Stderr> = Held::new(Stderr);
 
-/// For tokio's `on_thread_park`: logs what this thread put off and writes the lines held so
-/// far, and from now on holds the lines this thread logs.
+/// For tokio's `on_thread_park`: logs what was put off and writes the lines held so far, and
+/// from now on holds the lines this thread logs.
 pub fn write_held() {
     HOLDS.set(true);
-    run_deferred();
+    STDERR.run_deferred();
     STDERR.flush_held();
 }
 
-/// For tokio's `on_thread_stop`: logs what this thread put off and writes the lines held so far.
+/// For tokio's `on_thread_stop`: logs what was put off and writes the lines held so far.
 pub fn flush() {
-    run_deferred();
+    STDERR.run_deferred();
     STDERR.flush_held();
 }
 
-/// Runs `log` (code that logs) once this runtime worker has run out of work, after the answer
-/// its line describes; at once on any other thread.
-pub fn after_answer(log: impl FnOnce() + 'static) {
-    if !HOLDS.get() {
+/// Runs `log` (code that logs) once a runtime worker has run out of work, after the answer its
+/// line describes, or before any later line; at once on a thread that is not a worker.
+pub fn after_answer(log: impl FnOnce() + Send + 'static) {
+    if HOLDS.get() {
+        STDERR.put_off(Box::new(log));
+    } else {
+        STDERR.run_deferred();
         log();
-        return;
     }
-    let full = DEFERRED.with_borrow_mut(|deferred| {
-        deferred.push(Box::new(log));
-        deferred.len() >= DEFER_AT_MOST
-    });
-    if full {
-        run_deferred();
-    }
-}
-
-/// Runs what this thread put off, oldest first.
-fn run_deferred() {
-    // Taken out of the cell first: what runs only logs, but must find the cell free.
-    let mut batch = DEFERRED.take();
-    if batch.is_empty() {
-        return;
-    }
-    for log in batch.drain(..) {
-        // A panic while formatting a line must not take the runtime's worker with it; the line
-        // is lost, as it would be if it had panicked where it was logged.
-        let _ = std::panic::catch_unwind(AssertUnwindSafe(log));
-    }
-    // The emptied list keeps its room for the next batch.
-    DEFERRED.with_borrow_mut(|deferred| {
-        if deferred.is_empty() {
-            *deferred = batch;
-        }
-    });
 }
 
 /// A `tracing_subscriber` writer to stderr that holds the lines of runtime workers (see the
@@ -126,11 +102,24 @@ impl Sink for Stderr {
     }
 }
 
-/// Lines held for a [`Sink`].
-#[derive(Debug)]
+/// Lines held for a [`Sink`], and code put off that logs more.
 pub struct Held<S> {
     lines: Mutex<Lines>,
+    /// Put off by [`after_answer`], oldest first.
+    deferred: Mutex<Vec<Deferred>>,
+    /// Whether `deferred` may hold something: read without its lock before every line.
+    pending: AtomicBool,
     sink: S,
+}
+
+impl<S: fmt::Debug> fmt::Debug for Held<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("lines", &self.lines)
+            .field("pending", &self.pending)
+            .field("sink", &self.sink)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whole lines, in a buffer of fixed size.
@@ -163,8 +152,47 @@ impl<S: Sink> Held<S> {
                 bytes: [0; HOLD_AT_MOST],
                 len: 0,
             }),
+            deferred: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
             sink,
         }
+    }
+
+    /// Keeps `log` until a worker parks or anything logs, or logs the list now that it is full.
+    fn put_off(&self, log: Deferred) {
+        let full = {
+            let mut deferred = self.deferred();
+            deferred.push(log);
+            self.pending.store(true, Ordering::Release);
+            deferred.len() >= DEFER_AT_MOST
+        };
+        if full {
+            self.run_deferred();
+        }
+    }
+
+    /// Runs what was put off, oldest first.
+    fn run_deferred(&self) {
+        if !self.pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        // Taken out first: what runs logs, and each of its lines comes back here.
+        let mut batch = std::mem::take(&mut *self.deferred());
+        for log in batch.drain(..) {
+            // A panic while formatting a line must not take a runtime worker with it; the line
+            // is lost, as it would be if it had panicked where it was logged.
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(log));
+        }
+        // The emptied list keeps its room for the next batch.
+        let mut deferred = self.deferred();
+        if deferred.capacity() == 0 {
+            *deferred = batch;
+        }
+    }
+
+    fn deferred(&self) -> MutexGuard<'_, Vec<Deferred>> {
+        // A push or a take: a poisoned lock leaves a whole list behind.
+        self.deferred.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Writes what is held.
@@ -180,6 +208,8 @@ impl<S: Sink> Held<S> {
     /// Holds `line` when this thread holds lines (after writing what is held if it does not fit
     /// beside it), else writes what is held and then `line`.
     fn log(&self, line: &[u8]) -> io::Result<()> {
+        // What was put off before this line comes first.
+        self.run_deferred();
         let holds = HOLDS.get();
         let mut lines = self.lines();
         if holds && lines.hold(line) {
@@ -227,6 +257,7 @@ impl<S: Sink> Write for &Held<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[derive(Debug, Default)]
     struct Recorded(Mutex<Vec<Vec<u8>>>);
@@ -330,60 +361,97 @@ mod tests {
         });
     }
 
-    /// What [`after_answer`]'s code did, in order.
-    type Ran = std::rc::Rc<RefCell<Vec<usize>>>;
+    /// What put-off code did, in order.
+    type Ran = Arc<Mutex<Vec<usize>>>;
 
-    fn put_off(ran: &Ran, n: usize) {
-        let ran = ran.clone();
-        after_answer(move || ran.borrow_mut().push(n));
+    fn put_off(held: &Held<Recorded>, ran: &Ran, n: usize) {
+        let ran = Arc::clone(ran);
+        held.put_off(Box::new(move || ran.lock().unwrap().push(n)));
+    }
+
+    fn seen(ran: &Ran) -> Vec<usize> {
+        ran.lock().unwrap().clone()
     }
 
     #[test]
     fn a_thread_that_never_parked_logs_what_it_would_put_off_at_once() {
         std::thread::spawn(|| {
             let ran = Ran::default();
-            put_off(&ran, 1);
-            assert_eq!(*ran.borrow(), [1]);
+            let r = Arc::clone(&ran);
+            after_answer(move || r.lock().unwrap().push(1));
+            assert_eq!(seen(&ran), [1]);
         })
         .join()
         .unwrap();
     }
 
     #[test]
-    fn a_worker_logs_what_it_put_off_when_it_parks_or_stops_in_order() {
+    fn what_was_put_off_is_logged_when_a_worker_parks_or_before_any_later_line() {
         let held = Held::new(Recorded::default());
-        on_a_worker(&held, || {
-            let ran = Ran::default();
-            put_off(&ran, 1);
-            put_off(&ran, 2);
-            assert!(
-                ran.borrow().is_empty(),
-                "run before the worker ran out of work"
-            );
-            write_held();
-            assert_eq!(*ran.borrow(), [1, 2]);
-            put_off(&ran, 3);
-            flush();
-            assert_eq!(*ran.borrow(), [1, 2, 3]);
-        });
+        let ran = Ran::default();
+        put_off(&held, &ran, 1);
+        put_off(&held, &ran, 2);
+        assert!(seen(&ran).is_empty(), "run before a worker ran out of work");
+        held.run_deferred();
+        assert_eq!(seen(&ran), [1, 2]);
+        // A line logged later, on any thread, comes after what waits.
+        let written = Arc::new(Mutex::new(0));
+        let (r, w) = (Arc::clone(&ran), Arc::clone(&written));
+        let held = Arc::new(held);
+        let logger = Arc::clone(&held);
+        held.put_off(Box::new(move || {
+            r.lock().unwrap().push(3);
+            *w.lock().unwrap() = logger.sink.0.lock().unwrap().len();
+        }));
+        let other = Arc::clone(&held);
+        std::thread::spawn(move || (&*other).write_all(b"later\n").unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(seen(&ran), [1, 2, 3]);
+        assert_eq!(*written.lock().unwrap(), 0, "the later line came first");
+        assert_eq!(writes(&held), ["later\n"]);
     }
 
     #[test]
-    fn a_busy_worker_logs_what_it_put_off_in_batches_and_a_panic_loses_one_line() {
-        let held = Held::new(Recorded::default());
-        on_a_worker(&held, || {
-            let ran = Ran::default();
-            for n in 0..DEFER_AT_MOST - 1 {
-                put_off(&ran, n);
+    fn a_runtime_worker_logs_what_it_put_off_once_it_is_idle() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .on_thread_park(write_held)
+            .on_thread_stop(flush)
+            .build()
+            .unwrap();
+        let ran = Ran::default();
+        runtime.block_on(async {
+            for n in 0..3 {
+                // Every worker has parked once (and so holds) before the task runs.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let ran = Arc::clone(&ran);
+                tokio::spawn(async move {
+                    after_answer(move || ran.lock().unwrap().push(n));
+                })
+                .await
+                .unwrap();
             }
-            after_answer(|| panic!("a bug while formatting"));
-            // The batch is full: all of it ran, but for the line that panicked.
-            assert_eq!(*ran.borrow(), (0..DEFER_AT_MOST - 1).collect::<Vec<_>>());
-            put_off(&ran, 99);
-            assert_eq!(ran.borrow().len(), DEFER_AT_MOST - 1);
-            run_deferred();
-            assert_eq!(ran.borrow().last(), Some(&99));
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         });
+        assert_eq!(seen(&ran), [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_full_list_is_logged_at_once_and_a_panic_loses_one_line() {
+        let held = Held::new(Recorded::default());
+        let ran = Ran::default();
+        for n in 0..DEFER_AT_MOST - 1 {
+            put_off(&held, &ran, n);
+        }
+        held.put_off(Box::new(|| panic!("a bug while formatting")));
+        // The list is full: all of it ran, but for the line that panicked.
+        assert_eq!(seen(&ran), (0..DEFER_AT_MOST - 1).collect::<Vec<_>>());
+        put_off(&held, &ran, 99);
+        assert_eq!(seen(&ran).len(), DEFER_AT_MOST - 1);
+        held.run_deferred();
+        assert_eq!(seen(&ran).last(), Some(&99));
     }
 
     #[test]
