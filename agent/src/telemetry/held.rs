@@ -8,7 +8,7 @@
 //! thread) hold their lines. Every other thread writes what is held and then its own line, so
 //! lines keep their order across threads. A line that does not fit in what is left of the
 //! fixed buffer ([`HOLD_AT_MOST`]) first has what is held written, so a worker that stays busy
-//! (a mount storm) writes in steps of a few KiB, and nothing here ever allocates. A worker that
+//! (a mount storm) writes in steps of a few KiB, and holding a line never allocates. A worker that
 //! hangs keeps its last lines until another worker parks or anything else logs.
 //!
 //! A line can be put off further, before it is formatted: [`after_answer`] keeps the code that
