@@ -68,7 +68,7 @@ pub fn after_answer(log: impl FnOnce() + Send + 'static) {
     if HOLDS.get() {
         STDERR.put_off(Box::new(log));
     } else {
-        STDERR.run_deferred();
+        // Each line it logs first has what waits logged (`Held::log`).
         log();
     }
 }
@@ -173,7 +173,8 @@ impl<S: Sink> Held<S> {
 
     /// Runs what was put off, oldest first.
     fn run_deferred(&self) {
-        if !self.pending.swap(false, Ordering::AcqRel) {
+        // Read before it is written: every line passes here, on every thread.
+        if !self.pending.load(Ordering::Acquire) || !self.pending.swap(false, Ordering::AcqRel) {
             return;
         }
         // Taken out first: what runs logs, and each of its lines comes back here.
