@@ -75,6 +75,10 @@ fn main() -> io::Result<()> {
         .build_client(true)
         // Unserved RPCs answer UNIMPLEMENTED without a hand-written stub for each.
         .generate_default_stubs(true)
+        // kubelet's string maps (volume_context, secrets, ...) hold a handful of entries: a
+        // BTreeMap decodes them without SipHash-ing every key and looks keys up by comparison,
+        // a tenth of a warm publish's request decoding (docs/benchmarks.md).
+        .btree_map(".csi.v1")
         .skip_debug(
             redacted.iter().map(|m| format!(".csi.v1.{m}")).chain(
                 ess_redacted

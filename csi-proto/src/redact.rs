@@ -21,7 +21,7 @@
 //! `data` entries. `Caller` and the requests keep their derived `Debug`, which
 //! prints each `Token` through the redacting one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use crate::ess::v1alpha1 as ess;
@@ -41,15 +41,13 @@ impl fmt::Debug for Redacted {
     }
 }
 
-/// A `secrets` map: sorted keys, every value redacted.
-struct SecretMap<'a>(&'a HashMap<String, String>);
+/// A `secrets` map: its keys (a BTreeMap's, so sorted), every value redacted.
+struct SecretMap<'a>(&'a BTreeMap<String, String>);
 
 impl fmt::Debug for SecretMap<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut keys: Vec<_> = self.0.keys().collect();
-        keys.sort();
         f.debug_map()
-            .entries(keys.into_iter().map(|k| (k, Redacted)))
+            .entries(self.0.keys().map(|k| (k, Redacted)))
             .finish()
     }
 }
@@ -178,15 +176,13 @@ impl fmt::Debug for lk::SecretEntry {
 #[cfg(test)]
 const IMPLEMENTED_LATCHKEY: &[&str] = &["GetSecretResponse", "SecretEntry", "Token"];
 
-/// A `volume_context` map: sorted entries, the token value redacted.
-struct ContextMap<'a>(&'a HashMap<String, String>);
+/// A `volume_context` map: its entries (sorted, a BTreeMap's), the token value redacted.
+struct ContextMap<'a>(&'a BTreeMap<String, String>);
 
 impl fmt::Debug for ContextMap<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut entries: Vec<_> = self.0.iter().collect();
-        entries.sort();
         f.debug_map()
-            .entries(entries.into_iter().map(|(k, v)| {
+            .entries(self.0.iter().map(|(k, v)| {
                 let v: &dyn fmt::Debug = if k == SERVICE_ACCOUNT_TOKENS_KEY {
                     &Redacted
                 } else {
@@ -276,18 +272,18 @@ mod tests {
 
     const SECRET_VALUES: [&str; 3] = ["hunter2", "s3cr3t-user", "eyJhbGciOiJSUzI1NiJ9.tok"];
 
-    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     }
 
-    fn secrets() -> HashMap<String, String> {
+    fn secrets() -> BTreeMap<String, String> {
         map(&[("username", "s3cr3t-user"), ("password", "hunter2")])
     }
 
-    fn volume_context() -> HashMap<String, String> {
+    fn volume_context() -> BTreeMap<String, String> {
         map(&[
             ("csi.storage.k8s.io/pod.name", "web-0"),
             (
@@ -510,7 +506,7 @@ mod tests {
     fn ess_secret() -> ess::Secret {
         ess::Secret {
             scoped_name: "team/db".into(),
-            metadata: map(&[("owner", "hunter2")]),
+            metadata: map(&[("owner", "hunter2")]).into_iter().collect(),
             data: [
                 ("password".to_string(), b"hunter2".to_vec()),
                 ("username".to_string(), b"s3cr3t-user".to_vec()),

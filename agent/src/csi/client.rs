@@ -1,7 +1,7 @@
 //! A kubelet-like CSI client over the unix socket: what `latchkey publish`, the demo, the tests
 //! and the benchmarks use to talk to a node agent.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
@@ -63,7 +63,7 @@ impl PodVolume {
 
     /// The NodePublishVolume request kubelet sends for this pod's volume at `target`.
     pub fn publish_request(&self, volume_id: &str, target: &Path) -> NodePublishVolumeRequest {
-        let mut ctx: HashMap<String, String> = [
+        let mut ctx: BTreeMap<String, String> = [
             ("csi.storage.k8s.io/pod.name", self.pod_name.as_str()),
             ("csi.storage.k8s.io/pod.namespace", &self.namespace),
             ("csi.storage.k8s.io/pod.uid", &self.pod_uid),

@@ -3,7 +3,7 @@
 
 pub mod tokens;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 pub use tokens::{PodTokens, ServiceAccountToken};
 
@@ -59,8 +59,8 @@ impl PodInfo {
     /// Reads the pod fields kubelet puts into `volume_context`, and the tokens from `secrets`
     /// (kubelets with `serviceAccountTokenInSecrets`) or else from `volume_context`.
     pub fn from_request(
-        ctx: &HashMap<String, String>,
-        secrets: &HashMap<String, String>,
+        ctx: &BTreeMap<String, String>,
+        secrets: &BTreeMap<String, String>,
     ) -> Result<Self, IdentityError> {
         let get = |key: &'static str| {
             ctx.get(key)
@@ -138,7 +138,7 @@ pub(crate) fn test_pod() -> PodInfo {
 mod tests {
     use super::*;
 
-    fn ctx(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    fn ctx(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn parses_kubelet_pod_info() {
-        let p = PodInfo::from_request(&ctx(&full()), &HashMap::new()).unwrap();
+        let p = PodInfo::from_request(&ctx(&full()), &BTreeMap::new()).unwrap();
         assert_eq!(p.namespace, "shop");
         assert_eq!(p.service_account, "web");
         assert_eq!(p.tokens.audiences().count(), 0);
@@ -168,12 +168,12 @@ mod tests {
         let json = |t: &str| format!(r#"{{"vault":{{"token":"{t}"}}}}"#);
         let mut c = ctx(&full());
         c.insert(tokens::TOKENS_KEY.into(), json("from-context"));
-        let p = PodInfo::from_request(&c, &HashMap::new()).unwrap();
+        let p = PodInfo::from_request(&c, &BTreeMap::new()).unwrap();
         assert_eq!(
             p.tokens.for_audience("vault").unwrap().token.expose(),
             "from-context"
         );
-        let secrets = HashMap::from([(tokens::TOKENS_KEY.to_string(), json("from-secrets"))]);
+        let secrets = BTreeMap::from([(tokens::TOKENS_KEY.to_string(), json("from-secrets"))]);
         let p = PodInfo::from_request(&c, &secrets).unwrap();
         assert_eq!(
             p.tokens.for_audience("vault").unwrap().token.expose(),
@@ -184,7 +184,7 @@ mod tests {
             "PodInfo Debug shows a token"
         );
         c.insert(tokens::TOKENS_KEY.into(), "not json from-context".into());
-        let err = PodInfo::from_request(&c, &HashMap::new()).unwrap_err();
+        let err = PodInfo::from_request(&c, &BTreeMap::new()).unwrap_err();
         assert!(matches!(err, IdentityError::MalformedTokens(_)));
         assert!(!err.to_string().contains("from-context"));
     }
@@ -194,19 +194,19 @@ mod tests {
         let mut c = ctx(&full());
         c.remove(POD_NAMESPACE);
         assert_eq!(
-            PodInfo::from_request(&c, &HashMap::new()),
+            PodInfo::from_request(&c, &BTreeMap::new()),
             Err(IdentityError::Missing(POD_NAMESPACE))
         );
         let mut c = ctx(&full());
         c.insert(POD_NAMESPACE.into(), "../etc".into());
         assert!(matches!(
-            PodInfo::from_request(&c, &HashMap::new()),
+            PodInfo::from_request(&c, &BTreeMap::new()),
             Err(IdentityError::BadName { .. })
         ));
         let mut c = ctx(&full());
         c.insert(EPHEMERAL.into(), "false".into());
         assert!(matches!(
-            PodInfo::from_request(&c, &HashMap::new()),
+            PodInfo::from_request(&c, &BTreeMap::new()),
             Err(IdentityError::NotEphemeral(_))
         ));
     }
