@@ -55,7 +55,10 @@ impl std::fmt::Display for Context {
 /// `dataFrom[i].find` by its index.
 #[derive(Debug, Default)]
 pub struct Fetched {
-    values: HashMap<RemoteKey, SecretBytes>,
+    /// Sorted by key, then version, without duplicates: looked up by the references' own
+    /// strings, without building a `RemoteKey` or hashing one (a warm publish looks each value up
+    /// twice, and an ExternalSecret names a handful).
+    values: Vec<(RemoteKey, SecretBytes)>,
     found: HashMap<usize, Arc<Vec<(String, SecretBytes)>>>,
 }
 
@@ -65,9 +68,24 @@ impl Fetched {
         Self::default()
     }
 
-    /// Records the value of one remote key.
+    /// Records the value of one remote key (replacing an earlier value of the same key).
     pub fn insert(&mut self, key: RemoteKey, value: SecretBytes) {
-        self.values.insert(key, value);
+        match self.position(&key.key, key.version.as_deref()) {
+            Ok(i) => self.values[i].1 = value,
+            Err(i) => self.values.insert(i, (key, value)),
+        }
+    }
+
+    /// The fetched value `r` names, with its key.
+    fn get(&self, r: &RemoteRef) -> Option<(&RemoteKey, &SecretBytes)> {
+        let i = self.position(&r.key, r.version.as_deref()).ok()?;
+        self.values.get(i).map(|(k, v)| (k, v))
+    }
+
+    /// Where `(key, version)` is in `values`, or where it would go.
+    fn position(&self, key: &str, version: Option<&str>) -> Result<usize, usize> {
+        self.values
+            .binary_search_by(|(k, _)| (k.key.as_str(), k.version.as_deref()).cmp(&(key, version)))
     }
 
     /// Records what `dataFrom[index].find` matched.
@@ -86,8 +104,18 @@ impl Fetched {
 
 impl FromIterator<(RemoteKey, SecretBytes)> for Fetched {
     fn from_iter<I: IntoIterator<Item = (RemoteKey, SecretBytes)>>(iter: I) -> Self {
+        let mut values: Vec<_> = iter.into_iter().collect();
+        // Stable, so that of two values of one key the later stays, as a map's insert would.
+        values.sort_by(|(a, _), (b, _)| a.cmp(b));
+        values.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                std::mem::swap(&mut later.1, &mut kept.1);
+            }
+            same
+        });
         Self {
-            values: iter.into_iter().collect(),
+            values,
             found: HashMap::new(),
         }
     }
@@ -246,9 +274,28 @@ pub fn plan(ctx: &Context, spec: &ExternalSecretSpec) -> Result<Plan, ResolveErr
         }
     }
     keys.extend(spec.data.iter().map(|d| remote_key(&d.remote_ref)));
-    let mut seen = std::collections::HashSet::new();
-    keys.retain(|k| seen.insert(k.clone()));
+    dedup_in_order(&mut keys);
     Ok(Plan { keys, finds })
+}
+
+/// Removes later repeats of a key, keeping first-use order.
+fn dedup_in_order(keys: &mut Vec<RemoteKey>) {
+    // An ExternalSecret names a handful of keys: comparing each with those before it is
+    // cheaper than hashing them. Past that, a set of the indices of those kept, by content.
+    const COMPARE_UP_TO: usize = 16;
+    if keys.len() <= COMPARE_UP_TO {
+        let mut kept = 0;
+        for i in 0..keys.len() {
+            if !keys[..kept].contains(&keys[i]) {
+                keys.swap(kept, i);
+                kept += 1;
+            }
+        }
+        keys.truncate(kept);
+    } else {
+        let mut seen = std::collections::HashSet::new();
+        keys.retain(|k| seen.insert(k.clone()));
+    }
 }
 
 fn find_query(ctx: &Context, index: usize, f: &FindRef) -> Result<FindQuery, ResolveError> {
@@ -298,10 +345,7 @@ pub fn is_light(spec: &ExternalSecretSpec, fetched: &Fetched) -> bool {
         .chain(spec.data.iter().map(|d| &d.remote_ref));
     let mut work = 0usize;
     for r in refs {
-        work += fetched
-            .values
-            .get(&remote_key(r))
-            .map_or(0, SecretBytes::len);
+        work += fetched.get(r).map_or(0, |(_, v)| v.len());
         if work > LIGHT_WORK_BYTES {
             return false;
         }
@@ -318,14 +362,10 @@ pub fn entries(
     pod: Option<&TemplatePod>,
 ) -> Result<BTreeMap<String, SecretBytes>, ResolveError> {
     let value = |r: &RemoteRef| {
-        let key = remote_key(r);
-        match fetched.values.get(&key) {
-            Some(v) => Ok((key, v)),
-            None => Err(ResolveError::NotFetched {
-                ctx: ctx.boxed(),
-                key,
-            }),
-        }
+        fetched.get(r).ok_or_else(|| ResolveError::NotFetched {
+            ctx: ctx.boxed(),
+            key: remote_key(r),
+        })
     };
     let mut out = BTreeMap::new();
     let mut rewrites = 0usize;
@@ -345,12 +385,12 @@ pub fn entries(
         }
         if let Some(e) = &d.extract {
             let (key, raw) = value(e)?;
-            let raw = decode::apply(ctx, &key, e.decoding_strategy, raw)?;
+            let raw = decode::apply(ctx, key, e.decoding_strategy, raw)?;
             let raw = match e.property.as_deref().filter(|p| !p.is_empty()) {
-                Some(p) => property::select(ctx, &key, &raw, p)?,
+                Some(p) => property::select(ctx, key, &raw, p)?,
                 None => raw,
             };
-            let extracted = property::extract(ctx, &key, &raw)?;
+            let extracted = property::extract(ctx, key, &raw)?;
             for (name, v) in rewrite(ctx, index, d, extracted, &mut rewrites)? {
                 out.insert(name, v);
             }
@@ -385,9 +425,9 @@ pub fn entries(
     for d in &spec.data {
         in_time()?;
         let (key, raw) = value(&d.remote_ref)?;
-        let raw = decode::apply(ctx, &key, d.remote_ref.decoding_strategy, raw)?;
+        let raw = decode::apply(ctx, key, d.remote_ref.decoding_strategy, raw)?;
         let v = match d.remote_ref.property.as_deref().filter(|p| !p.is_empty()) {
-            Some(p) => property::select(ctx, &key, &raw, p)?,
+            Some(p) => property::select(ctx, key, &raw, p)?,
             None => raw,
         };
         out.insert(d.secret_key.clone(), v);
@@ -566,6 +606,72 @@ mod tests {
             .map(|k| k.key)
             .collect();
         assert_eq!(keys, ["k3", "k1", "k2"]);
+    }
+
+    #[test]
+    fn many_remote_keys_are_deduplicated_in_first_use_order_too() {
+        // Past the few keys compared one by one, a set does it: same result.
+        let names: Vec<String> = (0..40).map(|i| format!("k{}", i % 25)).collect();
+        let data = names
+            .iter()
+            .map(|k| (k.as_str(), k.as_str(), None))
+            .collect();
+        let keys: Vec<_> = plan(&ctx(), &spec(data, vec![]))
+            .unwrap()
+            .keys
+            .into_iter()
+            .map(|k| k.key)
+            .collect();
+        let expected: Vec<String> = (0..25).map(|i| format!("k{i}")).collect();
+        assert_eq!(keys, expected);
+    }
+
+    #[test]
+    fn fetched_values_are_found_by_key_and_version_and_the_later_of_two_wins() {
+        let key = |k: &str, v: Option<&str>| RemoteKey {
+            key: k.into(),
+            version: v.map(String::from),
+        };
+        let at = |k: &str, v: Option<&str>| RemoteRef {
+            key: k.into(),
+            version: v.map(String::from),
+            ..Default::default()
+        };
+        let mut f: Fetched = [
+            (key("b", None), SecretBytes::from("b-first")),
+            (key("a", Some("2")), SecretBytes::from("a2")),
+            (key("b", None), SecretBytes::from("b-later")),
+            (key("a", None), SecretBytes::from("a")),
+        ]
+        .into_iter()
+        .collect();
+        let value =
+            |f: &Fetched, r: &RemoteRef| f.get(r).map(|(k, v)| (k.clone(), v.expose().to_vec()));
+        assert_eq!(
+            value(&f, &at("b", None)),
+            Some((key("b", None), b"b-later".to_vec()))
+        );
+        assert_eq!(
+            value(&f, &at("a", Some("2"))),
+            Some((key("a", Some("2")), b"a2".to_vec()))
+        );
+        assert_eq!(
+            value(&f, &at("a", None)),
+            Some((key("a", None), b"a".to_vec()))
+        );
+        assert_eq!(value(&f, &at("a", Some("1"))), None);
+        assert_eq!(value(&f, &at("c", None)), None);
+        f.insert(key("c", None), SecretBytes::from("c"));
+        f.insert(key("a", None), SecretBytes::from("a-again"));
+        assert_eq!(
+            value(&f, &at("c", None)),
+            Some((key("c", None), b"c".to_vec()))
+        );
+        assert_eq!(
+            value(&f, &at("a", None)),
+            Some((key("a", None), b"a-again".to_vec()))
+        );
+        assert_eq!(f.values.len(), 4);
     }
 
     #[test]
