@@ -12,11 +12,15 @@
 //! hangs keeps its last lines until another worker parks or anything else logs.
 //!
 //! A line can be put off further, before it is formatted: [`after_answer`] keeps the code that
-//! logs it until a worker runs out of work (or [`DEFER_AT_MOST`] of them wait). Formatting a
-//! publish's span and line took about a tenth of the agent's own work on a warm publish
-//! (docs/benchmarks.md). The list is the process's, not a thread's: any line logged later, on any
-//! thread, first has what waits logged, so put-off lines keep their place among the others (their
-//! timestamps are when they were formatted, a few microseconds later).
+//! logs it for [`LOG_AFTER`], then the lines put off meanwhile are formatted and written together
+//! (or at once when [`DEFER_AT_MOST`] of them wait). Formatting a publish's span and line took
+//! about a tenth of the agent's own work on a warm publish, and doing it as soon as the worker
+//! ran out of work, right after the answer, still held kubelet back: woken on the CPU that
+//! answered, its gRPC client waited for the line to be formatted and written and for the log
+//! reader it woke (~20 µs of a warm publish, docs/benchmarks.md). The list is the process's, not
+//! a thread's: any line logged later, on any thread, first has what waits logged, so put-off
+//! lines keep their place among the others (their timestamps are when they were formatted, at
+//! most [`LOG_AFTER`] after the event).
 //!
 //! Not for formatting lines (tracing-subscriber does) nor for deciding what is logged.
 
@@ -26,6 +30,7 @@ use std::io::{self, Write};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -36,6 +41,14 @@ const HOLD_AT_MOST: usize = 4096;
 /// Most lines put off before they are logged at once: workers that stay busy (a mount storm)
 /// format them in batches, and the list stays small.
 const DEFER_AT_MOST: usize = 32;
+
+/// How long [`after_answer`] puts a line off: the lines of a few dozen calls are then formatted
+/// and written in one go, away from any one answer, in one `write(2)` for the log reader to wake
+/// up to. Short enough that a person reading the log sees no delay.
+pub const LOG_AFTER: Duration = Duration::from_millis(5);
+
+/// Whether a task will log what is put off once [`LOG_AFTER`] has passed.
+static LOG_SCHEDULED: AtomicBool = AtomicBool::new(false);
 
 /// Code that logs a line, put off by [`after_answer`].
 type Deferred = Box<dyn FnOnce() + Send>;
@@ -48,11 +61,10 @@ thread_local! {
 /// The process's held stderr lines.
 static STDERR: Held<Stderr> = Held::new(Stderr);
 
-/// For tokio's `on_thread_park`: logs what was put off and writes the lines held so far, and
-/// from now on holds the lines this thread logs.
+/// For tokio's `on_thread_park`: writes the lines held so far, and from now on holds the lines
+/// this thread logs. What was put off waits for its task ([`after_answer`]).
 pub fn write_held() {
     HOLDS.set(true);
-    STDERR.run_deferred();
     STDERR.flush_held();
 }
 
@@ -62,14 +74,37 @@ pub fn flush() {
     STDERR.flush_held();
 }
 
-/// Runs `log` (code that logs) once a runtime worker has run out of work, after the answer its
-/// line describes, or before any later line; at once on a thread that is not a worker.
+/// Runs `log` (code that logs) within [`LOG_AFTER`], after the answer its line describes, or
+/// before any later line; at once on a thread that is not a runtime worker.
 pub fn after_answer(log: impl FnOnce() + Send + 'static) {
-    if HOLDS.get() {
-        STDERR.put_off(Box::new(log));
-    } else {
+    if !HOLDS.get() {
         // Each line it logs first has what waits logged (`Held::log`).
         log();
+        return;
+    }
+    if STDERR.put_off(Box::new(log)) {
+        STDERR.run_deferred();
+    } else if !LOG_SCHEDULED.load(Ordering::Acquire) && !LOG_SCHEDULED.swap(true, Ordering::AcqRel)
+    {
+        log_later();
+    }
+}
+
+/// Starts the task that logs what waits once [`LOG_AFTER`] has passed.
+fn log_later() {
+    // Only runtime workers put lines off, so there is a runtime; should it be shutting down, the
+    // task is dropped and the workers' stop hook ([`flush`]) logs what waits.
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async {
+            tokio::time::sleep(LOG_AFTER).await;
+            // Cleared first: a line put off while these are formatted gets a task of its own.
+            LOG_SCHEDULED.store(false, Ordering::Release);
+            STDERR.run_deferred();
+            STDERR.flush_held();
+        });
+    } else {
+        LOG_SCHEDULED.store(false, Ordering::Release);
+        flush();
     }
 }
 
@@ -158,17 +193,13 @@ impl<S: Sink> Held<S> {
         }
     }
 
-    /// Keeps `log` until a worker parks or anything logs, or logs the list now that it is full.
-    fn put_off(&self, log: Deferred) {
-        let full = {
-            let mut deferred = self.deferred();
-            deferred.push(log);
-            self.pending.store(true, Ordering::Release);
-            deferred.len() >= DEFER_AT_MOST
-        };
-        if full {
-            self.run_deferred();
-        }
+    /// Keeps `log` until [`Self::run_deferred`] runs or anything logs; true when the list is
+    /// full and should be run now.
+    fn put_off(&self, log: Deferred) -> bool {
+        let mut deferred = self.deferred();
+        deferred.push(log);
+        self.pending.store(true, Ordering::Release);
+        deferred.len() >= DEFER_AT_MOST
     }
 
     /// Runs what was put off, oldest first.
@@ -365,9 +396,12 @@ mod tests {
     /// What put-off code did, in order.
     type Ran = Arc<Mutex<Vec<usize>>>;
 
+    /// What [`after_answer`] does on a worker, for a test's own `Held`, but for the task.
     fn put_off(held: &Held<Recorded>, ran: &Ran, n: usize) {
         let ran = Arc::clone(ran);
-        held.put_off(Box::new(move || ran.lock().unwrap().push(n)));
+        if held.put_off(Box::new(move || ran.lock().unwrap().push(n))) {
+            held.run_deferred();
+        }
     }
 
     fn seen(ran: &Ran) -> Vec<usize> {
@@ -387,12 +421,17 @@ mod tests {
     }
 
     #[test]
-    fn what_was_put_off_is_logged_when_a_worker_parks_or_before_any_later_line() {
+    fn what_was_put_off_is_logged_when_its_task_runs_or_before_any_later_line() {
         let held = Held::new(Recorded::default());
         let ran = Ran::default();
         put_off(&held, &ran, 1);
         put_off(&held, &ran, 2);
-        assert!(seen(&ran).is_empty(), "run before a worker ran out of work");
+        assert!(seen(&ran).is_empty(), "run at once");
+        park(&held);
+        assert!(
+            seen(&ran).is_empty(),
+            "run when the worker parked, right after the answer"
+        );
         held.run_deferred();
         assert_eq!(seen(&ran), [1, 2]);
         // A line logged later, on any thread, comes after what waits.
@@ -400,10 +439,10 @@ mod tests {
         let (r, w) = (Arc::clone(&ran), Arc::clone(&written));
         let held = Arc::new(held);
         let logger = Arc::clone(&held);
-        held.put_off(Box::new(move || {
+        assert!(!held.put_off(Box::new(move || {
             r.lock().unwrap().push(3);
             *w.lock().unwrap() = logger.sink.0.lock().unwrap().len();
-        }));
+        })));
         let other = Arc::clone(&held);
         std::thread::spawn(move || (&*other).write_all(b"later\n").unwrap())
             .join()
@@ -414,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn a_runtime_worker_logs_what_it_put_off_once_it_is_idle() {
+    fn a_runtime_worker_logs_what_it_put_off_soon_after() {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -434,9 +473,13 @@ mod tests {
                 .await
                 .unwrap();
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(LOG_AFTER * 10).await;
         });
         assert_eq!(seen(&ran), [0, 1, 2]);
+        assert!(
+            !LOG_SCHEDULED.load(Ordering::Acquire),
+            "a task is left behind"
+        );
     }
 
     #[test]
@@ -446,8 +489,9 @@ mod tests {
         for n in 0..DEFER_AT_MOST - 1 {
             put_off(&held, &ran, n);
         }
-        held.put_off(Box::new(|| panic!("a bug while formatting")));
-        // The list is full: all of it ran, but for the line that panicked.
+        assert!(held.put_off(Box::new(|| panic!("a bug while formatting"))));
+        held.run_deferred();
+        // The list was full: all of it ran, but for the line that panicked.
         assert_eq!(seen(&ran), (0..DEFER_AT_MOST - 1).collect::<Vec<_>>());
         put_off(&held, &ran, 99);
         assert_eq!(seen(&ran).len(), DEFER_AT_MOST - 1);
