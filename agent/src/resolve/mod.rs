@@ -281,7 +281,7 @@ pub fn plan(ctx: &Context, spec: &ExternalSecretSpec) -> Result<Plan, ResolveErr
 /// Removes later repeats of a key, keeping first-use order.
 fn dedup_in_order(keys: &mut Vec<RemoteKey>) {
     // An ExternalSecret names a handful of keys: comparing each with those before it is
-    // cheaper than hashing them. Past that, a set of the indices of those kept, by content.
+    // cheaper than hashing them. Past that, a set of the keys already kept.
     const COMPARE_UP_TO: usize = 16;
     if keys.len() <= COMPARE_UP_TO {
         let mut kept = 0;
