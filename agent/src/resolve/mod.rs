@@ -63,19 +63,6 @@ pub struct Fetched {
 }
 
 impl Fetched {
-    /// Nothing fetched yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Records the value of one remote key (replacing an earlier value of the same key).
-    pub fn insert(&mut self, key: RemoteKey, value: SecretBytes) {
-        match self.position(&key.key, key.version.as_deref()) {
-            Ok(i) => self.values[i].1 = value,
-            Err(i) => self.values.insert(i, (key, value)),
-        }
-    }
-
     /// The fetched value `r` names, with its key.
     fn get(&self, r: &RemoteRef) -> Option<(&RemoteKey, &SecretBytes)> {
         let i = self.position(&r.key, r.version.as_deref()).ok()?;
@@ -637,14 +624,13 @@ mod tests {
             version: v.map(String::from),
             ..Default::default()
         };
-        let mut f: Fetched = [
+        let pairs = [
             (key("b", None), SecretBytes::from("b-first")),
             (key("a", Some("2")), SecretBytes::from("a2")),
             (key("b", None), SecretBytes::from("b-later")),
             (key("a", None), SecretBytes::from("a")),
-        ]
-        .into_iter()
-        .collect();
+        ];
+        let f: Fetched = pairs.iter().cloned().collect();
         let value =
             |f: &Fetched, r: &RemoteRef| f.get(r).map(|(k, v)| (k.clone(), v.expose().to_vec()));
         assert_eq!(
@@ -661,8 +647,11 @@ mod tests {
         );
         assert_eq!(value(&f, &at("a", Some("1"))), None);
         assert_eq!(value(&f, &at("c", None)), None);
-        f.insert(key("c", None), SecretBytes::from("c"));
-        f.insert(key("a", None), SecretBytes::from("a-again"));
+        let more = [
+            (key("c", None), SecretBytes::from("c")),
+            (key("a", None), SecretBytes::from("a-again")),
+        ];
+        let f: Fetched = pairs.into_iter().chain(more).collect();
         assert_eq!(
             value(&f, &at("c", None)),
             Some((key("c", None), b"c".to_vec()))

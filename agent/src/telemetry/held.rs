@@ -99,8 +99,7 @@ fn log_later() {
             tokio::time::sleep(LOG_AFTER).await;
             // Cleared first: a line put off while these are formatted gets a task of its own.
             LOG_SCHEDULED.store(false, Ordering::Release);
-            STDERR.run_deferred();
-            STDERR.flush_held();
+            flush();
         });
     } else {
         LOG_SCHEDULED.store(false, Ordering::Release);
