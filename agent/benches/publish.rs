@@ -45,6 +45,7 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -56,7 +57,10 @@ use csi_proto::v1::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeR
 use latchkey::csi::client::{self, PodVolume, unpublish_request, volume_id_for};
 use latchkey::secret::SecretBytes;
 use latchkey::volume::{Backend, DEFAULT_FILE_MODE, FilePath, VolumeConfig, VolumeFile, Volumes};
-use nix::unistd::{SysconfVar, geteuid, sysconf};
+use nix::errno::Errno;
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
+use nix::unistd::{SysconfVar, geteuid, getppid, sysconf};
 use serde_json::{Map, Value, json};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
@@ -1085,6 +1089,26 @@ struct Agent {
     dir: tempfile::TempDir,
 }
 
+/// Has the kernel send the agent SIGTERM when this process dies: a run killed midway (Ctrl-C,
+/// `pkill`) left its agent idling unseen, and skewing every later run on the machine.
+fn stop_with_this_process(command: &mut Command) {
+    let harness = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec, and makes only system calls
+    // (prctl, getppid) and no allocation, which is what is allowed there.
+    unsafe {
+        command.pre_exec(move || {
+            // The signal comes when the *thread* that forked exits: that is the main thread,
+            // which runs `measure_all` (`block_on`) and lives as long as the process.
+            prctl::set_pdeathsig(Signal::SIGTERM)?;
+            // Died before the prctl took effect: nothing would send the signal any more.
+            if getppid().as_raw().cast_unsigned() != harness {
+                return Err(Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl Agent {
     async fn start() -> Result<Self> {
         let dir = tempfile::Builder::new()
@@ -1114,6 +1138,7 @@ impl Agent {
         // The allocator settings the DaemonSet gives the agent, and the agent alone: the floor's
         // allocations are this process's.
         command.env("GLIBC_TUNABLES", agent_tunables());
+        stop_with_this_process(&mut command);
         let mut child = command
             .arg("node")
             .arg("--endpoint")
