@@ -1508,6 +1508,8 @@ struct Machine {
     date: String,
     /// Filesystem of the scratch directory (`$TMPDIR`), where the target directories are made.
     scratch_fs: String,
+    /// Readahead of the block device holding the agent's binary, in KiB (None: not on one).
+    binary_readahead_kb: Option<u64>,
 }
 
 impl Machine {
@@ -1530,13 +1532,14 @@ impl Machine {
             },
             date: utc_now(),
             scratch_fs: scratch_filesystem(),
+            binary_readahead_kb: binary_readahead_kb(),
         }
     }
 
     fn header(&self, counts: &Counts) -> String {
         format!(
             "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}; \
-             targets on {} ({})\nagent: {} (GLIBC_TUNABLES={})\n",
+             targets on {} ({})\nagent: {} (GLIBC_TUNABLES={}; its device's readahead {})\n",
             counts.mode(),
             self.build,
             self.date,
@@ -1547,8 +1550,35 @@ impl Machine {
             self.scratch_fs,
             agent_binary().display(),
             agent_tunables(),
+            self.binary_readahead_kb
+                .map_or_else(|| "unknown".into(), |kb| format!("{kb} KiB")),
         )
     }
+}
+
+/// The readahead of the block device holding the agent's binary, in KiB. It decides how much
+/// of the code one page fault maps, so RssFile depends on it: the kernel reads a binary's pages
+/// in folios as large as the readahead window allows (up to 2 MiB), and a fault maps the whole
+/// folio. RSS with 1,000 volumes was 9.1-9.4 MiB over three builds at Linux's default 128 KiB,
+/// 9.5-10.7 MiB at one VM's 8 MiB, where a few bytes of layout moved it (docs/benchmarks.md).
+fn binary_readahead_kb() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    let dev = std::fs::metadata(agent_binary()).ok()?.dev();
+    let dir = PathBuf::from(format!(
+        "/sys/dev/block/{}:{}",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    ));
+    // A partition has no queue of its own: its disk's applies.
+    ["queue/read_ahead_kb", "../queue/read_ahead_kb"]
+        .iter()
+        .find_map(|file| {
+            std::fs::read_to_string(dir.join(file))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
 }
 
 /// The filesystem type of the mount holding `$TMPDIR` (target directories are created there,
@@ -1754,6 +1784,7 @@ impl Report {
             },
             "counts": counts.json(),
             "agent_glibc_tunables": agent_tunables(),
+            "agent_binary_readahead_kb": machine.binary_readahead_kb,
             "results": results,
         })
     }
