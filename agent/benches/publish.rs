@@ -136,7 +136,14 @@ fn run() -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     let mut report = Report::default();
-    runtime.block_on(measure_all(&counts, &mut report))?;
+    runtime.block_on(async {
+        // Ctrl-C or `pkill` ends the run through the same drops as an error does: the agent is
+        // stopped and no volume stays mounted.
+        tokio::select! {
+            measured = measure_all(&counts, &mut report) => measured,
+            () = latchkey::cmd::node::shutdown_signal() => bail!("interrupted; the agent was stopped"),
+        }
+    })?;
     // Only a full run of a release build says anything about speed; anything else just proves
     // the harness works, and its PASS/MISS would alarm a newcomer for nothing.
     let meaningful = !counts.quick && !cfg!(debug_assertions);
@@ -1089,8 +1096,8 @@ struct Agent {
     dir: tempfile::TempDir,
 }
 
-/// Has the kernel send the agent SIGTERM when this process dies: a run killed midway (Ctrl-C,
-/// `pkill`) left its agent idling unseen, and skewing every later run on the machine.
+/// Has the kernel send the agent SIGTERM when this process dies without its drops (`kill -9`, a
+/// crash): such a run left its agent idling unseen, and skewing every later run on the machine.
 fn stop_with_this_process(command: &mut Command) {
     let harness = std::process::id();
     // SAFETY: the closure runs in the child between fork and exec, and makes only system calls
