@@ -750,6 +750,21 @@ async fn measure_many_volumes(
         Unit::MiB,
         Target::AtMost(40.0),
     );
+    // Split, because the two move for different reasons: the heap with what the agent keeps per
+    // volume, the binary's pages with the disk's readahead as much as with the code
+    // (`binary_readahead_kb`).
+    report.info(
+        "rss_anon_volumes_mib",
+        "of which RssAnon (heap, stacks)".into(),
+        agent.status_mib("RssAnon")?,
+        Unit::MiB,
+    );
+    report.info(
+        "rss_file_volumes_mib",
+        "of which RssFile (pages of the binary)".into(),
+        agent.status_mib("RssFile")?,
+        Unit::MiB,
+    );
     report.info(
         "threads_volumes",
         format!("agent threads with {n} volumes"),
