@@ -165,17 +165,18 @@ async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
     // #13: at most a minimal Go CSI node plugin's, 8.8-9.0 MiB here (scripts/bench-go-csi.sh);
     // the design's 20 MiB came first. Well above it, agent/link/hot-functions.order is likely
     // stale (scripts/symbol-order.sh).
+    let idle = agent.memory()?;
     report.check(
         "rss_idle_mib",
         "agent RSS idle, before any publish".into(),
-        agent.rss_mib()?,
+        idle.rss,
         Unit::MiB,
         Target::AtMost(9.0),
     );
     report.info(
         "rss_anon_idle_mib",
         "agent RssAnon idle (heap, stacks)".into(),
-        agent.status_mib("RssAnon")?,
+        idle.rss_anon,
         Unit::MiB,
     );
     // Before any publish: the thread count the storm's threads must shrink back to.
@@ -200,13 +201,13 @@ async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
             "agent RSS before the storm, settled ({:.1} s)",
             before_storm.waited.as_secs_f64()
         ),
-        before_storm.rss,
+        before_storm.memory.rss,
         Unit::MiB,
     );
     report.info(
         "rss_anon_before_storm_mib",
         "agent RssAnon then (heap, stacks)".into(),
-        before_storm.rss_anon,
+        before_storm.memory.rss_anon,
         Unit::MiB,
     );
     measure_storm(&agent, counts, threads_idle, &before_storm, report).await?;
@@ -458,13 +459,13 @@ async fn measure_storm(
     report.info(
         "rss_settled_mib",
         "agent RSS then".into(),
-        after.rss,
+        after.memory.rss,
         Unit::MiB,
     );
     report.info(
         "rss_anon_settled_mib",
         "agent RssAnon then (heap, stacks)".into(),
-        after.rss_anon,
+        after.memory.rss_anon,
         Unit::MiB,
     );
     // #13: no growth after a storm once its threads have idled out. Half a MiB of slack: the
@@ -610,14 +611,17 @@ fn report_series(report: &mut Report, kind: &str, series: &[Settled], limit: f64
         return;
     };
     let id = kind.replace(' ', "_");
-    let rss: Vec<String> = series.iter().map(|s| format!("{:.2}", s.rss)).collect();
+    let rss: Vec<String> = series
+        .iter()
+        .map(|s| format!("{:.2}", s.memory.rss))
+        .collect();
     report.info(
         &format!("rss_settled_each_{id}storm_mib"),
         format!(
             "agent RSS settled after each {kind}storm: {}",
             rss.join(", ")
         ),
-        last.rss,
+        last.memory.rss,
         Unit::MiB,
     );
     let which = match series.len() {
@@ -646,14 +650,14 @@ fn report_left(
     report.check(
         &format!("rss_{id}_growth_mib"),
         label,
-        after.rss - before.rss,
+        after.memory.rss - before.memory.rss,
         Unit::MiB,
         Target::AtMost(limit),
     );
     report.info(
         &format!("rss_anon_{id}_growth_mib"),
         "of which RssAnon".into(),
-        after.rss_anon - before.rss_anon,
+        after.memory.rss_anon - before.memory.rss_anon,
         Unit::MiB,
     );
     // The rest is pages of the binary (code run there first): clean page cache, which the
@@ -661,7 +665,7 @@ fn report_left(
     report.info(
         &format!("rss_file_{id}_growth_mib"),
         "of which RssFile (code run there first)".into(),
-        after.rss_file - before.rss_file,
+        after.memory.rss_file - before.memory.rss_file,
         Unit::MiB,
     );
 }
@@ -699,9 +703,7 @@ struct Settled {
     /// How long that took (at most the run's `settle`).
     waited: Duration,
     threads: f64,
-    rss: f64,
-    rss_anon: f64,
-    rss_file: f64,
+    memory: Memory,
 }
 
 /// Waits until the threads a burst started have exited again and the agent has trimmed its
@@ -719,9 +721,7 @@ async fn settled(agent: &Agent, threads_idle: f64, settle: Duration) -> Result<S
     Ok(Settled {
         waited: start.elapsed(),
         threads: agent.status_field("Threads")?,
-        rss: agent.rss_mib()?,
-        rss_anon: agent.status_mib("RssAnon")?,
-        rss_file: agent.status_mib("RssFile")?,
+        memory: agent.memory()?,
     })
 }
 
@@ -743,10 +743,11 @@ async fn measure_many_volumes(
         ms(setup.total()),
         Unit::Ms,
     );
+    let with_volumes = agent.memory()?;
     report.check(
         "rss_volumes_mib",
         format!("agent RSS with {n} volumes"),
-        agent.rss_mib()?,
+        with_volumes.rss,
         Unit::MiB,
         Target::AtMost(40.0),
     );
@@ -756,13 +757,13 @@ async fn measure_many_volumes(
     report.info(
         "rss_anon_volumes_mib",
         "of which RssAnon (heap, stacks)".into(),
-        agent.status_mib("RssAnon")?,
+        with_volumes.rss_anon,
         Unit::MiB,
     );
     report.info(
         "rss_file_volumes_mib",
         "of which RssFile (pages of the binary)".into(),
-        agent.status_mib("RssFile")?,
+        with_volumes.rss_file,
         Unit::MiB,
     );
     report.info(
@@ -1257,19 +1258,30 @@ impl Agent {
         self.status_mib("VmRSS")
     }
 
+    /// RSS and its two parts, from one reading, so that the parts add up to the whole.
+    fn memory(&self) -> Result<Memory> {
+        let status = self.status()?;
+        Ok(Memory {
+            rss: status.mib("VmRSS")?,
+            rss_anon: status.mib("RssAnon")?,
+            rss_file: status.mib("RssFile")?,
+        })
+    }
+
     /// A `kB` field of /proc/<pid>/status, in MiB.
     fn status_mib(&self, field: &str) -> Result<f64> {
-        Ok(self.status_field(field)? / 1024.0)
+        self.status()?.mib(field)
     }
 
     /// The number in a field of /proc/<pid>/status (`VmRSS:  8192 kB` -> 8192).
     fn status_field(&self, field: &str) -> Result<f64> {
+        self.status()?.number(field)
+    }
+
+    fn status(&self) -> Result<Status> {
         let path = format!("/proc/{}/status", self.pid()?);
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        text.lines()
-            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-            .with_context(|| format!("no {field} in {path}"))
+        Ok(Status { path, text })
     }
 
     /// User + system CPU time of the agent so far (/proc/<pid>/stat utime + stime).
@@ -1297,6 +1309,38 @@ impl Agent {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+/// The agent's resident memory, in MiB.
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    rss: f64,
+    /// Heap and stacks.
+    rss_anon: f64,
+    /// Pages of the binary and the libraries.
+    rss_file: f64,
+}
+
+/// One reading of /proc/<pid>/status.
+struct Status {
+    path: String,
+    text: String,
+}
+
+impl Status {
+    /// The number in a field (`VmRSS:  8192 kB` -> 8192).
+    fn number(&self, field: &str) -> Result<f64> {
+        self.text
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no {field} in {}", self.path))
+    }
+
+    /// A `kB` field, in MiB.
+    fn mib(&self, field: &str) -> Result<f64> {
+        Ok(self.number(field)? / 1024.0)
     }
 }
 
