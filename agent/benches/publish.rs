@@ -1576,6 +1576,8 @@ struct Machine {
     scratch_fs: String,
     /// Readahead of the block device holding the agent's binary, in KiB (None: not on one).
     binary_readahead_kb: Option<u64>,
+    /// How an idle CPU waits for the next wake-up (see [`CpuIdle`]).
+    cpu_idle: CpuIdle,
 }
 
 impl Machine {
@@ -1599,19 +1601,22 @@ impl Machine {
             date: utc_now(),
             scratch_fs: scratch_filesystem(),
             binary_readahead_kb: binary_readahead_kb(),
+            cpu_idle: CpuIdle::detect(),
         }
     }
 
     fn header(&self, counts: &Counts) -> String {
         format!(
-            "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}; \
-             targets on {} ({})\nagent: {} (GLIBC_TUNABLES={}; its device's readahead {})\n",
+            "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}, \
+             idle CPUs: {}; targets on {} ({})\nagent: {} (GLIBC_TUNABLES={}; its device's \
+             readahead {})\n",
             counts.mode(),
             self.build,
             self.date,
             self.cpu,
             self.cpus,
             self.kernel,
+            self.cpu_idle,
             std::env::temp_dir().display(),
             self.scratch_fs,
             agent_binary().display(),
@@ -1645,6 +1650,48 @@ fn binary_readahead_kb() -> Option<u64> {
                 .parse()
                 .ok()
         })
+}
+
+/// How the machine's idle CPUs wait: the cpuidle driver, and for a KVM guest's `haltpoll` how
+/// long a CPU polls for work before it halts. A call that wakes a halted virtual CPU waits for
+/// the host to run it again, so the longer an RPC keeps its caller idle, the more it pays: on one
+/// VM set to poll 0 ns, warm / floor was 1.54-1.62x (publish 0.189-0.237 ms), and 1.39-1.53x
+/// (0.133-0.162 ms) polling the driver's default 200 µs (docs/benchmarks.md).
+struct CpuIdle {
+    /// `current_driver` of `/sys/devices/system/cpu/cpuidle` (None: no cpuidle).
+    driver: Option<String>,
+    /// `guest_halt_poll_ns` of the `haltpoll` driver (None: another driver).
+    halt_poll_ns: Option<u64>,
+}
+
+impl CpuIdle {
+    fn detect() -> Self {
+        let read = |path: &str| {
+            std::fs::read_to_string(path)
+                .ok()
+                .map(|text| text.trim().to_string())
+        };
+        let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+        let halt_poll_ns = match driver.as_deref() {
+            Some("haltpoll") => read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+                .and_then(|ns| ns.parse().ok()),
+            _ => None,
+        };
+        Self {
+            driver,
+            halt_poll_ns,
+        }
+    }
+}
+
+impl std::fmt::Display for CpuIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.driver, self.halt_poll_ns) {
+            (Some(driver), Some(ns)) => write!(f, "{driver}, polling {ns} ns before a halt"),
+            (Some(driver), None) => f.write_str(driver),
+            (None, _) => f.write_str("unknown"),
+        }
+    }
 }
 
 /// The filesystem type of the mount holding `$TMPDIR` (target directories are created there,
@@ -1847,6 +1894,8 @@ impl Report {
             "machine": {
                 "cpu": machine.cpu, "cpus": machine.cpus, "kernel": machine.kernel,
                 "scratch_dir": std::env::temp_dir(), "scratch_fs": machine.scratch_fs,
+                "cpuidle_driver": machine.cpu_idle.driver,
+                "cpuidle_halt_poll_ns": machine.cpu_idle.halt_poll_ns,
             },
             "counts": counts.json(),
             "agent_glibc_tunables": agent_tunables(),
