@@ -1587,11 +1587,10 @@ impl Machine {
             .lines()
             .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
             .map_or("unknown", |(_, model)| model.trim());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         Self {
             cpu: cpu.to_string(),
             cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            kernel: kernel.trim().to_string(),
+            kernel: kernel_value("/proc/sys/kernel/osrelease").unwrap_or_default(),
             // The agent binary is built with the benchmark's profile.
             build: if cfg!(debug_assertions) {
                 "debug"
@@ -1643,13 +1642,12 @@ fn binary_readahead_kb() -> Option<u64> {
     // A partition has no queue of its own: its disk's applies.
     ["queue/read_ahead_kb", "../queue/read_ahead_kb"]
         .iter()
-        .find_map(|file| {
-            std::fs::read_to_string(dir.join(file))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()
-        })
+        .find_map(|file| kernel_value(dir.join(file)))
+}
+
+/// One value the kernel reports in a file of `/proc` or `/sys` (None: no such file, or not a `T`).
+fn kernel_value<T: std::str::FromStr>(path: impl AsRef<Path>) -> Option<T> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// How the machine's idle CPUs wait: the cpuidle driver, and for a KVM guest's `haltpoll` how
@@ -1666,15 +1664,9 @@ struct CpuIdle {
 
 impl CpuIdle {
     fn detect() -> Self {
-        let read = |path: &str| {
-            std::fs::read_to_string(path)
-                .ok()
-                .map(|text| text.trim().to_string())
-        };
-        let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+        let driver: Option<String> = kernel_value("/sys/devices/system/cpu/cpuidle/current_driver");
         let halt_poll_ns = match driver.as_deref() {
-            Some("haltpoll") => read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
-                .and_then(|ns| ns.parse().ok()),
+            Some("haltpoll") => kernel_value("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
             _ => None,
         };
         Self {
