@@ -29,6 +29,7 @@
 //! LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --bench publish    # small counts (CI)
 //! LATCHKEY_BENCH_ONLY=warm cargo bench -p latchkey --bench publish # 5,000 warm publishes only
 //! LATCHKEY_BENCH_AGENT_TUNABLES= cargo bench -p latchkey --bench publish # glibc's malloc defaults
+//! LATCHKEY_BENCH_PIN=1 cargo bench -p latchkey --bench publish     # agent and benchmark pinned
 //! ```
 //!
 //! `LATCHKEY_BENCH_ONLY=warm` is for profiling the agent (docs/benchmarks.md says how): it prints
@@ -68,6 +69,11 @@ use tonic::transport::Channel;
 /// The number in environment variable `name`, if it holds one.
 fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok()?.parse().ok()
+}
+
+/// Whether environment variable `name` is set to anything but empty or `0`.
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// The binary under test, built by Cargo with the same profile as this benchmark.
@@ -128,7 +134,13 @@ fn run() -> Result<()> {
          (e.g. `sudo -E cargo bench -p latchkey --bench publish`)"
     );
     let counts = Counts::from_env();
-    let machine = Machine::detect();
+    let pinning = Pinning::from_env()?;
+    // Before pinning, which narrows the CPUs it counts.
+    let machine = Machine::detect(pinning.clone());
+    if let Some(pinning) = &pinning {
+        // Before any other thread starts: they all inherit this thread's CPUs.
+        pinning.pin_this_thread()?;
+    }
     println!("{}", machine.header(&counts));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -140,7 +152,7 @@ fn run() -> Result<()> {
         // Ctrl-C or `pkill` ends the run through the same drops as an error does: the agent is
         // stopped and no volume stays mounted.
         tokio::select! {
-            measured = measure_all(&counts, &mut report) => measured,
+            measured = measure_all(&counts, pinning.as_ref(), &mut report) => measured,
             () = latchkey::cmd::node::shutdown_signal() => bail!("interrupted; the agent was stopped"),
         }
     })?;
@@ -156,8 +168,12 @@ fn run() -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // What is measured, in order.
 
-async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
-    let agent = Agent::start().await?;
+async fn measure_all(
+    counts: &Counts,
+    pinning: Option<&Pinning>,
+    report: &mut Report,
+) -> Result<()> {
+    let agent = Agent::start(pinning).await?;
     let node = NodeClient::new(agent.channel().await?);
     if counts.warm_only {
         return measure_warm_only(&agent, &node, counts, report).await;
@@ -1132,8 +1148,91 @@ fn stop_with_this_process(command: &mut Command) {
     }
 }
 
+/// `LATCHKEY_BENCH_PIN=1`: the agent's threads on one CPU, the benchmark's on the others. Left
+/// to the scheduler (the default, as on a node), one 2-vCPU VM ran the agent and its gRPC client
+/// on the same CPU, where the client's wake-ups preempt the agent mid-call: warm / floor was
+/// 1.53-1.62x there unpinned and 1.39-1.47x pinned, over 9 runs each (docs/benchmarks.md).
+/// Pinned, the agent has one CPU for everything, so the storm's numbers are not comparable with
+/// an unpinned run's.
+#[derive(Clone, Debug)]
+struct Pinning {
+    agent: usize,
+    benchmark: Vec<usize>,
+}
+
+impl Pinning {
+    /// What `LATCHKEY_BENCH_PIN` asks for: the last CPU this process may run on for the agent,
+    /// the others for the benchmark (None: not asked).
+    fn from_env() -> Result<Option<Self>> {
+        if !env_flag("LATCHKEY_BENCH_PIN") {
+            return Ok(None);
+        }
+        let mut benchmark = allowed_cpus()?;
+        match benchmark.pop() {
+            Some(agent) if !benchmark.is_empty() => Ok(Some(Self { agent, benchmark })),
+            _ => bail!("LATCHKEY_BENCH_PIN needs at least 2 CPUs this process may run on"),
+        }
+    }
+
+    fn pin_this_thread(&self) -> Result<()> {
+        set_affinity(&cpu_set(&self.benchmark))
+            .with_context(|| format!("pinning the benchmark to CPUs {:?}", self.benchmark))
+    }
+
+    /// Has the agent start on its CPU: every thread it starts inherits it.
+    fn pin_agent(&self, command: &mut Command) {
+        // Made here: the child may not allocate between fork and exec.
+        let set = cpu_set(&[self.agent]);
+        // SAFETY: the closure makes one system call (sched_setaffinity) and no allocation.
+        unsafe {
+            command.pre_exec(move || set_affinity(&set));
+        }
+    }
+}
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Result<Vec<usize>> {
+    let mut set = cpu_set(&[]);
+    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; pid 0 is this thread.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    ensure!(
+        rc == 0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    let size = usize::try_from(libc::CPU_SETSIZE)?;
+    // SAFETY: `CPU_ISSET` reads one bit of `set`, and every CPU asked for is within its size.
+    Ok((0..size)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// A CPU set holding `cpus` (each below `CPU_SETSIZE`).
+fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: `cpu_set_t` is a bit array, for which all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: `CPU_SET` sets one bit of `set`; the CPUs come from `sched_getaffinity`, which
+        // reports none beyond the set's size.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    set
+}
+
+/// Restricts the calling thread to the CPUs in `set`.
+fn set_affinity(set: &libc::cpu_set_t) -> std::io::Result<()> {
+    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl Agent {
-    async fn start() -> Result<Self> {
+    async fn start(pinning: Option<&Pinning>) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("latchkey-bench-")
             .tempdir()
@@ -1148,12 +1247,20 @@ impl Agent {
             metrics_addr: free_local_addr()?,
             dir,
         };
-        agent.spawn(&manifest_dir)?;
+        agent.spawn(&manifest_dir, pinning)?;
         agent.wait_ready().await?;
+        if let Some(pinning) = pinning {
+            let allowed = agent.status()?.field("Cpus_allowed_list")?.to_owned();
+            ensure!(
+                allowed == pinning.agent.to_string(),
+                "the agent may run on CPUs {allowed}, not on CPU {} alone",
+                pinning.agent
+            );
+        }
         Ok(agent)
     }
 
-    fn spawn(&mut self, manifest_dir: &Path) -> Result<()> {
+    fn spawn(&mut self, manifest_dir: &Path, pinning: Option<&Pinning>) -> Result<()> {
         let mut log = std::fs::File::create(&self.log)?;
         let bin = agent_binary();
         evict_from_page_cache(&bin)?;
@@ -1162,6 +1269,9 @@ impl Agent {
         // allocations are this process's.
         command.env("GLIBC_TUNABLES", agent_tunables());
         stop_with_this_process(&mut command);
+        if let Some(pinning) = pinning {
+            pinning.pin_agent(&mut command);
+        }
         let mut child = command
             .arg("node")
             .arg("--endpoint")
@@ -1329,13 +1439,23 @@ struct Status {
 }
 
 impl Status {
-    /// The number in a field (`VmRSS:  8192 kB` -> 8192).
-    fn number(&self, field: &str) -> Result<f64> {
+    /// What a field says (`Cpus_allowed_list:\t1` -> `1`).
+    fn field(&self, field: &str) -> Result<&str> {
         self.text
             .lines()
             .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .map(str::trim)
             .with_context(|| format!("no {field} in {}", self.path))
+    }
+
+    /// The number in a field (`VmRSS:  8192 kB` -> 8192).
+    fn number(&self, field: &str) -> Result<f64> {
+        let value = self.field(field)?;
+        value
+            .split_whitespace()
+            .next()
+            .and_then(|number| number.parse().ok())
+            .with_context(|| format!("{field} in {} is not a number: {value}", self.path))
     }
 
     /// A `kB` field, in MiB.
@@ -1455,7 +1575,7 @@ struct Counts {
 
 impl Counts {
     fn from_env() -> Self {
-        let quick = std::env::var("LATCHKEY_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let quick = env_flag("LATCHKEY_BENCH_QUICK");
         let warm_only = std::env::var("LATCHKEY_BENCH_ONLY").is_ok_and(|v| v == "warm");
         let mut counts = if quick {
             Self {
@@ -1578,10 +1698,12 @@ struct Machine {
     binary_readahead_kb: Option<u64>,
     /// How an idle CPU waits for the next wake-up (see [`CpuIdle`]).
     cpu_idle: CpuIdle,
+    /// Which CPUs the agent and the benchmark run on (None: wherever the scheduler puts them).
+    pinning: Option<Pinning>,
 }
 
 impl Machine {
-    fn detect() -> Self {
+    fn detect(pinning: Option<Pinning>) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
@@ -1601,6 +1723,7 @@ impl Machine {
             scratch_fs: scratch_filesystem(),
             binary_readahead_kb: binary_readahead_kb(),
             cpu_idle: CpuIdle::detect(),
+            pinning,
         }
     }
 
@@ -1608,7 +1731,7 @@ impl Machine {
         format!(
             "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}, \
              idle CPUs: {}; targets on {} ({})\nagent: {} (GLIBC_TUNABLES={}; its device's \
-             readahead {})\n",
+             readahead {})\nthreads: {}\n",
             counts.mode(),
             self.build,
             self.date,
@@ -1622,6 +1745,13 @@ impl Machine {
             agent_tunables(),
             self.binary_readahead_kb
                 .map_or_else(|| "unknown".into(), |kb| format!("{kb} KiB")),
+            self.pinning.as_ref().map_or_else(
+                || "where the scheduler puts them (LATCHKEY_BENCH_PIN unset)".into(),
+                |p| format!(
+                    "pinned, the agent on CPU {}, the benchmark on CPUs {:?}",
+                    p.agent, p.benchmark
+                ),
+            ),
         )
     }
 }
@@ -1888,6 +2018,9 @@ impl Report {
                 "scratch_dir": std::env::temp_dir(), "scratch_fs": machine.scratch_fs,
                 "cpuidle_driver": machine.cpu_idle.driver,
                 "cpuidle_halt_poll_ns": machine.cpu_idle.halt_poll_ns,
+                "pinned": machine.pinning.as_ref().map(|p| json!({
+                    "agent_cpu": p.agent, "benchmark_cpus": p.benchmark,
+                })),
             },
             "counts": counts.json(),
             "agent_glibc_tunables": agent_tunables(),
