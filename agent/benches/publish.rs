@@ -1151,7 +1151,7 @@ fn stop_with_this_process(command: &mut Command) {
 /// `LATCHKEY_BENCH_PIN=1`: the agent's threads on one CPU, the benchmark's on the others. Left
 /// to the scheduler (the default, as on a node), one 2-vCPU VM ran the agent and its gRPC client
 /// on the same CPU, where the client's wake-ups preempt the agent mid-call: warm / floor was
-/// 1.53-1.62x there over 8 runs unpinned and 1.39-1.47x over 9 pinned (docs/benchmarks.md).
+/// 1.53-1.62x there over 7 runs unpinned and 1.39-1.47x over 9 pinned (docs/benchmarks.md).
 /// Pinned, the agent has one CPU for everything, so the storm's numbers are not comparable with
 /// an unpinned run's.
 #[derive(Clone, Debug)]
@@ -1174,6 +1174,7 @@ impl Pinning {
         }
     }
 
+    /// Pins the calling thread, and so every thread it starts later, to the benchmark's CPUs.
     fn pin_this_thread(&self) -> Result<()> {
         set_affinity(&cpu_set(&self.benchmark))
             .with_context(|| format!("pinning the benchmark to CPUs {:?}", self.benchmark))
