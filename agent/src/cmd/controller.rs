@@ -53,6 +53,11 @@ pub struct ControllerArgs {
     /// Secrets, statuses or Events.
     #[arg(long)]
     pub dry_run: bool,
+    /// Let a ClusterSecretStore with `auth.agentIdentity` read with the controller's own
+    /// identity (off: such stores are refused, since any namespace they admit would read as
+    /// the controller).
+    #[arg(long)]
+    pub allow_agent_identity: bool,
     /// Reconciles run at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: u16,
@@ -145,6 +150,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         events: (!args.dry_run).then(|| KubeEvents::new(client.clone(), &identity)),
         dry_run: args.dry_run,
+        allow_agent_identity: args.allow_agent_identity,
         concurrency: args.concurrency.max(1),
     }));
 

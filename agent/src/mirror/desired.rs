@@ -18,6 +18,16 @@ pub const MANAGED_LABEL: &str = "latchkey.dev/managed";
 pub const EXTERNAL_SECRET_ANNOTATION: &str = "latchkey.dev/external-secret";
 /// Annotation with a keyed hash of what was written, so unchanged data causes no write.
 pub const DATA_HASH_ANNOTATION: &str = "latchkey.dev/data-hash";
+/// Annotation holding the uid of the ExternalSecret whose create made the Secret: set only by
+/// this controller's own create (never by a Merge), so it proves the Secret is the controller's.
+pub const CREATED_FOR_ANNOTATION: &str = "latchkey.dev/created-for";
+/// Annotation by which whoever may edit a Secret lets one ExternalSecret (by name, same
+/// namespace) merge into it. Nothing else opens a Secret to `creationPolicy: Merge`.
+pub const MERGE_FROM_ANNOTATION: &str = "latchkey.dev/merge-from";
+/// Prefix of Latchkey's own labels and annotations: a template may set none of them.
+pub const RESERVED_PREFIX: &str = "latchkey.dev/";
+/// Secret type the controller never writes: a token Secret is the token controller's.
+pub const SERVICE_ACCOUNT_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 /// Largest Secret the API server stores (its `data`, decoded).
 pub const MAX_SECRET_BYTES: usize = 1 << 20;
 /// Longest Secret data key the API server accepts.
@@ -35,6 +45,18 @@ pub enum DesiredError {
     /// The data is larger than a Secret may be.
     #[error("the Secret would hold {0} bytes, more than the 1 MiB a Secret may hold")]
     TooLarge(usize),
+    /// The template asks for a type the controller never writes.
+    #[error(
+        "spec.target.template.type {0:?}: Latchkey never writes service-account token Secrets \
+         (the token controller owns them); use another type"
+    )]
+    ForbiddenType(String),
+    /// The template sets a label or annotation that is Latchkey's own mark.
+    #[error(
+        "spec.target.template.metadata sets {0:?}: labels and annotations under latchkey.dev/ \
+         are Latchkey's own marks and cannot come from a template; rename it"
+    )]
+    ReservedMark(String),
 }
 
 /// The Secret to apply and what identifies its content.
@@ -80,6 +102,7 @@ pub fn secret(
     let name = target_name(es);
     let namespace = es.metadata.namespace.clone().unwrap_or_default();
     let es_name = es.metadata.name.clone().unwrap_or_default();
+    check_template(es)?;
     let template = es.spec.target.as_ref().and_then(|t| t.template.as_ref());
     let mut labels: BTreeMap<String, String> = template
         .and_then(|t| t.metadata.as_ref())
@@ -91,6 +114,10 @@ pub fn secret(
         .map(|m| m.annotations.clone())
         .unwrap_or_default();
     annotations.insert(EXTERNAL_SECRET_ANNOTATION.into(), es_name.clone());
+    let uid = es.metadata.uid.clone().unwrap_or_default();
+    if policy != CreationPolicy::Merge {
+        annotations.insert(CREATED_FOR_ANNOTATION.into(), uid.clone());
+    }
 
     let mut data = Map::new();
     let mut size = 0usize;
@@ -120,7 +147,6 @@ pub fn secret(
         .as_ref()
         .and_then(|t| t.immutable)
         .unwrap_or(false);
-    let uid = es.metadata.uid.clone().unwrap_or_default();
     let hash = content_hash(
         &uid,
         entries,
@@ -164,6 +190,53 @@ pub fn secret(
         hash,
         keys,
     })
+}
+
+/// Refuses, before any backend call, a template that would write a service-account token
+/// Secret or set one of Latchkey's own marks (which decide what the controller may write).
+pub fn check_template(es: &ExternalSecret) -> Result<(), DesiredError> {
+    let Some(template) = es.spec.target.as_ref().and_then(|t| t.template.as_ref()) else {
+        return Ok(());
+    };
+    if let Some(type_) = template.type_.as_deref()
+        && type_ == SERVICE_ACCOUNT_TOKEN_TYPE
+    {
+        return Err(DesiredError::ForbiddenType(type_.to_string()));
+    }
+    if let Some(metadata) = template.metadata.as_ref()
+        && let Some(key) = metadata
+            .labels
+            .keys()
+            .chain(metadata.annotations.keys())
+            .find(|k| k.starts_with(RESERVED_PREFIX))
+    {
+        return Err(DesiredError::ReservedMark(key.clone()));
+    }
+    Ok(())
+}
+
+/// The body of the create that makes a missing Secret: its marks, owner and type only. The
+/// values follow in a server-side apply, so they are owned by the apply manager alone and a
+/// key the ExternalSecret stops producing is removed from the Secret later. Immutability comes
+/// with that apply too (an immutable empty Secret could never receive its values).
+pub fn creation_body(wanted: &Desired) -> Value {
+    let mut metadata = json!({
+        "name": wanted.body["metadata"]["name"],
+        "namespace": wanted.body["metadata"]["namespace"],
+        "labels": {MANAGED_LABEL: "true"},
+        "annotations": {
+            EXTERNAL_SECRET_ANNOTATION: wanted.body["metadata"]["annotations"][EXTERNAL_SECRET_ANNOTATION],
+            CREATED_FOR_ANNOTATION: wanted.body["metadata"]["annotations"][CREATED_FOR_ANNOTATION],
+        },
+    });
+    if let Some(owners) = wanted.body["metadata"].get("ownerReferences") {
+        metadata["ownerReferences"] = owners.clone();
+    }
+    let mut body = json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata});
+    if let Some(type_) = wanted.body.get("type") {
+        body["type"] = type_.clone();
+    }
+    body
 }
 
 /// What the API server accepts as a Secret data key.

@@ -8,8 +8,10 @@
 //! Secret value of the cluster is held in its memory. Only the replica holding the Lease
 //! ([`leader`]) runs the controllers, and every write checks that it still does.
 
+pub mod consent;
 pub mod desired;
 pub mod leader;
+pub mod ownership;
 pub mod reconcile;
 pub mod status;
 pub mod stores;

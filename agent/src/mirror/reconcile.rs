@@ -4,25 +4,29 @@
 //! Secret is not ours, or anything failed. The outcome goes to the status, an Event and metrics.
 //!
 //! Never deletes or empties a Secret on an error: only `deletionPolicy` Delete or Merge, when the
-//! backend says the remote value does not exist, removes what this controller wrote.
+//! backend says the remote value does not exist, removes what this controller wrote. Which
+//! Secrets it may write at all is [`ownership`]'s decision; the writes are in [`write`].
+
+mod write;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use tracing::{debug, info, warn};
 
-use super::desired::{self, DesiredError, EXTERNAL_SECRET_ANNOTATION, FIELD_MANAGER};
+use super::consent;
+use super::desired::{self, DesiredError};
 use super::leader::Leadership;
+use super::ownership;
 use super::status::{self, Outcome, Reason};
 use super::tokens::TokenMinter;
 use crate::api::ExternalSecret;
-use crate::api::external_secret::{CreationPolicy, DeletionPolicy, RefreshPolicy};
+use crate::api::external_secret::{CreationPolicy, RefreshPolicy};
 use crate::catalog::{Catalog, Lenient, bind};
 use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, NORMAL, WARNING};
@@ -30,7 +34,6 @@ use crate::fetch::backoff::{self, Backoff, Gate};
 use crate::fetch::{FetchError, Fetcher};
 use crate::identity::PodInfo;
 use crate::providers::ProviderError;
-use crate::providers::audiences::token_audiences;
 use crate::publish::schedule::Refresh;
 use crate::resolve::{self, Context};
 use crate::telemetry::Metrics;
@@ -90,6 +93,7 @@ pub struct Reconciler {
     metrics: Arc<Metrics>,
     events: Option<KubeEvents>,
     dry_run: bool,
+    allow_agent_identity: bool,
     backoff: Backoff,
     progress: Mutex<HashMap<(String, String), Progress>>,
     /// Each Secret as this controller last wrote it, by (namespace, Secret name).
@@ -117,6 +121,8 @@ pub struct Parts {
     pub events: Option<KubeEvents>,
     /// Log what would be written instead of writing.
     pub dry_run: bool,
+    /// Let ClusterSecretStores with `agentIdentity` read with the controller's own identity.
+    pub allow_agent_identity: bool,
     /// Reconciles the controller runs at once.
     pub concurrency: u16,
 }
@@ -134,6 +140,7 @@ impl Reconciler {
             metrics: parts.metrics,
             events: parts.events,
             dry_run: parts.dry_run,
+            allow_agent_identity: parts.allow_agent_identity,
             backoff: Backoff::default(),
             progress: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
@@ -242,47 +249,18 @@ impl Reconciler {
         let existing = secrets.get_metadata_opt(&target).await.map_err(|e| {
             self.api_error(namespace, name, &format!("reading Secret {target:?}"), e)
         })?;
-        let ours = existing.as_ref().is_some_and(|m| written_for(m, name));
-        // A Secret that is not ours is refused before any backend call.
-        match (&existing, policy) {
-            (Some(m), CreationPolicy::Owner | CreationPolicy::Orphan) if !ours => {
-                return Ok(fail(
-                    Reason::SecretConflict,
-                    format!(
-                        "{prefix}: Secret {target:?} exists and was not written for this \
-                         ExternalSecret{}; it is left untouched (delete it, or use \
-                         creationPolicy Merge)",
-                        owner_hint(m)
-                    ),
-                ));
-            }
-            (Some(m), CreationPolicy::Merge)
-                if m.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(EXTERNAL_SECRET_ANNOTATION))
-                    .is_some_and(|other| other != name) =>
-            {
-                return Ok(fail(
-                    Reason::SecretConflict,
-                    format!(
-                        "{prefix}: Secret {target:?} is already merged into by another \
-                         ExternalSecret{}",
-                        owner_hint(m)
-                    ),
-                ));
-            }
-            (None, CreationPolicy::Merge) => {
-                return Ok(fail(
-                    Reason::SecretMissing,
-                    format!(
-                        "{prefix}: creationPolicy Merge needs an existing Secret {target:?} to \
-                         merge into; create it, or use creationPolicy Owner"
-                    ),
-                ));
-            }
-            _ => {}
+        // Refused before any backend call: a template that would write a token Secret or one
+        // of Latchkey's own marks, and a Secret neither created by this controller for this
+        // ExternalSecret nor opted in to its Merge.
+        if let Err(e) = desired::check_template(es) {
+            return Ok(fail(Reason::InvalidTarget, format!("{prefix}: {e}")));
         }
+        let uid = es.metadata.uid.clone().unwrap_or_default();
+        let existing_meta = existing.as_ref().map(|m| &m.metadata);
+        let access = match ownership::access(existing_meta, name, &uid, policy, &target) {
+            Ok(access) => access,
+            Err((reason, message)) => return Ok(fail(reason, format!("{prefix}: {message}"))),
+        };
         let key = (namespace.to_string(), target.clone());
         let drift = match (&existing, self.written(&key)) {
             (Some(m), Some(rv)) => m.metadata.resource_version.as_ref() != Some(&rv),
@@ -345,7 +323,11 @@ impl Reconciler {
             .service_account_name
             .clone()
             .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_string());
-        let audiences = token_audiences(spec, binding.store_kind());
+        let audiences =
+            match consent::audiences(spec, binding.store_kind(), self.allow_agent_identity) {
+                Ok(a) => a,
+                Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
+            };
         let tokens = match self
             .tokens
             .tokens(namespace, &service_account, &audiences)
@@ -391,7 +373,7 @@ impl Reconciler {
                         es,
                         policy,
                         &secrets,
-                        existing.as_ref(),
+                        &access,
                         &target,
                         &format!("{cx}{what}"),
                     )
@@ -424,6 +406,9 @@ impl Reconciler {
             Err(e @ DesiredError::TooLarge(_)) => {
                 return Ok(fail(Reason::SecretTooLarge, format!("{cx}: {e}")));
             }
+            Err(e @ (DesiredError::ForbiddenType(_) | DesiredError::ReservedMark(_))) => {
+                return Ok(fail(Reason::InvalidTarget, format!("{cx}: {e}")));
+            }
         };
         let same_hash = existing
             .as_ref()
@@ -445,7 +430,7 @@ impl Reconciler {
         if same_hash && !drift {
             return Ok(synced_outcome("unchanged"));
         }
-        match self.apply(&secrets, &key, name, &wanted).await {
+        match self.write(&secrets, &key, name, &wanted, &access).await {
             Ok(()) => {}
             Err(outcome) => return Ok(fail(outcome.0, format!("{cx}: {}", outcome.1))),
         }
@@ -454,142 +439,6 @@ impl Reconciler {
             dry_run = self.dry_run, "Secret written"
         );
         Ok(synced_outcome("synced"))
-    }
-
-    /// The backend says a remote value does not exist: apply `deletionPolicy`.
-    async fn remote_gone(
-        &self,
-        es: &ExternalSecret,
-        policy: CreationPolicy,
-        secrets: &Api<Secret>,
-        existing: Option<&PartialObjectMeta<Secret>>,
-        target: &str,
-        what: &str,
-    ) -> Result<Outcome, MirrorError> {
-        let namespace = es.metadata.namespace.clone().unwrap_or_default();
-        let name = es.metadata.name.clone().unwrap_or_default();
-        let outcome = |reason, message| Outcome {
-            reason,
-            message,
-            refreshed: false,
-            synced_generation: None,
-            secret: target.to_string(),
-        };
-        let deletion = es
-            .spec
-            .target
-            .as_ref()
-            .and_then(|t| t.deletion_policy)
-            .unwrap_or_default();
-        let ours = existing.is_some_and(|m| written_for(m, &name));
-        match deletion {
-            DeletionPolicy::Retain => Ok(outcome(
-                Reason::SecretSyncedError,
-                format!(
-                    "{what}: not found in the backend; the Secret is kept (deletionPolicy Retain)"
-                ),
-            )),
-            DeletionPolicy::Delete => {
-                if ours && self.may_write() {
-                    if self.dry_run {
-                        info!(%namespace, external_secret = %name, secret = %target, "dry run: would delete the Secret");
-                    } else {
-                        match secrets.delete(target, &DeleteParams::default()).await {
-                            Ok(_) => {}
-                            Err(kube::Error::Api(s)) if s.code == 404 => {}
-                            Err(e) => {
-                                return Err(self.api_error(
-                                    &namespace,
-                                    &name,
-                                    "deleting the Secret",
-                                    e,
-                                ));
-                            }
-                        }
-                        self.forget_written(&namespace, target);
-                    }
-                }
-                Ok(outcome(
-                    Reason::SecretDeleted,
-                    format!(
-                        "{what}: not found in the backend; Secret {target:?} deleted (deletionPolicy Delete)"
-                    ),
-                ))
-            }
-            DeletionPolicy::Merge => {
-                if existing.is_some() {
-                    let wanted =
-                        desired::secret(es, policy, None).map_err(|e| MirrorError::Api {
-                            namespace: namespace.clone(),
-                            name: name.clone(),
-                            reason: e.to_string(),
-                        })?;
-                    let key = (namespace.clone(), target.to_string());
-                    if let Err((reason, message)) = self.apply(secrets, &key, &name, &wanted).await
-                    {
-                        return Ok(outcome(reason, format!("{what}: {message}")));
-                    }
-                }
-                Ok(outcome(
-                    Reason::SecretDeleted,
-                    format!(
-                        "{what}: not found in the backend; the keys Latchkey wrote were removed \
-                         from Secret {target:?} (deletionPolicy Merge)"
-                    ),
-                ))
-            }
-        }
-    }
-
-    /// Server-side apply of `wanted`, taking back fields others changed (drift repair).
-    async fn apply(
-        &self,
-        secrets: &Api<Secret>,
-        key: &(String, String),
-        external_secret: &str,
-        wanted: &desired::Desired,
-    ) -> Result<(), (Reason, String)> {
-        if !self.may_write() {
-            return Err((
-                Reason::SecretSyncedError,
-                "this replica lost leadership before writing; the leader will".into(),
-            ));
-        }
-        if self.dry_run {
-            info!(namespace = %key.0, secret = %wanted.name, keys = ?wanted.keys, "dry run: would apply the Secret");
-            return Ok(());
-        }
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        match secrets
-            .patch(&wanted.name, &params, &Patch::Apply(&wanted.body))
-            .await
-        {
-            Ok(written) => {
-                if let Some(rv) = written.metadata.resource_version {
-                    self.remember_written(key.clone(), external_secret, rv);
-                }
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("immutable") => Err((
-                Reason::SecretImmutable,
-                format!(
-                    "Secret {:?} is immutable and its values changed; delete it to let Latchkey \
-                     write the new values",
-                    wanted.name
-                ),
-            )),
-            Err(kube::Error::Api(s)) if s.code == 422 => Err((
-                Reason::InvalidTarget,
-                format!(
-                    "the API server refused Secret {:?}: {}",
-                    wanted.name, s.message
-                ),
-            )),
-            Err(e) => Err((
-                Reason::SecretSyncedError,
-                format!("cannot write Secret {:?}: {}", wanted.name, describe(&e)),
-            )),
-        }
     }
 
     /// The fetched values as Secret entries: on the compute pool unless trivially small.
@@ -810,40 +659,6 @@ pub fn creation_policy(es: &ExternalSecret) -> CreationPolicy {
         .as_ref()
         .and_then(|t| t.creation_policy)
         .unwrap_or_default()
-}
-
-/// Whether `secret` carries this controller's mark for the ExternalSecret `name`.
-fn written_for(secret: &PartialObjectMeta<Secret>, name: &str) -> bool {
-    let labelled = secret
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(desired::MANAGED_LABEL))
-        .is_some_and(|v| v == "true");
-    let annotated = secret
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(EXTERNAL_SECRET_ANNOTATION))
-        .is_some_and(|v| v == name);
-    labelled && annotated
-}
-
-/// Who else manages a Secret, for conflict messages.
-fn owner_hint(secret: &PartialObjectMeta<Secret>) -> String {
-    let managers: Vec<&str> = secret
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|m| m.manager.as_deref())
-        .filter(|m| *m != FIELD_MANAGER)
-        .collect();
-    if managers.is_empty() {
-        String::new()
-    } else {
-        format!(" (managed by {})", managers.join(", "))
-    }
 }
 
 fn synced_message(namespace: &str, name: &str, target: &str) -> String {

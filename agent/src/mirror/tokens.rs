@@ -2,6 +2,12 @@
 //! TokenRequest API as an ExternalSecret's `spec.serviceAccountName`, for exactly the audiences
 //! its store needs, valid for 10 minutes (the API server's minimum) and reused until 80% of
 //! their life has passed. Tokens never reach logs, errors or `Debug` output.
+//!
+//! Only a ServiceAccount that opted in, annotated [`ALLOW_CONTROLLER_ANNOTATION`]`: "true"` by
+//! whoever manages it, is minted for: without it, anyone who may create an ExternalSecret
+//! would get tokens of every service account of the namespace, pod or not. The annotation is
+//! read before every mint, so removing it stops new tokens at once; tokens already minted are
+//! reused until they are renewed (at most [`TOKEN_LIFETIME`] times 0.8).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,6 +21,8 @@ use kube::{Api, Client};
 use crate::identity::{PodTokens, ServiceAccountToken};
 use crate::secret::SecretString;
 
+/// Annotation by which a ServiceAccount lets the mirror controller mint its tokens.
+pub const ALLOW_CONTROLLER_ANNOTATION: &str = "latchkey.dev/allow-controller";
 /// Lifetime asked for: the shortest the API server grants.
 pub const TOKEN_LIFETIME: Duration = Duration::from_secs(600);
 /// Share of a token's life after which a new one is minted.
@@ -40,6 +48,34 @@ pub enum TokenError {
         /// What the API server said (its Status message, which holds no token).
         reason: String,
     },
+    /// The service account has not opted in to the controller acting as it.
+    #[error(
+        "service account {namespace}/{service_account} does not allow the mirror controller to \
+         act as it: whoever manages it may annotate it with `kubectl annotate serviceaccount -n \
+         {namespace} {service_account} {annotation}=true`, or set spec.serviceAccountName to one \
+         that does"
+    )]
+    NotAllowed {
+        /// Namespace of the service account.
+        namespace: String,
+        /// The service account.
+        service_account: String,
+        /// The annotation it lacks.
+        annotation: &'static str,
+    },
+    /// The service account does not exist.
+    #[error(
+        "service account {namespace}/{service_account} does not exist: create it (annotated \
+         {annotation}=true) or set spec.serviceAccountName"
+    )]
+    Missing {
+        /// Namespace of the service account.
+        namespace: String,
+        /// The service account.
+        service_account: String,
+        /// The annotation it will need.
+        annotation: &'static str,
+    },
 }
 
 type Key = (String, String, String);
@@ -59,8 +95,8 @@ pub struct TokenMinter {
 }
 
 impl TokenMinter {
-    /// A minter calling the API server through `client` (which needs `create` on
-    /// `serviceaccounts/token` in the namespaces it serves).
+    /// A minter calling the API server through `client` (which needs `get` on
+    /// `serviceaccounts` and `create` on `serviceaccounts/token` in the namespaces it serves).
     pub fn new(client: Client) -> Self {
         Self {
             client,
@@ -118,9 +154,50 @@ impl TokenMinter {
         minted
     }
 
+    /// Whether `namespace/service_account` carries the opt-in annotation, read now.
+    async fn allowed(
+        &self,
+        api: &Api<ServiceAccount>,
+        namespace: &str,
+        service_account: &str,
+        audience: &str,
+    ) -> Result<(), TokenError> {
+        let account = api.get_metadata_opt(service_account).await.map_err(|e| {
+            TokenError::Refused {
+                namespace: namespace.to_string(),
+                service_account: service_account.to_string(),
+                audience: audience.to_string(),
+                reason: format!("reading the service account: {}", describe(&e)),
+            }
+        })?;
+        let Some(account) = account else {
+            return Err(TokenError::Missing {
+                namespace: namespace.to_string(),
+                service_account: service_account.to_string(),
+                annotation: ALLOW_CONTROLLER_ANNOTATION,
+            });
+        };
+        let allowed = account
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ALLOW_CONTROLLER_ANNOTATION))
+            .is_some_and(|v| v == "true");
+        if !allowed {
+            return Err(TokenError::NotAllowed {
+                namespace: namespace.to_string(),
+                service_account: service_account.to_string(),
+                annotation: ALLOW_CONTROLLER_ANNOTATION,
+            });
+        }
+        Ok(())
+    }
+
     async fn mint(&self, key: &Key) -> Result<ServiceAccountToken, TokenError> {
         let (namespace, service_account, audience) = (&key.0, &key.1, &key.2);
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        self.allowed(&api, namespace, service_account, audience)
+            .await?;
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 // No audience: the API server's own.
@@ -144,12 +221,7 @@ impl TokenMinter {
         let response = api
             .create_token_request(service_account, &PostParams::default(), &request)
             .await
-            .map_err(|e| match e {
-                kube::Error::Api(status) => {
-                    refused(format!("{} ({})", status.message, status.code))
-                }
-                other => refused(other.to_string()),
-            })?;
+            .map_err(|e| refused(describe(&e)))?;
         let status = response
             .status
             .filter(|s| !s.token.is_empty())
@@ -200,5 +272,13 @@ impl TokenMinter {
             }
         }
         cache.insert(key, minted);
+    }
+}
+
+/// A kube error as the API server's Status message (which holds no token).
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
     }
 }
