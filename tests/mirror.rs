@@ -146,6 +146,13 @@ async fn cluster() -> FakeApiServer {
     s
 }
 
+/// A ServiceAccount of `shop` whose manager lets the controller mint its tokens.
+fn opted_in_service_account(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": "shop",
+                     "annotations": {"latchkey.dev/allow-controller": "true"}}})
+}
+
 fn secret(s: &FakeApiServer, name: &str) -> Option<Value> {
     s.get("v1", "Secret", Some("shop"), name)
 }
@@ -326,7 +333,8 @@ async fn conflicts_merges_and_bad_targets_each_get_their_reason() {
     s.apply(unowned);
     let before = secret(&s, "taken").unwrap();
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "shared", "namespace": "shop"},
+        "metadata": {"name": "shared", "namespace": "shop",
+                     "annotations": {"latchkey.dev/merge-from": "merge"}},
         "data": {"other": base64::engine::general_purpose::STANDARD.encode("kept")}}));
     s.apply(external_secret(
         "conflict",
@@ -501,12 +509,14 @@ async fn only_the_leader_writes_and_a_successor_takes_over() {
 async fn api_server_errors_delay_but_never_lose_work() {
     let s = cluster().await;
     s.apply(external_secret("flaky", json!({"creationPolicy": "Owner"})));
-    // The first writes meet a throttling and a failing API server.
+    // The first writes meet a throttling and a failing API server: the create, then the apply
+    // of the values.
     s.fail_next("PATCH", "/secrets/flaky", 429, 2);
     s.fail_next("PATCH", "/secrets/flaky", 500, 1);
+    // The create that comes first, too (a create has no name in its path).
+    s.fail_next("POST", "/namespaces/shop/secrets", 500, 1);
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
-    let created = appears(&s, "flaky").await;
-    assert_eq!(decoded(&created, "password").as_deref(), Some(PASSWORD));
+    holds(&s, "flaky", PASSWORD).await;
     // Watches expiring (410) are survived too.
     s.compact();
     s.close_watches();
@@ -521,8 +531,9 @@ async fn api_server_errors_delay_but_never_lose_work() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reads_as_the_external_secret_s_service_account_with_minted_tokens() {
     let s = cluster().await;
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "reader", "namespace": "shop"}}));
+    s.apply(opted_in_service_account("reader"));
+    // Opted in too, so what refuses it below is RBAC.
+    s.apply(opted_in_service_account("default"));
     // Only `shop/reader` may read the source Secret; `default` may not.
     s.allow(
         Identity::service_account("shop", "reader"),
@@ -647,7 +658,8 @@ async fn orphan_immutable_and_refresh_policies_behave_as_in_eso() {
 async fn merge_deletion_removes_only_the_keys_latchkey_wrote() {
     let s = cluster().await;
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "app", "namespace": "shop"},
+        "metadata": {"name": "app", "namespace": "shop",
+                     "annotations": {"latchkey.dev/merge-from": "into-app"}},
         "data": {"other": base64::engine::general_purpose::STANDARD.encode("kept")}}));
     s.apply(external_secret(
         "into-app",
@@ -763,8 +775,7 @@ async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_ke
         &["read"],
     )
     .await;
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "reader", "namespace": "shop"}}));
+    s.apply(opted_in_service_account("reader"));
     s.apply(
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
         "metadata": {"name": "vault", "namespace": "shop"},
@@ -971,4 +982,295 @@ async fn stores_show_their_provider_and_whether_their_spec_is_usable() {
     let statuses = [valid, invalid, fixed].map(|st| st.to_string()).join("\n");
     assert!(!statuses.contains(PASSWORD), "{statuses}");
     assert!(!c.log_text().contains(PASSWORD));
+}
+
+/// The Ready reason of every Event recorded for ExternalSecret `name`.
+fn event_reasons(s: &FakeApiServer, name: &str) -> Vec<String> {
+    s.events()
+        .into_iter()
+        .filter(|e| e["involvedObject"]["kind"] == "ExternalSecret")
+        .filter(|e| e["involvedObject"]["name"] == name)
+        .filter_map(|e| e["reason"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Merge writes only into a Secret whose editor opted it in for this very ExternalSecret, never
+/// into a service-account token Secret, and a template can neither produce a token Secret nor
+/// set Latchkey's own marks. Every refusal comes before any backend call.
+#[tokio::test(flavor = "multi_thread")]
+async fn merge_needs_the_secret_s_opt_in_and_no_token_secret_is_ever_written() {
+    let s = cluster().await;
+    let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    // A cert-manager TLS Secret nobody opted in, one opted in for another ExternalSecret, and a
+    // token Secret that even carries an opt-in.
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "web-tls", "namespace": "shop"},
+        "data": {"tls.crt": b64("cert"), "tls.key": b64("the-real-key")}}));
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "for-another", "namespace": "shop",
+                     "annotations": {"latchkey.dev/merge-from": "someone-else"}},
+        "data": {"other": b64("kept")}}));
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",
+        "metadata": {"name": "deployer-token", "namespace": "shop",
+                     "annotations": {"kubernetes.io/service-account.name": "deployer",
+                                     "latchkey.dev/merge-from": "into-token"}},
+        "data": {"token": b64("a-service-account-token")}}));
+    let untouched: Vec<Value> = ["web-tls", "for-another", "deployer-token"]
+        .iter()
+        .map(|n| secret(&s, n).unwrap())
+        .collect();
+    let mut into_tls = external_secret(
+        "into-tls",
+        json!({"creationPolicy": "Merge", "name": "web-tls"}),
+    );
+    into_tls["spec"]["data"][0]["secretKey"] = json!("tls.key");
+    s.apply(into_tls);
+    s.apply(external_secret(
+        "into-another",
+        json!({"creationPolicy": "Merge", "name": "for-another"}),
+    ));
+    s.apply(external_secret(
+        "into-token",
+        json!({"creationPolicy": "Merge", "name": "deployer-token"}),
+    ));
+    s.apply(external_secret(
+        "makes-token",
+        json!({"creationPolicy": "Owner",
+               "template": {"type": "kubernetes.io/service-account-token"}}),
+    ));
+    s.apply(external_secret(
+        "forges-marks",
+        json!({"creationPolicy": "Owner",
+               "template": {"metadata": {"annotations": {"latchkey.dev/created-for": "x"}}}}),
+    ));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+
+    for (name, want, says) in [
+        ("into-tls", "SecretConflict", "latchkey.dev/merge-from=into-tls"),
+        ("into-another", "SecretConflict", "someone-else"),
+        ("into-token", "SecretConflict", "service-account token"),
+        ("makes-token", "InvalidTarget", "service-account token"),
+        ("forges-marks", "InvalidTarget", "latchkey.dev/created-for"),
+    ] {
+        let message = reason_is(&s, name, want).await;
+        assert!(message.contains("namespace \"shop\""), "{message}");
+        assert!(message.contains(name), "{message}");
+        assert!(message.contains(says), "{name}: {message}");
+    }
+    // Retried a few times: still nothing written, nothing read from the backend.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for before in &untouched {
+        let name = before["metadata"]["name"].as_str().unwrap();
+        assert_eq!(&secret(&s, name).unwrap(), before, "{name} was written");
+    }
+    assert!(secret(&s, "makes-token").is_none());
+    assert!(secret(&s, "forges-marks").is_none());
+    assert_eq!(backend_requests(&c, "fake", None).await, 0.0);
+    no_value_leaked(&s, &c);
+}
+
+/// A Merge's marks never make a Secret the controller's: switching the ExternalSecret to Owner
+/// with deletionPolicy Delete neither adopts nor deletes the Secret it merged into.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_merged_into_is_never_adopted_nor_deleted() {
+    let s = cluster().await;
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app", "namespace": "shop",
+                     "annotations": {"latchkey.dev/merge-from": "db"}},
+        "data": {"other": base64::engine::general_purpose::STANDARD.encode("kept")}}));
+    let mut es = external_secret("db", json!({"creationPolicy": "Merge", "name": "app"}));
+    s.apply(es.clone());
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    holds(&s, "app", PASSWORD).await;
+    reason_is(&s, "db", "SecretSynced").await;
+
+    for policy in ["Owner", "Orphan"] {
+        es["spec"]["target"] =
+            json!({"creationPolicy": policy, "name": "app", "deletionPolicy": "Delete"});
+        s.apply(es.clone());
+        let message = reason_is(&s, "db", "SecretConflict").await;
+        assert!(message.contains("not created by Latchkey"), "{message}");
+        let app = secret(&s, "app").unwrap();
+        assert!(app["metadata"].get("ownerReferences").is_none(), "{app}");
+        // Back to Merge in between, so the next policy starts from a synced Secret.
+        es["spec"]["target"] = json!({"creationPolicy": "Merge", "name": "app"});
+        s.apply(es.clone());
+        reason_is(&s, "db", "SecretSynced").await;
+    }
+    // Owner + Delete, and the remote value goes: the Secret stays.
+    es["spec"]["target"] =
+        json!({"creationPolicy": "Owner", "name": "app", "deletionPolicy": "Delete"});
+    s.apply(es);
+    reason_is(&s, "db", "SecretConflict").await;
+    let mut gone = fake_store(PASSWORD);
+    gone["spec"]["provider"]["fake"]["data"] = json!([{"key": "other", "value": "x"}]);
+    s.apply(gone);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let app = secret(&s, "app").expect("a Secret Latchkey did not create was deleted");
+    assert_eq!(decoded(&app, "other").as_deref(), Some("kept"));
+    assert_eq!(ready(&s, "db").unwrap().1, "SecretConflict");
+    let deletes = s
+        .requests()
+        .iter()
+        .filter(|r| r.method == "DELETE" && r.path.contains("/secrets/"))
+        .count();
+    assert_eq!(deletes, 0);
+    no_value_leaked(&s, &c);
+}
+
+/// Two Owner ExternalSecrets name one Secret and check for it at the same moment (both reads
+/// held together by the API server): one create wins, the other reports SecretConflict and
+/// never SecretSynced, and the Secret is the winner's alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_owners_racing_for_one_target_leave_one_winner() {
+    let s = cluster().await;
+    for name in ["first", "second"] {
+        s.apply(external_secret(
+            name,
+            json!({"creationPolicy": "Owner", "name": "contested"}),
+        ));
+    }
+    s.delay_next(
+        "GET",
+        "/namespaces/shop/secrets/contested",
+        Duration::from_millis(1500),
+        2,
+    );
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    holds(&s, "contested", PASSWORD).await;
+    let outcome = |name| {
+        ready(&s, name)
+            .filter(|r| r.1 == "SecretSynced" || r.1 == "SecretConflict")
+            .map(|r| r.1)
+    };
+    let first = eventually(Duration::from_secs(15), "first's outcome", || outcome("first")).await;
+    let second =
+        eventually(Duration::from_secs(15), "second's outcome", || outcome("second")).await;
+    let (winner, loser) = match (first.as_str(), second.as_str()) {
+        ("SecretSynced", "SecretConflict") => ("first", "second"),
+        ("SecretConflict", "SecretSynced") => ("second", "first"),
+        other => panic!("not one winner: {other:?}"),
+    };
+    // Both checked at once: both reads were held and answered "absent".
+    let reads = s
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/secrets/contested"))
+        .count();
+    assert!(reads >= 2, "{reads}");
+    // Several refreshes later the verdict holds, and the loser never reported SecretSynced.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(ready(&s, winner).unwrap().1, "SecretSynced");
+    assert_eq!(ready(&s, loser).unwrap().1, "SecretConflict");
+    let reasons = event_reasons(&s, loser);
+    assert!(
+        !reasons.iter().any(|r| r == "SecretSynced"),
+        "{loser}: {reasons:?}"
+    );
+    let contested = secret(&s, "contested").unwrap();
+    let owners = contested["metadata"]["ownerReferences"].as_array().unwrap();
+    let uid = external(&s, winner).unwrap()["metadata"]["uid"].clone();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(owners[0]["uid"], uid);
+    assert_eq!(
+        contested["metadata"]["annotations"]["latchkey.dev/created-for"],
+        uid
+    );
+    no_value_leaked(&s, &c);
+}
+
+/// Tokens are minted only for a service account that opted in, and never for the API server's
+/// own audience when the store would send it to a backend; the controller's own identity is
+/// refused for a ClusterSecretStore's agentIdentity unless allowed. Each refusal says which
+/// namespace, ExternalSecret and service account, and what to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_only_for_opted_in_service_accounts_and_audiences_a_backend_checks() {
+    let s = cluster().await;
+    // A powerful service account its manager never opted in.
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "cluster-deployer", "namespace": "shop"}}));
+    s.apply(opted_in_service_account("reader"));
+    s.allow(
+        Identity::service_account("shop", "reader"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app-credentials", "namespace": "shop"},
+        "stringData": {"password": PASSWORD}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "same-namespace", "namespace": "shop"},
+        "spec": {"provider": {"kubernetes": {}}}}),
+    );
+    // A tenant's "Vault" that would receive an API-server token (no audience set).
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "tenant-vault", "namespace": "shop"},
+        "spec": {"provider": {"vault": {"server": "http://127.0.0.1:9", "path": "secret",
+            "version": "v2", "auth": {"kubernetes": {"role": "shop"}}}}}}),
+    );
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+        "metadata": {"name": "as-the-node"},
+        "spec": {"provider": {"aws": {"service": "SecretsManager", "region": "eu-west-1",
+            "auth": {"agentIdentity": {}}}}}}),
+    );
+    let es = |name: &str, store: Value, account: &str| {
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"secretStoreRef": store, "refreshInterval": "1s",
+                     "serviceAccountName": account,
+                     "data": [{"secretKey": "password",
+                               "remoteRef": {"key": "app-credentials", "property": "password"}}],
+                     "target": {"creationPolicy": "Owner"}}})
+    };
+    s.apply(es(
+        "as-deployer",
+        json!({"name": "same-namespace"}),
+        "cluster-deployer",
+    ));
+    s.apply(es("as-ghost", json!({"name": "same-namespace"}), "ghost"));
+    s.apply(es(
+        "to-tenant-vault",
+        json!({"name": "tenant-vault"}),
+        "reader",
+    ));
+    s.apply(es(
+        "as-the-controller",
+        json!({"name": "as-the-node", "kind": "ClusterSecretStore"}),
+        "reader",
+    ));
+    s.apply(es("as-reader", json!({"name": "same-namespace"}), "reader"));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+
+    let written = appears(&s, "as-reader").await;
+    assert_eq!(decoded(&written, "password").as_deref(), Some(PASSWORD));
+    for (name, says) in [
+        (
+            "as-deployer",
+            "kubectl annotate serviceaccount -n shop cluster-deployer \
+             latchkey.dev/allow-controller=true",
+        ),
+        ("as-ghost", "service account shop/ghost does not exist"),
+        ("to-tenant-vault", "API server's own audience"),
+        ("as-the-controller", "--allow-agent-identity"),
+    ] {
+        let message = reason_is(&s, name, "SecretSyncedError").await;
+        assert!(message.contains("namespace \"shop\""), "{message}");
+        assert!(message.contains(&format!("\"{name}\"")), "{message}");
+        assert!(message.contains(says), "{name}: {message}");
+        assert!(secret(&s, name).is_none());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let minted = s.token_requests();
+    assert!(
+        minted.iter().all(|t| t.service_account == "reader"),
+        "{minted:?}"
+    );
+    assert_eq!(minted.len(), 1, "{minted:?}");
+    no_value_leaked(&s, &c);
 }

@@ -62,8 +62,11 @@
 //! Test-side controls: [`FakeApiServer::apply`]/[`FakeApiServer::delete`] (no authorisation,
 //! no validation), [`FakeApiServer::compact`], [`FakeApiServer::close_watches`],
 //! [`FakeApiServer::fail_next`] (real-shaped 429 with `Retry-After`, 500, 503, 409, 422, ...;
-//! note that kube-rs' default client itself retries 429, 503 and 504) and
-//! [`FakeApiServer::collect_garbage`]: garbage collection never runs by itself.
+//! note that kube-rs' default client itself retries 429, 503 and 504),
+//! [`FakeApiServer::delay_next`] (a request held before it is served) and
+//! [`FakeApiServer::collect_garbage`]: garbage collection never runs by itself. Deletes honour
+//! DeleteOptions `preconditions` (uid, resourceVersion: 409 `Conflict`); other DeleteOptions
+//! (propagationPolicy, gracePeriodSeconds, dryRun) are ignored.
 //!
 //! What it does not do: TLS, discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
 //! validation of CRD objects and validation of other kinds beyond the above, strategic-merge and
@@ -505,6 +508,22 @@ impl FakeApiServer {
         });
     }
 
+    /// Holds the next `times` requests whose method is `method` (`"*"`: any) and whose path and
+    /// query contain `path_contains` for `delay` before serving them, as a slow network or a
+    /// busy server would: requests held together read the store after the delay, so clients
+    /// that checked at the same moment act on the same (possibly stale) answer.
+    pub fn delay_next(&self, method: &str, path_contains: &str, delay: Duration, times: usize) {
+        if times == 0 {
+            return;
+        }
+        lock(&self.shared.delays).push(Delay {
+            method: method.to_ascii_uppercase(),
+            path_contains: path_contains.to_string(),
+            delay,
+            remaining: times,
+        });
+    }
+
     /// Every token minted by a TokenRequest so far, in order.
     pub fn token_requests(&self) -> Vec<TokenRequestRecord> {
         lock(&self.shared.auth).token_requests.clone()
@@ -553,6 +572,16 @@ struct Shared {
     open_watches: AtomicUsize,
     /// Failures to inject, see [`FakeApiServer::fail_next`].
     faults: Mutex<Vec<Fault>>,
+    /// Delays to inject, see [`FakeApiServer::delay_next`].
+    delays: Mutex<Vec<Delay>>,
+}
+
+/// Delays queued for matching requests.
+struct Delay {
+    method: String,
+    path_contains: String,
+    delay: Duration,
+    remaining: usize,
 }
 
 /// Failures queued for matching requests.
@@ -579,6 +608,7 @@ impl Shared {
             closed: watch::Sender::new(0),
             open_watches: AtomicUsize::new(0),
             faults: Mutex::new(Vec::new()),
+            delays: Mutex::new(Vec::new()),
         }
     }
 
@@ -627,6 +657,26 @@ impl Shared {
             faults.remove(index);
         }
         Some(code)
+    }
+
+    /// How long this request is held, used up by one.
+    fn take_delay(&self, parts: &Parts) -> Option<Duration> {
+        let target = match parts.uri.query() {
+            Some(query) => format!("{}?{query}", parts.uri.path()),
+            None => parts.uri.path().to_string(),
+        };
+        let mut delays = lock(&self.delays);
+        let method = parts.method.as_str();
+        let index = delays.iter().position(|d| {
+            (d.method == "*" || d.method == method) && target.contains(&d.path_contains)
+        })?;
+        let delay = &mut delays[index];
+        delay.remaining -= 1;
+        let held = delay.delay;
+        if delay.remaining == 0 {
+            delays.remove(index);
+        }
+        Some(held)
     }
 
     fn record(&self, parts: &Parts, identity: Option<Identity>) {

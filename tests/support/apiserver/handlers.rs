@@ -10,6 +10,9 @@ pub(super) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
         let target = parse_path(parts.uri.path()).ok();
         return ApiError::injected(code, target.as_ref()).into_response();
     }
+    if let Some(delay) = shared.take_delay(&parts) {
+        tokio::time::sleep(delay).await;
+    }
     match serve(&shared, identity, &parts, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
@@ -66,7 +69,7 @@ pub(super) async fn serve(
             };
             Ok(respond(code, object))
         }
-        _ => delete(shared, &target).map(ok),
+        _ => delete(shared, &target, &body).map(ok),
     }
 }
 
@@ -548,11 +551,33 @@ pub(super) fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-pub(super) fn delete(shared: &Shared, target: &Target) -> Result<Value, ApiError> {
+/// Deletes, honouring the DeleteOptions' `preconditions` (uid, resourceVersion) as the real
+/// server does: 409 Conflict when the object is not the one the client checked.
+pub(super) fn delete(shared: &Shared, target: &Target, body: &[u8]) -> Result<Value, ApiError> {
     let key = target.key()?;
+    let options: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the DeleteOptions are not valid JSON: {e}")))?
+    };
+    let preconditions = options.get("preconditions").cloned().unwrap_or(Value::Null);
     shared.mutate(|store| {
-        if store.current(&key).is_none() {
+        let Some(live) = store.current(&key) else {
             return Err(ApiError::not_found(target.kind(), &key.name));
+        };
+        for (field, shown) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+            if let Some(want) = preconditions.get(field).and_then(Value::as_str) {
+                let have = meta_str(live, field).unwrap_or("");
+                if want != have {
+                    let message = format!(
+                        "Precondition failed: {shown} in precondition: {want}, {shown} in \
+                         object meta: {have}"
+                    );
+                    return Err(ApiError::new(409, "Conflict", message)
+                        .with_details(target.kind().details(&key.name)));
+                }
+            }
         }
         Ok(store.write(key, None))
     })
