@@ -411,4 +411,65 @@ mod tests {
         ));
         assert!(is_secret_key("tls.crt") && !is_secret_key("..") && !is_secret_key(""));
     }
+
+    #[test]
+    fn a_template_cannot_make_a_token_secret_or_set_latchkey_s_marks() {
+        let mut token = es(CreationPolicy::Owner);
+        if let Some(t) = token.spec.target.as_mut().and_then(|t| t.template.as_mut()) {
+            t.type_ = Some(SERVICE_ACCOUNT_TOKEN_TYPE.into());
+        }
+        assert_eq!(
+            secret(&token, CreationPolicy::Owner, Some(&entries("pw"))).unwrap_err(),
+            DesiredError::ForbiddenType(SERVICE_ACCOUNT_TOKEN_TYPE.into())
+        );
+        for mark in [CREATED_FOR_ANNOTATION, MERGE_FROM_ANNOTATION, MANAGED_LABEL] {
+            let mut forged = es(CreationPolicy::Owner);
+            if let Some(m) = forged
+                .spec
+                .target
+                .as_mut()
+                .and_then(|t| t.template.as_mut())
+                .and_then(|t| t.metadata.as_mut())
+            {
+                m.annotations.insert(mark.into(), "uid-1".into());
+            }
+            assert_eq!(
+                check_template(&forged),
+                Err(DesiredError::ReservedMark(mark.into()))
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_create_of_its_own_carries_the_created_for_mark() {
+        let owner = secret(
+            &es(CreationPolicy::Orphan),
+            CreationPolicy::Orphan,
+            Some(&entries("pw")),
+        )
+        .unwrap();
+        assert_eq!(
+            owner.body["metadata"]["annotations"][CREATED_FOR_ANNOTATION],
+            "uid-1"
+        );
+        let merge = secret(
+            &es(CreationPolicy::Merge),
+            CreationPolicy::Merge,
+            Some(&entries("pw")),
+        )
+        .unwrap();
+        assert!(
+            merge.body["metadata"]["annotations"]
+                .get(CREATED_FOR_ANNOTATION)
+                .is_none()
+        );
+        // The create carries the marks and type, never a value nor immutability.
+        let create = creation_body(&owner);
+        assert_eq!(
+            create["metadata"]["annotations"][CREATED_FOR_ANNOTATION],
+            "uid-1"
+        );
+        assert_eq!(create["type"], "kubernetes.io/basic-auth");
+        assert!(create.get("data").is_none() && create.get("immutable").is_none());
+    }
 }
