@@ -1831,3 +1831,57 @@ async fn injected_failures_have_the_real_shapes_and_kube_rs_retries_throttling()
         .await
         .expect("the queue is used up");
 }
+
+// --- delete preconditions and held requests ----------------------------------------------------
+
+/// A delete with `preconditions` removes only the object the client checked (uid and
+/// resourceVersion), as the real server does: anything else is 409 Conflict and nothing goes.
+/// A held request reads the store only after its delay.
+#[tokio::test]
+async fn deletes_honour_preconditions_and_held_requests_read_late() {
+    let server = server().await;
+    let admin: Api<Secret> = Api::namespaced(server.client(ADMIN).await, "shop");
+    let first = server.apply(secret("shop", "a", "1"));
+    let uid = first["metadata"]["uid"].as_str().unwrap().to_string();
+    let rv = first["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let only = |uid: &str, rv: &str| DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: Some(rv.to_string()),
+        }),
+        ..DeleteParams::default()
+    };
+    // Changed since it was checked, or another object of the same name: refused.
+    server.apply(secret("shop", "a", "2"));
+    let stale = status(admin.delete("a", &only(&uid, &rv)).await);
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+    assert!(stale.message.contains("ResourceVersion in precondition"), "{}", stale.message);
+    let now = admin.get("a").await.unwrap();
+    let other = status(
+        admin
+            .delete("a", &only("not-its-uid", &now.resource_version().unwrap()))
+            .await,
+    );
+    assert_eq!(other.code, 409);
+    assert!(other.message.contains("UID in precondition"), "{}", other.message);
+    assert!(server.get("v1", "Secret", Some("shop"), "a").is_some());
+    admin
+        .delete("a", &only(&uid, &now.resource_version().unwrap()))
+        .await
+        .unwrap();
+    assert!(server.get("v1", "Secret", Some("shop"), "a").is_none());
+
+    // Held for 300 ms: a Secret created meanwhile is what the held get finds.
+    server.delay_next("GET", "/secrets/late", Duration::from_millis(300), 1);
+    let held = tokio::spawn({
+        let admin = admin.clone();
+        async move { admin.get_opt("late").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.apply(secret("shop", "late", "x"));
+    let found = held.await.unwrap().unwrap();
+    assert!(found.is_some(), "the held request read the store before its delay");
+}
