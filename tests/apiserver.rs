@@ -1858,7 +1858,11 @@ async fn deletes_honour_preconditions_and_held_requests_read_late() {
     server.apply(secret("shop", "a", "2"));
     let stale = status(admin.delete("a", &only(&uid, &rv)).await);
     assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
-    assert!(stale.message.contains("ResourceVersion in precondition"), "{}", stale.message);
+    assert!(
+        stale.message.contains("ResourceVersion in precondition"),
+        "{}",
+        stale.message
+    );
     let now = admin.get("a").await.unwrap();
     let other = status(
         admin
@@ -1866,7 +1870,11 @@ async fn deletes_honour_preconditions_and_held_requests_read_late() {
             .await,
     );
     assert_eq!(other.code, 409);
-    assert!(other.message.contains("UID in precondition"), "{}", other.message);
+    assert!(
+        other.message.contains("UID in precondition"),
+        "{}",
+        other.message
+    );
     assert!(server.get("v1", "Secret", Some("shop"), "a").is_some());
     admin
         .delete("a", &only(&uid, &now.resource_version().unwrap()))
@@ -1883,5 +1891,8 @@ async fn deletes_honour_preconditions_and_held_requests_read_late() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.apply(secret("shop", "late", "x"));
     let found = held.await.unwrap().unwrap();
-    assert!(found.is_some(), "the held request read the store before its delay");
+    assert!(
+        found.is_some(),
+        "the held request read the store before its delay"
+    );
 }

@@ -1003,9 +1003,11 @@ async fn merge_needs_the_secret_s_opt_in_and_no_token_secret_is_ever_written() {
     let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
     // A cert-manager TLS Secret nobody opted in, one opted in for another ExternalSecret, and a
     // token Secret that even carries an opt-in.
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+    s.apply(
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
         "metadata": {"name": "web-tls", "namespace": "shop"},
-        "data": {"tls.crt": b64("cert"), "tls.key": b64("the-real-key")}}));
+        "data": {"tls.crt": b64("cert"), "tls.key": b64("the-real-key")}}),
+    );
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "for-another", "namespace": "shop",
                      "annotations": {"latchkey.dev/merge-from": "someone-else"}},
@@ -1047,7 +1049,11 @@ async fn merge_needs_the_secret_s_opt_in_and_no_token_secret_is_ever_written() {
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
 
     for (name, want, says) in [
-        ("into-tls", "SecretConflict", "latchkey.dev/merge-from=into-tls"),
+        (
+            "into-tls",
+            "SecretConflict",
+            "latchkey.dev/merge-from=into-tls",
+        ),
         ("into-another", "SecretConflict", "someone-else"),
         ("into-token", "SecretConflict", "service-account token"),
         ("makes-token", "InvalidTarget", "service-account token"),
@@ -1144,9 +1150,14 @@ async fn two_owners_racing_for_one_target_leave_one_winner() {
             .filter(|r| r.1 == "SecretSynced" || r.1 == "SecretConflict")
             .map(|r| r.1)
     };
-    let first = eventually(Duration::from_secs(15), "first's outcome", || outcome("first")).await;
-    let second =
-        eventually(Duration::from_secs(15), "second's outcome", || outcome("second")).await;
+    let first = eventually(Duration::from_secs(15), "first's outcome", || {
+        outcome("first")
+    })
+    .await;
+    let second = eventually(Duration::from_secs(15), "second's outcome", || {
+        outcome("second")
+    })
+    .await;
     let (winner, loser) = match (first.as_str(), second.as_str()) {
         ("SecretSynced", "SecretConflict") => ("first", "second"),
         ("SecretConflict", "SecretSynced") => ("second", "first"),

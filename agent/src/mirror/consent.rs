@@ -44,7 +44,10 @@ pub fn audiences(
     allow_agent_identity: bool,
 ) -> Result<Vec<String>, ConsentError> {
     if let ProviderSpec::Aws(aws) = spec
-        && aws.auth.as_ref().is_some_and(|a| a.agent_identity.is_some())
+        && aws
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.agent_identity.is_some())
         && !allow_agent_identity
     {
         return Err(ConsentError::AgentIdentity);
@@ -88,7 +91,12 @@ mod tests {
         );
         let k8s = KubernetesProvider { audience: None };
         assert_eq!(
-            audiences(ProviderSpec::Kubernetes(&k8s), StoreKind::SecretStore, false).unwrap(),
+            audiences(
+                ProviderSpec::Kubernetes(&k8s),
+                StoreKind::SecretStore,
+                false
+            )
+            .unwrap(),
             [""]
         );
         let plugin = PluginProvider {
@@ -133,7 +141,11 @@ mod tests {
                 ..Default::default()
             }),
         };
-        let refused = audiences(ProviderSpec::Aws(&own), StoreKind::ClusterSecretStore, false);
+        let refused = audiences(
+            ProviderSpec::Aws(&own),
+            StoreKind::ClusterSecretStore,
+            false,
+        );
         assert_eq!(refused, Err(ConsentError::AgentIdentity));
         assert!(
             refused

@@ -181,7 +181,10 @@ mod tests {
 
     #[test]
     fn marks_a_merge_leaves_give_no_ownership() {
-        let mut merged = meta(&[(EXTERNAL_SECRET_ANNOTATION, "db"), (MERGE_FROM_ANNOTATION, "db")]);
+        let mut merged = meta(&[
+            (EXTERNAL_SECRET_ANNOTATION, "db"),
+            (MERGE_FROM_ANNOTATION, "db"),
+        ]);
         merged.labels = Some([(MANAGED_LABEL.to_string(), "true".to_string())].into());
         for policy in [CreationPolicy::Owner, CreationPolicy::Orphan] {
             let (reason, message) =

@@ -162,14 +162,15 @@ impl TokenMinter {
         service_account: &str,
         audience: &str,
     ) -> Result<(), TokenError> {
-        let account = api.get_metadata_opt(service_account).await.map_err(|e| {
-            TokenError::Refused {
-                namespace: namespace.to_string(),
-                service_account: service_account.to_string(),
-                audience: audience.to_string(),
-                reason: format!("reading the service account: {}", describe(&e)),
-            }
-        })?;
+        let account =
+            api.get_metadata_opt(service_account)
+                .await
+                .map_err(|e| TokenError::Refused {
+                    namespace: namespace.to_string(),
+                    service_account: service_account.to_string(),
+                    audience: audience.to_string(),
+                    reason: format!("reading the service account: {}", describe(&e)),
+                })?;
         let Some(account) = account else {
             return Err(TokenError::Missing {
                 namespace: namespace.to_string(),

@@ -558,8 +558,9 @@ pub(super) fn delete(shared: &Shared, target: &Target, body: &[u8]) -> Result<Va
     let options: Value = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the DeleteOptions are not valid JSON: {e}")))?
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("the DeleteOptions are not valid JSON: {e}"))
+        })?
     };
     let preconditions = options.get("preconditions").cloned().unwrap_or(Value::Null);
     shared.mutate(|store| {

@@ -59,10 +59,13 @@ impl Reconciler {
                      Delete deletes only Secrets Latchkey created, and this one was merged into"
                 ),
             )),
-            (DeletionPolicy::Delete, Access::Own {
-                resource_version,
-                uid,
-            }) => {
+            (
+                DeletionPolicy::Delete,
+                Access::Own {
+                    resource_version,
+                    uid,
+                },
+            ) => {
                 if self.may_write() {
                     if self.dry_run {
                         info!(%namespace, external_secret = %name, secret = %target, "dry run: would delete the Secret");
