@@ -1163,13 +1163,17 @@ async fn two_owners_racing_for_one_target_leave_one_winner() {
         ("SecretConflict", "SecretSynced") => ("second", "first"),
         other => panic!("not one winner: {other:?}"),
     };
-    // Both checked at once: both reads were held and answered "absent".
-    let reads = s
+    // Both checked at once: both reads were held, answered "absent", and both tried to create
+    // it; the create is what decided.
+    let creates = s
         .requests()
         .iter()
-        .filter(|r| r.method == "GET" && r.path.ends_with("/secrets/contested"))
+        .filter(|r| r.method == "POST" && r.path.ends_with("/namespaces/shop/secrets"))
         .count();
-    assert!(reads >= 2, "{reads}");
+    assert_eq!(
+        creates, 2,
+        "both saw the Secret absent and tried to create it"
+    );
     // Several refreshes later the verdict holds, and the loser never reported SecretSynced.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(ready(&s, winner).unwrap().1, "SecretSynced");
