@@ -204,13 +204,9 @@ impl Budget {
 
     fn replace(state: &mut State, target: &Path, namespace: Arc<str>, bytes: u64) {
         state.add(&namespace, bytes);
-        let old = state.by_target.insert(
-            target.as_os_str().to_owned(),
-            Held {
-                namespace,
-                bytes,
-            },
-        );
+        let old = state
+            .by_target
+            .insert(target.as_os_str().to_owned(), Held { namespace, bytes });
         if let Some(old) = old {
             state.sub(&old.namespace, old.bytes);
         }
@@ -250,6 +246,7 @@ pub(crate) fn mib(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volume::test_support::{file, require_root};
     use crate::volume::tmpfs::page_size;
 
     const MIB: u64 = 1 << 20;
@@ -265,7 +262,10 @@ mod tests {
     fn a_share_is_a_fraction_of_the_node_budget_in_whole_pages() {
         let limits = BudgetLimits::with_share(64 * MIB, 0.5);
         assert_eq!(limits.namespace_bytes, 32 * MIB);
-        assert_eq!(BudgetLimits::with_share(64 * MIB, 1.0).namespace_bytes, 64 * MIB);
+        assert_eq!(
+            BudgetLimits::with_share(64 * MIB, 1.0).namespace_bytes,
+            64 * MIB
+        );
         let odd = BudgetLimits::with_share(10 * page_size() + 1, 0.3);
         assert_eq!(odd.namespace_bytes % page_size(), 0);
         assert!(odd.namespace_bytes <= odd.node_bytes);
@@ -276,13 +276,14 @@ mod tests {
         let b = budget(8 * MIB, 4 * MIB);
         for i in 0..4 {
             let t = format!("/t/a{i}");
-            b.reserve("flood", MIB)
-                .unwrap()
-                .commit(Path::new(&t), MIB);
+            b.reserve("flood", MIB).unwrap().commit(Path::new(&t), MIB);
         }
         let err = b.reserve("flood", MIB).err().unwrap();
         let message = err.to_string();
-        assert!(message.contains("namespace flood holds 4.0 MiB"), "{message}");
+        assert!(
+            message.contains("namespace flood holds 4.0 MiB"),
+            "{message}"
+        );
         assert!(message.contains("of its 4.0 MiB share"), "{message}");
         assert!(message.contains("--volume-budget 8.0 MiB"), "{message}");
         assert_eq!(err.class(), crate::volume::ErrorClass::ResourceExhausted);
@@ -291,7 +292,10 @@ mod tests {
             .commit(Path::new("/t/b0"), MIB);
         assert_eq!(
             b.usage(),
-            (vec![("flood".into(), 4 * MIB), ("quiet".into(), MIB)], 5 * MIB)
+            (
+                vec![("flood".into(), 4 * MIB), ("quiet".into(), MIB)],
+                5 * MIB
+            )
         );
     }
 
@@ -326,6 +330,171 @@ mod tests {
         // Releasing twice (an unpublish retried) is harmless.
         assert!(!b.release(t));
         assert_eq!(b.usage().1, 0);
+    }
+
+    /// Tmpfs volumes held to `limits`, in a scratch directory whose mounts go with it.
+    struct Node {
+        volumes: crate::volume::Volumes,
+        dir: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new(limits: BudgetLimits) -> Self {
+            require_root();
+            let volumes = crate::volume::Volumes::new(crate::volume::VolumeConfig {
+                backend: crate::volume::Backend::Tmpfs,
+                size_limit: 4 * MIB,
+            })
+            .with_budget(limits);
+            Self {
+                volumes,
+                dir: tempfile::tempdir().unwrap(),
+            }
+        }
+
+        fn target(&self, name: &str) -> std::path::PathBuf {
+            self.dir
+                .path()
+                .canonicalize()
+                .unwrap()
+                .join(name)
+                .join("mount")
+        }
+
+        fn used(&self, namespace: &str) -> u64 {
+            let (by_namespace, _) = self.volumes.usage();
+            by_namespace
+                .into_iter()
+                .find_map(|(ns, bytes)| (ns == namespace).then_some(bytes))
+                .unwrap_or(0)
+        }
+    }
+
+    impl Drop for Node {
+        fn drop(&mut self) {
+            for m in crate::volume::mountinfo::below(self.dir.path()).unwrap_or_default() {
+                let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+
+    fn big(bytes: usize) -> Vec<crate::volume::VolumeFile> {
+        vec![file("v", &"x".repeat(bytes))]
+    }
+
+    #[test]
+    fn a_publish_past_the_share_is_refused_and_leaves_nothing_while_others_still_mount() {
+        let node = Node::new(BudgetLimits {
+            node_bytes: 8 * MIB,
+            namespace_bytes: 4 * MIB,
+        });
+        let mut mounted = 0;
+        let refused = loop {
+            let target = node.target(&format!("flood-{mounted}"));
+            match node
+                .volumes
+                .publish("flood", &target, &big(MIB as usize), None)
+            {
+                Ok(()) => mounted += 1,
+                Err(err) => break (target, err),
+            }
+            assert!(mounted < 10, "never refused");
+        };
+        // 1 MiB + a page for the link + five inodes each: three fit in 4 MiB, not four.
+        assert_eq!(mounted, 3);
+        let (target, err) = refused;
+        assert_eq!(err.class(), crate::volume::ErrorClass::ResourceExhausted);
+        let message = err.to_string();
+        assert!(
+            message.contains("namespace flood holds 3.0 MiB of its 4.0 MiB share"),
+            "{message}"
+        );
+        assert!(!target.exists(), "{} left behind", target.display());
+        assert!(
+            !target.parent().unwrap().exists(),
+            "its parent was created by the publish"
+        );
+        assert_eq!(crate::volume::mountinfo::find(&target).unwrap(), None);
+        // What the three volumes hold, as measured: the page-rounded file and five inodes (root,
+        // payload directory, file, its link and `..data`; short links take no page).
+        let each = round_up_to_pages(MIB) + 5 * INODE_BYTES;
+        assert_eq!(node.used("flood"), 3 * each);
+
+        node.volumes
+            .publish("quiet", &node.target("quiet"), &big(MIB as usize), None)
+            .unwrap();
+        assert_eq!(node.used("quiet"), each);
+        // Unpublishing gives the bytes back: the refused volume now fits.
+        node.volumes.unpublish(&node.target("flood-0")).unwrap();
+        assert_eq!(node.used("flood"), 2 * each);
+        node.volumes
+            .publish("flood", &target, &big(MIB as usize), None)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_refresh_that_grows_past_the_share_keeps_the_old_content_and_one_that_does_not_change_passes()
+     {
+        let node = Node::new(BudgetLimits {
+            node_bytes: 8 * MIB,
+            namespace_bytes: 3 * MIB,
+        });
+        let target = node.target("pod");
+        node.volumes
+            .publish("shop", &target, &big(MIB as usize), None)
+            .unwrap();
+        // Old and new both exist during the swap: 1 + 2 MiB does not fit in 3 MiB.
+        let err = node
+            .volumes
+            .update("shop", &target, &big(2 * MIB as usize), None)
+            .unwrap_err();
+        assert_eq!(err.class(), crate::volume::ErrorClass::ResourceExhausted);
+        assert_eq!(std::fs::read(target.join("v")).unwrap().len(), MIB as usize);
+        let held = node.used("shop");
+        // Same content with the budget full (a budget of exactly what is held, counted the way a
+        // restarted agent does): nothing to write, nothing to reserve, no refusal.
+        let tight = Node::new(BudgetLimits {
+            node_bytes: held,
+            namespace_bytes: held,
+        });
+        tight.volumes.count_mounted().unwrap();
+        assert!(
+            !tight
+                .volumes
+                .update("shop", &target, &big(MIB as usize), None)
+                .unwrap()
+        );
+        // A refresh that fits swaps, and the count follows the new content.
+        assert!(
+            node.volumes
+                .update("shop", &target, &big(100), None)
+                .unwrap()
+        );
+        assert_eq!(node.used("shop"), page_size() + 5 * INODE_BYTES);
+    }
+
+    #[test]
+    fn the_count_is_rebuilt_from_the_mounted_volumes_with_their_namespaces() {
+        let node = Node::new(BudgetLimits::UNLIMITED);
+        for i in 0..3 {
+            node.volumes
+                .publish(
+                    "recount",
+                    &node.target(&format!("p{i}")),
+                    &big(100_000),
+                    None,
+                )
+                .unwrap();
+        }
+        let before = node.used("recount");
+        assert!(before > 3 * 100_000, "{before}");
+        // A restarted agent: a new process knows nothing but what is mounted.
+        let restarted = Node::new(BudgetLimits::UNLIMITED);
+        assert!(restarted.volumes.count_mounted().unwrap() >= 3);
+        assert_eq!(restarted.used("recount"), before);
+        // Its unpublish releases what the count found (keyed by the mount point).
+        restarted.volumes.unpublish(&node.target("p0")).unwrap();
+        assert_eq!(restarted.used("recount"), before / 3 * 2);
     }
 
     #[test]

@@ -195,7 +195,9 @@ impl VolumeError {
             | Self::Conflict(_)
             | Self::InvalidMode { .. }
             | Self::InvalidTarget { .. } => ErrorClass::InvalidArgument,
-            Self::TooLarge { .. } | Self::NoSpace { .. } | Self::OverBudget { .. } => ErrorClass::ResourceExhausted,
+            Self::TooLarge { .. } | Self::NoSpace { .. } | Self::OverBudget { .. } => {
+                ErrorClass::ResourceExhausted
+            }
             Self::NotADirectory { .. }
             | Self::NotEmpty { .. }
             | Self::LeftInPlace { .. }

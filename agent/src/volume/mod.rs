@@ -280,7 +280,10 @@ impl Volumes {
     ) -> Result<(), VolumeError> {
         // Refused before anything is mounted; the root directory is the one inode beyond the
         // payload's own.
-        let reserved = match self.budget.reserve(namespace, payload.charge() + INODE_BYTES) {
+        let reserved = match self
+            .budget
+            .reserve(namespace, payload.charge() + INODE_BYTES)
+        {
             Ok(reserved) => reserved,
             Err(err) => {
                 created.remove(target);
@@ -380,8 +383,9 @@ impl Volumes {
                 Arc::from(namespace)
             }
         };
-        let written = AtomicWriter::new(target, group)
-            .write_reserving(payload, || self.budget.reserve(&namespace, payload.charge()))?;
+        let written = AtomicWriter::new(target, group).write_reserving(payload, || {
+            self.budget.reserve(&namespace, payload.charge())
+        })?;
         Ok(match written {
             Some(reserved) => {
                 reserved.commit(target, self.measure(target, payload));

@@ -178,7 +178,9 @@ fn update_swaps_atomically_under_concurrent_readers() {
         let body = format!("{n:08}\n").repeat(4096);
         [file("a", &body), file("nested/b", &body)]
     };
-    f.volumes.publish(NS, &f.target, &generation(0), None).unwrap();
+    f.volumes
+        .publish(NS, &f.target, &generation(0), None)
+        .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
@@ -186,7 +188,11 @@ fn update_swaps_atomically_under_concurrent_readers() {
         std::thread::spawn(move || read_until_stopped(&target, &stop))
     };
     for n in 1..=200 {
-        assert!(f.volumes.update(NS, &f.target, &generation(n), None).unwrap());
+        assert!(
+            f.volumes
+                .update(NS, &f.target, &generation(n), None)
+                .unwrap()
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let (snapshots, single_reads) = reader.join().unwrap();
@@ -283,7 +289,8 @@ fn update_errors_keep_the_old_content() {
     let before = data_link(&f.target);
     let too_big = "x".repeat(usize::try_from(LIMIT).unwrap());
     assert!(matches!(
-        f.volumes.update(NS, &f.target, &[file("a", &too_big)], None),
+        f.volumes
+            .update(NS, &f.target, &[file("a", &too_big)], None),
         Err(VolumeError::TooLarge { .. })
     ));
     assert!(matches!(
@@ -684,7 +691,11 @@ fn fs_group_owns_the_volume_and_tightens_the_root() {
         }
         // Same content and group: nothing to do. Another group: rewritten with it.
         assert!(!f.volumes.update(NS, &f.target, &files, Some(gid)).unwrap());
-        assert!(f.volumes.update(NS, &f.target, &files, Some(gid + 1)).unwrap());
+        assert!(
+            f.volumes
+                .update(NS, &f.target, &files, Some(gid + 1))
+                .unwrap()
+        );
         let meta = fs::metadata(f.target.join("api-key")).unwrap();
         assert_eq!(meta.gid(), gid + 1);
         f.volumes.unpublish(&f.target).unwrap();

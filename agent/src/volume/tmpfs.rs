@@ -100,7 +100,11 @@ pub fn measure(target: &Path) -> Result<u64, VolumeError> {
 
 /// The size a tmpfs `entry` was mounted with, in bytes (mountinfo prints `size=8200k`).
 pub fn size(entry: &MountEntry) -> Option<u64> {
-    let kib: u64 = entry.super_option("size")?.strip_suffix('k')?.parse().ok()?;
+    let kib: u64 = entry
+        .super_option("size")?
+        .strip_suffix('k')?
+        .parse()
+        .ok()?;
     kib.checked_mul(1024)
 }
 
@@ -272,7 +276,13 @@ mod tests {
         entry.source = "latchkey/shop".into();
         assert!(is_ours(&entry));
         assert_eq!(namespace(&entry), Some("shop"));
-        for forged in ["latchkey/", "latchkey/Shop", "latchkey/a b", "latchkeyx/shop", "other"] {
+        for forged in [
+            "latchkey/",
+            "latchkey/Shop",
+            "latchkey/a b",
+            "latchkeyx/shop",
+            "other",
+        ] {
             entry.source = forged.into();
             assert!(!is_ours(&entry), "{forged}");
             assert_eq!(namespace(&entry), None, "{forged}");
