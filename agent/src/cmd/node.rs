@@ -42,6 +42,12 @@ pub struct NodeArgs {
     /// so one namespace cannot take the whole node.
     #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
     pub namespace_volume_share: f64,
+    /// At start, the volumes already mounted below this directory are counted in the budget.
+    /// The default counts every Latchkey volume the agent can see, which in its container is
+    /// kubelet's pods directory; narrow it only where other agents' volumes are visible too
+    /// (tests on one machine).
+    #[arg(long, default_value = "/")]
+    pub count_volumes_below: PathBuf,
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint (`:9808` = every
     /// interface); `none` disables it.
     #[arg(long, default_value = ":9808")]
@@ -110,7 +116,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     // The agent keeps no state: what earlier runs mounted is still charged to its cgroup, so
     // the budget starts from the volumes mounted now.
     let counted = volumes
-        .count_mounted()
+        .count_mounted(&args.count_volumes_below)
         .context("counting the volumes already mounted")?;
     let (_, held) = volumes.usage();
     info!(

@@ -143,14 +143,16 @@ impl Volumes {
         self.budget.limits()
     }
 
-    /// Counts every Latchkey tmpfs mounted on the node (this mount namespace) in the budget:
-    /// what an earlier run of the agent mounted is still charged to its memory cgroup. A
-    /// volume's namespace comes from its mount source; an older agent's volume without one is
-    /// counted under `""` until its next refresh names it. Returns how many were counted.
-    pub fn count_mounted(&self) -> Result<usize, VolumeError> {
+    /// Counts every Latchkey tmpfs mounted below `root` in this mount namespace (`/`: all of
+    /// them) in the budget: what an earlier run of the agent mounted is still charged to its
+    /// memory cgroup. A volume's namespace comes from its mount source; an older agent's volume
+    /// without one is counted under `""` until its next refresh names it. Returns how many were
+    /// counted.
+    pub fn count_mounted(&self, root: &Path) -> Result<usize, VolumeError> {
+        let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let mut counted = 0;
         for entry in mountinfo::read()? {
-            if !tmpfs::is_ours(&entry) {
+            if !tmpfs::is_ours(&entry) || !entry.mount_point.starts_with(&root) {
                 continue;
             }
             let bytes = match tmpfs::measure(&entry.mount_point) {
