@@ -206,7 +206,7 @@ impl Drop for Pods {
 
 /// A store and an ExternalSecret `bundle` of 3 MiB in each namespace.
 fn manifests(namespaces: &[&str]) -> String {
-    let value = "b".repeat(VALUE_BYTES);
+    let value = secret_value();
     let mut out = String::new();
     for ns in namespaces {
         out += &format!(
@@ -286,9 +286,20 @@ fn assert_refused_by_the_budget(status: &tonic::Status) {
         "share",
         "--volume-budget 64.0 MiB",
         "nothing was written",
+        // The publish's objects: namespace, ExternalSecret, store.
+        "ExternalSecret \"bundle\"",
+        "SecretStore \"certs\"",
     ] {
         assert!(message.contains(part), "{part:?} missing: {message}");
     }
+    assert!(
+        !message.contains(&secret_value()[..64]),
+        "the value leaked: {message}"
+    );
+}
+
+fn secret_value() -> String {
+    "b".repeat(VALUE_BYTES)
 }
 
 async fn volume_bytes(agent: &Agent, namespace: &str) -> f64 {
@@ -355,6 +366,12 @@ async fn a_namespace_filling_volumes_is_refused_before_the_agent_is_oom_killed()
         .unwrap();
     assert!(alive(&agent));
     assert_eq!(cgroup.oom_kills(), 0);
+    let log = agent.log_text();
+    assert!(log.contains("volume budget"), "{log}");
+    assert!(
+        !log.contains(&secret_value()[..64]),
+        "a value reached the log"
+    );
     eprintln!(
         "limit {} MiB ({flags:?}): {mounted} flood volumes of 3 MiB mounted, the next refused; \
          flood holds {:.1} MiB, quiet {:.1} MiB; cgroup peak {:.1} MiB, now {:.1} MiB, 0 OOM kills",
