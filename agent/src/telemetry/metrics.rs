@@ -299,6 +299,10 @@ mod tests {
         };
         m.backend_requests.get_or_create(&backend).inc();
         m.backend_duration.get_or_create(&backend).observe(0.0);
+        let namespace = "shop".to_string();
+        m.volume_bytes
+            .get_or_create(&NamespaceLabel { namespace })
+            .set(1);
         let text = m.encode();
         let families: Vec<(&str, &str)> = text
             .lines()
