@@ -114,11 +114,6 @@ impl Budget {
         }
     }
 
-    /// The limits.
-    pub(crate) fn limits(&self) -> BudgetLimits {
-        self.limits
-    }
-
     /// Sets `bytes` aside for a write into `target`, for `namespace`, or says which limit it
     /// would cross. Checking and setting aside are one step, so concurrent publishes cannot
     /// both take the last free bytes.

@@ -2,7 +2,9 @@
 //! (`nosuid,nodev,noexec`, size-limited, source `latchkey`) at a CSI target path, writes the files
 //! into it atomically the way kubelet does for Secret volumes (`..data` link swap), refreshes them
 //! in place, and unmounts and removes them again. This module is the only code in Latchkey that
-//! calls mount(2), and it never writes outside the target path.
+//! calls mount(2), and it never writes outside the target path. Every volume's memory is counted
+//! against the node's volume budget and its namespace's share of it (`budget`): the kernel
+//! charges tmpfs pages to the agent's own memory cgroup.
 //!
 //! Not for deciding *what* goes into a volume or *when* to refresh it (the publish
 //! orchestration does that), and not for CSI types: errors carry an [`ErrorClass`] and the CSI
@@ -136,11 +138,6 @@ impl Volumes {
     pub fn with_budget(mut self, limits: BudgetLimits) -> Self {
         self.budget = Arc::new(Budget::new(limits));
         self
-    }
-
-    /// The budget's limits.
-    pub fn budget_limits(&self) -> BudgetLimits {
-        self.budget.limits()
     }
 
     /// Counts every Latchkey tmpfs mounted below `root` in this mount namespace (`/`: all of
