@@ -303,7 +303,7 @@ mod tests {
             err.to_string().contains("node-wide 2.0 MiB are held"),
             "{err}"
         );
-        b.reserve("b", MIB).unwrap();
+        drop(b.reserve("b", MIB).unwrap());
     }
 
     #[test]

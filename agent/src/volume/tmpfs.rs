@@ -92,9 +92,9 @@ pub fn measure(target: &Path) -> Result<u64, VolumeError> {
         path: target.to_path_buf(),
         source: source.into(),
     })?;
-    let pages = u64::from(stat.blocks().saturating_sub(stat.blocks_free()))
-        .saturating_mul(stat.fragment_size() as u64);
-    let inodes = u64::from(stat.files().saturating_sub(stat.files_free()));
+    let pages =
+        (stat.blocks().saturating_sub(stat.blocks_free())).saturating_mul(stat.fragment_size());
+    let inodes = stat.files().saturating_sub(stat.files_free());
     Ok(pages.saturating_add(inodes.saturating_mul(INODE_BYTES)))
 }
 
