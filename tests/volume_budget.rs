@@ -113,7 +113,10 @@ impl Cgroup {
             cgroup.write("memory.limit_in_bytes", &limit.to_string());
         } else {
             cgroup.write("memory.max", &limit.to_string());
-            cgroup.write("memory.swap.max", "0");
+            // Swap would let tmpfs pages leave the limit; absent without swap accounting.
+            if cgroup.dir.join("memory.swap.max").exists() {
+                cgroup.write("memory.swap.max", "0");
+            }
         }
         cgroup
     }
