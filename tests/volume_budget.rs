@@ -111,6 +111,10 @@ impl Cgroup {
             .unwrap_or_else(|e| panic!("creating {}: {e}", cgroup.dir.display()));
         if v1 {
             cgroup.write("memory.limit_in_bytes", &limit.to_string());
+            // Swap would let tmpfs pages leave the limit; absent without swap accounting.
+            if cgroup.dir.join("memory.memsw.limit_in_bytes").exists() {
+                cgroup.write("memory.memsw.limit_in_bytes", &limit.to_string());
+            }
         } else {
             cgroup.write("memory.max", &limit.to_string());
             // Swap would let tmpfs pages leave the limit; absent without swap accounting.
