@@ -373,6 +373,22 @@ async fn a_namespace_filling_volumes_is_refused_before_the_agent_is_oom_killed()
         .unwrap();
     assert!(alive(&agent));
     assert_eq!(cgroup.oom_kills(), 0);
+    // A namespace whose volumes are all gone drops out of the metric.
+    for i in 0..3 {
+        let target = pods.target(&format!("quiet-{i}"));
+        agent
+            .node()
+            .await
+            .node_unpublish_volume(unpublish_request(&volume_id_for(&target), &target))
+            .await
+            .unwrap();
+    }
+    let body = agent.http_get("/metrics").await.1;
+    assert!(!body.contains("namespace=\"quiet\""), "{body}");
+    assert!(
+        body.contains("latchkey_volume_bytes{namespace=\"flood\"}"),
+        "{body}"
+    );
     let log = agent.log_text();
     assert!(log.contains("volume budget"), "{log}");
     assert!(

@@ -493,6 +493,33 @@ mod tests {
     }
 
     #[test]
+    fn an_older_agents_volume_counts_under_no_namespace_until_its_refresh_names_it() {
+        let node = Node::new(BudgetLimits::UNLIMITED);
+        let target = node.target("legacy");
+        std::fs::create_dir_all(&target).unwrap();
+        // What an agent before the budget mounted: source `latchkey`, no namespace.
+        crate::volume::tmpfs::mount(
+            &target,
+            crate::volume::MOUNT_SOURCE,
+            crate::volume::tmpfs::tmpfs_size(4 * MIB),
+            None,
+        )
+        .unwrap();
+        std::fs::write(target.join("old"), "x").unwrap();
+        assert_eq!(node.volumes.count_mounted(node.dir.path()).unwrap(), 1);
+        assert_eq!(node.used(""), page_size() + 2 * INODE_BYTES);
+        assert!(
+            node.volumes
+                .update("shop", &target, &big(10), None)
+                .unwrap()
+        );
+        assert_eq!(node.used(""), 0);
+        assert_eq!(node.used("shop"), 2 * page_size() + 6 * INODE_BYTES);
+        node.volumes.unpublish(&target).unwrap();
+        assert_eq!(node.volumes.usage(), (vec![], 0));
+    }
+
+    #[test]
     fn a_recorded_volume_counts_without_checks() {
         let b = budget(MIB, MIB);
         b.record(Path::new("/t/a"), "a", 2 * MIB);
