@@ -209,6 +209,8 @@ fn changed_values() -> Value {
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [
                     {"key": "pool", "operator": "In", "values": ["a"]}]}]}}},
+            "volumeBudget": "96Mi",
+            "namespaceVolumeShare": "0.25",
             "resources": {"requests": {"cpu": "21m", "memory": "41Mi"},
                           "limits": {"memory": "201Mi"}},
             "extraArgs": ["--volume-size-limit=8Mi"],
@@ -431,6 +433,9 @@ fn every_changed_value_lands_where_it_belongs() {
     }
     assert_eq!(agent["resources"], node["resources"]);
     assert_eq!(args(agent).last(), Some(&"--volume-size-limit=8Mi"));
+    for arg in ["--volume-budget=96Mi", "--namespace-volume-share=0.25"] {
+        assert!(args(agent).contains(&arg), "{arg}: {:?}", args(agent));
+    }
 
     // sidecars
     assert_eq!(registrar["image"], "mirror.example/registrar:v0.0.1");

@@ -73,7 +73,12 @@ fn seen(target: &Path) -> Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_a_publish_storm_leaves_no_half_written_volume() {
-    let mut agent = Agent::start(&[("big.yaml", &manifests())], &[]).await;
+    // 150 volumes of 1.3 MiB in one namespace: far beyond the default volume budget.
+    let mut agent = Agent::start(
+        &[("big.yaml", &manifests())],
+        &["--volume-budget=1Gi", "--namespace-volume-share=1"],
+    )
+    .await;
     let requests: Vec<_> = (0..PODS)
         .map(|i| {
             let target = agent.target(&format!("pod-{i}"));

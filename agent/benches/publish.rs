@@ -859,7 +859,7 @@ fn floor_series(root: &Path, n: usize) -> Result<(Samples, Samples)> {
         let start = Instant::now();
         // No fsGroup: the benchmark's pods have none either.
         volumes
-            .publish(&target, &files, None)
+            .publish(NAMESPACE, &target, &files, None)
             .with_context(|| format!("floor: mounting {}", target.display()))?;
         let written = start.elapsed();
         let start = Instant::now();

@@ -14,7 +14,7 @@ use crate::providers;
 use crate::publish::Publisher;
 use crate::telemetry::Metrics;
 use crate::telemetry::http::Readiness;
-use crate::volume::{Backend, VolumeConfig, Volumes};
+use crate::volume::{Backend, BudgetLimits, VolumeConfig, Volumes};
 
 /// Flags of `latchkey node`.
 #[derive(Debug, clap::Args)]
@@ -32,6 +32,22 @@ pub struct NodeArgs {
     /// Largest payload one volume may hold (files rounded up to 4 KiB pages).
     #[arg(long, default_value = "4Mi", value_parser = super::parse_size)]
     pub volume_size_limit: u64,
+    /// Most memory all volumes on this node together may hold (tmpfs pages plus 1 KiB per file,
+    /// directory and link; during a refresh old and new content both count). The tmpfs pages
+    /// are charged to the agent's memory cgroup: its memory limit must be the agent's own
+    /// headroom plus this. A publish past it fails with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value = "64Mi", value_parser = super::parse_size)]
+    pub volume_budget: u64,
+    /// The fraction of --volume-budget the volumes of one namespace may hold (0 < share <= 1),
+    /// so one namespace cannot take the whole node.
+    #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
+    pub namespace_volume_share: f64,
+    /// At start, the volumes already mounted below this directory are counted in the budget.
+    /// The default counts every Latchkey volume the agent can see, which in its container is
+    /// kubelet's pods directory; narrow it only where other agents' volumes are visible too
+    /// (tests on one machine).
+    #[arg(long, default_value = "/")]
+    pub count_volumes_below: PathBuf,
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint (`:9808` = every
     /// interface); `none` disables it.
     #[arg(long, default_value = ":9808")]
@@ -91,10 +107,25 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 )
             }
         };
+    let limits = BudgetLimits::with_share(args.volume_budget, args.namespace_volume_share);
     let volumes = Volumes::new(VolumeConfig {
         backend: Backend::Tmpfs,
         size_limit: args.volume_size_limit,
-    });
+    })
+    .with_budget(limits);
+    // The agent keeps no state: what earlier runs mounted is still charged to its cgroup, so
+    // the budget starts from the volumes mounted now.
+    let counted = volumes
+        .count_mounted(&args.count_volumes_below)
+        .context("counting the volumes already mounted")?;
+    let (_, held) = volumes.usage();
+    info!(
+        volumes = counted,
+        held_bytes = held,
+        budget_bytes = limits.node_bytes,
+        namespace_share_bytes = limits.namespace_bytes,
+        "volume budget"
+    );
     let publisher = Arc::new(Publisher::new(
         Arc::clone(&catalog),
         volumes,
@@ -146,6 +177,14 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// A `--namespace-volume-share`: a fraction in (0, 1].
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        _ => Err(format!("{s:?} is not a fraction in (0, 1], such as 0.5")),
+    }
 }
 
 /// Fails with one line saying what to do when there is obviously no Kubernetes API to read

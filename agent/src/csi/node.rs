@@ -1,7 +1,8 @@
 //! CSI Node service: publish and unpublish ephemeral inline volumes; node info. Records the
 //! publish metrics, since only here is the final status code known.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use csi_proto::v1::node_server::Node;
@@ -19,7 +20,7 @@ use crate::memory::Bursts;
 use crate::publish::{Outcome, PublishError, PublishRequest, Publisher, Report};
 use crate::telemetry::Metrics;
 use crate::telemetry::held;
-use crate::telemetry::metrics::{PublishLabels, ResultLabel};
+use crate::telemetry::metrics::{NamespaceLabel, PublishLabels, ResultLabel};
 
 /// Serves the Node service.
 pub struct NodeService {
@@ -28,17 +29,46 @@ pub struct NodeService {
     node_id: String,
     /// Publishes and unpublishes in flight, to give a storm's memory back once it is over.
     bursts: Arc<Bursts>,
+    /// Namespaces exported in `latchkey_volume_bytes`, so that one whose volumes are all gone
+    /// drops out of it.
+    exported: Mutex<BTreeSet<String>>,
 }
 
 impl NodeService {
     /// Node service for `node_id` (the Kubernetes node name).
     pub fn new(publisher: Arc<Publisher>, metrics: Arc<Metrics>, node_id: String) -> Self {
-        Self {
+        let service = Self {
             publisher,
             metrics,
             node_id,
             bursts: Arc::default(),
+            exported: Mutex::default(),
+        };
+        // Volumes counted at start are exported before the first publish.
+        service.export_volume_bytes();
+        service
+    }
+
+    /// Copies what the volumes of each namespace hold into `latchkey_volume_bytes`. Called
+    /// after the calls that change it, not per scrape: the set is small and changes rarely.
+    fn export_volume_bytes(&self) {
+        let (usage, _) = self.publisher.volume_usage();
+        let family = &self.metrics.volume_bytes;
+        // A panic elsewhere while holding this lock cannot leave the set wrong for long: the
+        // next export rebuilds it from the budget.
+        let mut exported = self.exported.lock().unwrap_or_else(PoisonError::into_inner);
+        let now: BTreeSet<String> = usage.iter().map(|(ns, _)| ns.clone()).collect();
+        for gone in exported.difference(&now) {
+            family.remove(&NamespaceLabel {
+                namespace: gone.clone(),
+            });
         }
+        for (namespace, bytes) in usage {
+            family
+                .get_or_create(&NamespaceLabel { namespace })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        *exported = now;
     }
 
     async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<Outcome, Status> {
@@ -94,6 +124,9 @@ impl NodeService {
         if let Some(result) = refresh {
             m.refreshes.get_or_create(&ResultLabel { result }).inc();
         }
+        if matches!(reason, "mounted" | "refreshed") {
+            self.export_volume_bytes();
+        }
     }
 }
 
@@ -124,10 +157,13 @@ impl Node for NodeService {
             .get_or_create(&ResultLabel { result: label })
             .inc();
         let answer = match &result {
-            Ok(_) => {
+            Ok(removed) => {
                 self.metrics
                     .volumes_active
                     .set(self.publisher.volumes() as i64);
+                if *removed {
+                    self.export_volume_bytes();
+                }
                 Ok(Response::new(NodeUnpublishVolumeResponse {}))
             }
             Err(e) => Err(status::from_publish(e)),

@@ -250,11 +250,12 @@ impl Publisher {
                     // A few small files: ~0.1 ms of system calls, less than the blocking pool's
                     // two thread hand-offs cost (docs/benchmarks.md), so it runs right here.
                     self.volumes
-                        .publish_or_update(&req.target, &files, group)
+                        .publish_or_update(&req.pod.namespace, &req.target, &files, group)
                         .map_err(|source| volume_error(Some(&ctx), &req.target, source))?
                 } else {
+                    let namespace = req.pod.namespace.clone();
                     self.blocking(&req.target, Some(&ctx), move |v, t| {
-                        v.publish_or_update(t, &files, group)
+                        v.publish_or_update(&namespace, t, &files, group)
                     })
                     .await?
                 };
@@ -310,6 +311,11 @@ impl Publisher {
                 })
             }
         }
+    }
+
+    /// Bytes the volumes of each namespace hold (sorted by namespace), and all together.
+    pub fn volume_usage(&self) -> (Vec<(String, u64)>, u64) {
+        self.volumes.usage()
     }
 
     /// Volumes this process knows to be published (see [`Schedule::count`]).

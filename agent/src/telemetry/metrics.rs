@@ -36,6 +36,14 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// A single `namespace` label: the namespaces of the pods with volumes on this node, a set
+/// bounded by the cluster's namespaces.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    /// The pods' namespace.
+    pub namespace: String,
+}
+
 /// Labels of a backend request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabels {
@@ -74,6 +82,8 @@ pub struct Metrics {
     pub refreshes: Family<ResultLabel, Counter>,
     /// Volumes currently mounted.
     pub volumes_active: Gauge,
+    /// Memory held in volumes (tmpfs pages and inodes) by the pods' namespace.
+    pub volume_bytes: Family<NamespaceLabel, Gauge>,
     /// Backend requests by provider, operation and result.
     pub backend_requests: Family<BackendLabels, Counter>,
     /// Backend request latency by provider, operation and result.
@@ -125,6 +135,7 @@ impl Metrics {
             unpublishes: Family::default(),
             refreshes: Family::default(),
             volumes_active: Gauge::default(),
+            volume_bytes: Family::default(),
             backend_requests: Family::default(),
             backend_duration,
             cache_hits: Counter::default(),
@@ -165,6 +176,12 @@ impl Metrics {
             "latchkey_volumes_active",
             "Volumes currently mounted",
             m.volumes_active.clone(),
+        );
+        registry.register(
+            "latchkey_volume_bytes",
+            "Memory held in volumes (tmpfs pages and inodes) by namespace, counted against \
+             --volume-budget",
+            m.volume_bytes.clone(),
         );
         registry.register(
             "latchkey_backend_requests",
@@ -282,6 +299,10 @@ mod tests {
         };
         m.backend_requests.get_or_create(&backend).inc();
         m.backend_duration.get_or_create(&backend).observe(0.0);
+        let namespace = "shop".to_string();
+        m.volume_bytes
+            .get_or_create(&NamespaceLabel { namespace })
+            .set(1);
         let text = m.encode();
         let families: Vec<(&str, &str)> = text
             .lines()

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use nix::errno::Errno;
 use thiserror::Error;
 
+use super::budget::mib;
 use super::path::{PathConflict, PathError};
 
 /// Everything that can go wrong while publishing, updating or removing a volume.
@@ -47,6 +48,29 @@ pub enum VolumeError {
         needed: u64,
         /// The configured per-volume limit.
         limit: u64,
+    },
+
+    /// The volume would take the node past its volume budget, or its namespace past its share
+    /// of it; nothing was written.
+    #[error(
+        "the volume needs {} more of the node's memory for volumes, but namespace {namespace} \
+         holds {} of its {} share and node-wide {} are held of --volume-budget {}; nothing was \
+         written",
+        mib(*needed), mib(*namespace_used), mib(*namespace_limit), mib(*node_used), mib(*node_limit)
+    )]
+    OverBudget {
+        /// The pod's namespace.
+        namespace: String,
+        /// Bytes the write needs at its peak (old and new content during a refresh).
+        needed: u64,
+        /// Bytes the namespace's volumes hold now.
+        namespace_used: u64,
+        /// The namespace's share.
+        namespace_limit: u64,
+        /// Bytes all volumes hold now.
+        node_used: u64,
+        /// The node's volume budget.
+        node_limit: u64,
     },
 
     /// The filesystem ran out of space or inodes while writing.
@@ -171,7 +195,9 @@ impl VolumeError {
             | Self::Conflict(_)
             | Self::InvalidMode { .. }
             | Self::InvalidTarget { .. } => ErrorClass::InvalidArgument,
-            Self::TooLarge { .. } | Self::NoSpace { .. } => ErrorClass::ResourceExhausted,
+            Self::TooLarge { .. } | Self::NoSpace { .. } | Self::OverBudget { .. } => {
+                ErrorClass::ResourceExhausted
+            }
             Self::NotADirectory { .. }
             | Self::NotEmpty { .. }
             | Self::LeftInPlace { .. }

@@ -2,7 +2,9 @@
 //! (`nosuid,nodev,noexec`, size-limited, source `latchkey`) at a CSI target path, writes the files
 //! into it atomically the way kubelet does for Secret volumes (`..data` link swap), refreshes them
 //! in place, and unmounts and removes them again. This module is the only code in Latchkey that
-//! calls mount(2), and it never writes outside the target path.
+//! calls mount(2), and it never writes outside the target path. Every volume's memory is counted
+//! against the node's volume budget and its namespace's share of it (`budget`): the kernel
+//! charges tmpfs pages to the agent's own memory cgroup.
 //!
 //! Not for deciding *what* goes into a volume or *when* to refresh it (the publish
 //! orchestration does that), and not for CSI types: errors carry an [`ErrorClass`] and the CSI
@@ -10,6 +12,7 @@
 //! for payloads [`is_light`] calls light.
 //! Operations on one target must be serialised by the caller; different targets are independent.
 
+mod budget;
 mod dirs;
 mod error;
 mod modes;
@@ -28,11 +31,13 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use budget::{BudgetLimits, INODE_BYTES};
 pub use error::{ErrorClass, VolumeError};
 pub use path::FilePath;
 pub use tmpfs::SOURCE as MOUNT_SOURCE;
 pub use writer::{DEFAULT_FILE_MODE, VolumeFile, untrusted_file_mode};
 
+use budget::Budget;
 use probe::{OurMounts, Seen};
 use writer::AtomicWriter;
 
@@ -80,6 +85,8 @@ pub struct Volumes {
     tmpfs_size: u64,
     /// The tmpfs mounts made (or recognised) here, so the hot paths need no mountinfo.
     ours: Arc<OurMounts>,
+    /// The memory volumes hold, by namespace, against the node's volume budget.
+    budget: Arc<Budget>,
 }
 
 /// What a target path holds, as far as volumes are concerned.
@@ -122,7 +129,50 @@ impl Volumes {
             config,
             tmpfs_size: tmpfs::tmpfs_size(config.size_limit),
             ours: Arc::default(),
+            budget: Arc::new(Budget::new(BudgetLimits::UNLIMITED)),
         }
+    }
+
+    /// These volumes, held to `limits` (unlimited otherwise). Call before publishing anything,
+    /// then [`Self::count_mounted`] to learn what an earlier run left mounted.
+    pub fn with_budget(mut self, limits: BudgetLimits) -> Self {
+        self.budget = Arc::new(Budget::new(limits));
+        self
+    }
+
+    /// Counts every Latchkey tmpfs mounted below `root` in this mount namespace (`/`: all of
+    /// them) in the budget: what an earlier run of the agent mounted is still charged to its
+    /// memory cgroup. A volume's namespace comes from its mount source; an older agent's volume
+    /// without one is counted under `""` until its next refresh names it. Returns how many were
+    /// counted.
+    pub fn count_mounted(&self, root: &Path) -> Result<usize, VolumeError> {
+        let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        let mut counted = 0;
+        for entry in mountinfo::read()? {
+            if !tmpfs::is_ours(&entry) || !entry.mount_point.starts_with(&root) {
+                continue;
+            }
+            let bytes = match tmpfs::measure(&entry.mount_point) {
+                Ok(bytes) => bytes,
+                // Not reachable from here (another mount namespace's path): its size is the
+                // most it can hold.
+                Err(error) => {
+                    let size = tmpfs::size(&entry).unwrap_or(self.tmpfs_size);
+                    tracing::warn!(target = %entry.mount_point.display(), %error, size,
+                        "cannot measure a volume; counting its whole size");
+                    size
+                }
+            };
+            let namespace = tmpfs::namespace(&entry).unwrap_or_default();
+            self.budget.record(&entry.mount_point, namespace, bytes);
+            counted += 1;
+        }
+        Ok(counted)
+    }
+
+    /// Bytes the volumes of each namespace hold (sorted by namespace), and all together.
+    pub fn usage(&self) -> (Vec<(String, u64)>, u64) {
+        self.budget.usage()
     }
 
     /// The configuration this was created with.
@@ -143,6 +193,7 @@ impl Volumes {
     /// choosing only when the target is invalid or cannot be inspected.
     pub fn publish_or_update(
         &self,
+        namespace: &str,
         target: &Path,
         files: &[VolumeFile],
         group: Option<u32>,
@@ -154,14 +205,16 @@ impl Volumes {
             && let Some(created) = dirs::create_missing_target(target)?
         {
             return Ok(Published::Mounted(
-                self.mount_and_fill(target, p, group, created),
+                self.mount_and_fill(namespace, target, p, group, created),
             ));
         }
         let found = self.inspect(target)?;
         Ok(if self.holds_volume(target, &found) {
-            Published::Updated(payload.and_then(|p| AtomicWriter::new(target, group).write(&p)))
+            Published::Updated(payload.and_then(|p| self.refresh(namespace, target, &p, group)))
         } else {
-            Published::Mounted(payload.and_then(|p| self.publish_found(target, &p, group, found)))
+            Published::Mounted(
+                payload.and_then(|p| self.publish_found(namespace, target, &p, group, found)),
+            )
         })
     }
 
@@ -172,6 +225,7 @@ impl Volumes {
     /// nothing is left behind: no mount, no files, and no directories that this call created.
     pub fn publish(
         &self,
+        namespace: &str,
         target: &Path,
         files: &[VolumeFile],
         group: Option<u32>,
@@ -180,15 +234,16 @@ impl Volumes {
         // Everything that can be rejected without touching the disk is rejected first.
         let payload = writer::check(files, self.config.size_limit)?;
         if let Some(created) = dirs::create_missing_target(target)? {
-            return self.mount_and_fill(target, &payload, group, created);
+            return self.mount_and_fill(namespace, target, &payload, group, created);
         }
         let found = self.inspect(target)?;
-        self.publish_found(target, &payload, group, found)
+        self.publish_found(namespace, target, &payload, group, found)
     }
 
     /// [`Self::publish`] of a checked payload onto a target that was just found to hold `found`.
     fn publish_found(
         &self,
+        namespace: &str,
         target: &Path,
         payload: &writer::Payload<'_>,
         group: Option<u32>,
@@ -209,21 +264,41 @@ impl Volumes {
                 dirs::Created::default()
             }
         };
-        self.mount_and_fill(target, payload, group, created)
+        self.mount_and_fill(namespace, target, payload, group, created)
     }
 
     /// [`Self::publish`] onto the empty directory `target`, of which this call `created` what
     /// it lists (removed again on failure).
     fn mount_and_fill(
         &self,
+        namespace: &str,
         target: &Path,
         payload: &writer::Payload<'_>,
         group: Option<u32>,
         created: dirs::Created,
     ) -> Result<(), VolumeError> {
+        // Refused before anything is mounted; the root directory is the one inode beyond the
+        // payload's own.
+        let reserved = match self
+            .budget
+            .reserve(namespace, payload.charge() + INODE_BYTES)
+        {
+            Ok(reserved) => reserved,
+            Err(err) => {
+                created.remove(target);
+                return Err(err);
+            }
+        };
         let mounted = match self.config.backend {
             Backend::Tmpfs => {
-                if let Err(err) = tmpfs::mount(target, self.tmpfs_size, group) {
+                let Some(source) = tmpfs::source(namespace) else {
+                    created.remove(target);
+                    return Err(VolumeError::InvalidTarget {
+                        target: target.to_path_buf(),
+                        reason: "the pod's namespace is not an RFC 1123 label",
+                    });
+                };
+                if let Err(err) = tmpfs::mount(target, &source, self.tmpfs_size, group) {
                     created.remove(target);
                     return Err(err);
                 }
@@ -243,7 +318,10 @@ impl Volumes {
         .and_then(|()| AtomicWriter::new(target, group).write_fresh(payload));
         drop(on_panic);
         match written {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                reserved.commit(target, self.measure(target, payload));
+                Ok(())
+            }
             Err(err) => {
                 // The writer has already removed its own partial work; what is left is ours.
                 if mounted {
@@ -265,6 +343,7 @@ impl Volumes {
     /// old content stays fully intact.
     pub fn update(
         &self,
+        namespace: &str,
         target: &Path,
         files: &[VolumeFile],
         group: Option<u32>,
@@ -278,7 +357,62 @@ impl Volumes {
                 target: target.to_path_buf(),
             });
         }
-        AtomicWriter::new(target, group).write(&payload)
+        self.refresh(namespace, target, &payload, group)
+    }
+
+    /// Swaps `payload` into the published volume at `target` when it differs, within the
+    /// budget: old and new content both exist until the swap, so the new payload's whole charge
+    /// must fit beside what the volume holds. On any failure the old content stays.
+    fn refresh(
+        &self,
+        namespace: &str,
+        target: &Path,
+        payload: &writer::Payload<'_>,
+        group: Option<u32>,
+    ) -> Result<bool, VolumeError> {
+        let namespace: Arc<str> = match self.budget.namespace_of(target) {
+            Some(counted) if !counted.is_empty() => counted,
+            // Counted at start under its mount point (the target's parents resolved), or not
+            // known by namespace (an older agent's volume): counted for the pod asking for it,
+            // under the path its requests use, from now on.
+            _ => {
+                self.forget_counted(target);
+                let held = self.measure(target, payload);
+                self.budget.record(target, namespace, held);
+                Arc::from(namespace)
+            }
+        };
+        let written = AtomicWriter::new(target, group).write_reserving(payload, || {
+            self.budget.reserve(&namespace, payload.charge())
+        })?;
+        Ok(match written {
+            Some(reserved) => {
+                reserved.commit(target, self.measure(target, payload));
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Takes `target` out of the budget, whether counted under its path or (found at start)
+    /// under its mount point.
+    fn forget_counted(&self, target: &Path) {
+        if !self.budget.release(target) {
+            self.budget.release(&dirs::resolved(target));
+        }
+    }
+
+    /// What the volume at `target` holds now: measured on a tmpfs; a plain directory shares
+    /// its filesystem, so it is counted as the payload's charge.
+    fn measure(&self, target: &Path, payload: &writer::Payload<'_>) -> u64 {
+        match self.config.backend {
+            Backend::Tmpfs => tmpfs::measure(target).unwrap_or_else(|error| {
+                tracing::warn!(target = %target.display(), %error,
+                    "cannot measure a volume; counting what it was predicted to hold");
+                payload.charge()
+            }),
+            Backend::PlainDirectory => payload.charge(),
+        }
     }
 
     /// Unmounts our tmpfs (if mounted) and removes the target directory, which must then be
@@ -293,6 +427,7 @@ impl Volumes {
             match self.inspect(target)? {
                 Target::Absent => {
                     self.ours.forget(target);
+                    self.forget_counted(target);
                     return Ok(outcome(removed));
                 }
                 Target::NotADirectory => return Err(not_a_directory(target)),
@@ -307,6 +442,8 @@ impl Volumes {
                         AtomicWriter::new(target, None).remove_all()?;
                         removed = true;
                     }
+                    // Nothing of ours is mounted (or written) there any more.
+                    self.forget_counted(target);
                     dirs::remove_empty(target)?;
                     return Ok(outcome(removed));
                 }

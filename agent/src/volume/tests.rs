@@ -16,6 +16,8 @@ use super::test_support::{MountGuard, file, file_with_mode, require_root};
 use super::*;
 
 const LIMIT: u64 = 1 << 20;
+/// The namespace of the pods the volumes are for.
+const NS: &str = "shop";
 
 /// A tmpfs-backed `Volumes`, a scratch directory and a guard that unmounts the target.
 /// Field order matters: the guard drops (unmounts) before the directory is deleted.
@@ -67,12 +69,13 @@ fn publish_mounts_a_locked_down_tmpfs_and_writes_the_files() {
         file("db/url", "postgres://db/shop"),
         file_with_mode("db/key", "k", 0o400),
     ];
-    f.volumes.publish(&f.target, &files, None).unwrap();
+    f.volumes.publish(NS, &f.target, &files, None).unwrap();
     assert!(f.volumes.is_published(&f.target).unwrap());
 
     let entry = mountinfo::find(&f.target).unwrap().expect("mounted");
     assert_eq!(entry.fstype, "tmpfs");
-    assert_eq!(entry.source, "latchkey");
+    // The pod's namespace in the source: the budget learns from it whose volume this is.
+    assert_eq!(entry.source, "latchkey/shop");
     assert_eq!(MOUNT_SOURCE, "latchkey");
     for option in ["nosuid", "nodev", "noexec"] {
         assert!(entry.has_mount_option(option), "{option}: {entry:?}");
@@ -99,10 +102,10 @@ fn publish_mounts_a_locked_down_tmpfs_and_writes_the_files() {
 fn publish_twice_is_refused() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     assert!(matches!(
-        f.volumes.publish(&f.target, &[file("a", "1")], None),
+        f.volumes.publish(NS, &f.target, &[file("a", "1")], None),
         Err(VolumeError::AlreadyPublished { .. })
     ));
     assert_eq!(fs::read(f.target.join("a")).unwrap(), b"1");
@@ -114,7 +117,7 @@ fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
         let f = fixture(backend);
         let files = [file("a", "1")];
         assert!(matches!(
-            f.volumes.publish_or_update(&f.target, &files, None),
+            f.volumes.publish_or_update(NS, &f.target, &files, None),
             Ok(Published::Mounted(Ok(())))
         ));
         assert_eq!(
@@ -122,12 +125,12 @@ fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
             backend == Backend::Tmpfs
         );
         assert!(matches!(
-            f.volumes.publish_or_update(&f.target, &files, None),
+            f.volumes.publish_or_update(NS, &f.target, &files, None),
             Ok(Published::Updated(Ok(false)))
         ));
         assert!(matches!(
             f.volumes
-                .publish_or_update(&f.target, &[file("a", "2")], None),
+                .publish_or_update(NS, &f.target, &[file("a", "2")], None),
             Ok(Published::Updated(Ok(true)))
         ));
         assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
@@ -135,7 +138,7 @@ fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
         let big = "x".repeat(usize::try_from(LIMIT).unwrap());
         assert!(matches!(
             f.volumes
-                .publish_or_update(&f.target, &[file("a", &big)], None),
+                .publish_or_update(NS, &f.target, &[file("a", &big)], None),
             Ok(Published::Updated(Err(VolumeError::TooLarge { .. })))
         ));
         assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
@@ -149,20 +152,20 @@ fn publish_or_update_fails_a_first_publish_that_cannot_happen() {
     let big = "x".repeat(usize::try_from(LIMIT).unwrap());
     assert!(matches!(
         f.volumes
-            .publish_or_update(&f.target, &[file("a", &big)], None),
+            .publish_or_update(NS, &f.target, &[file("a", &big)], None),
         Ok(Published::Mounted(Err(VolumeError::TooLarge { .. })))
     ));
     assert_nothing_left(&f);
     let _foreign = foreign_mount(&f.target);
     assert!(matches!(
         f.volumes
-            .publish_or_update(&f.target, &[file("a", "1")], None),
+            .publish_or_update(NS, &f.target, &[file("a", "1")], None),
         Ok(Published::Mounted(Err(VolumeError::NotOurMount { .. })))
     ));
     assert!(f.target.join("precious").exists());
     assert!(matches!(
         f.volumes
-            .publish_or_update(Path::new("relative"), &[file("a", "1")], None),
+            .publish_or_update(NS, Path::new("relative"), &[file("a", "1")], None),
         Err(VolumeError::InvalidTarget { .. })
     ));
 }
@@ -175,7 +178,9 @@ fn update_swaps_atomically_under_concurrent_readers() {
         let body = format!("{n:08}\n").repeat(4096);
         [file("a", &body), file("nested/b", &body)]
     };
-    f.volumes.publish(&f.target, &generation(0), None).unwrap();
+    f.volumes
+        .publish(NS, &f.target, &generation(0), None)
+        .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
@@ -183,7 +188,11 @@ fn update_swaps_atomically_under_concurrent_readers() {
         std::thread::spawn(move || read_until_stopped(&target, &stop))
     };
     for n in 1..=200 {
-        assert!(f.volumes.update(&f.target, &generation(n), None).unwrap());
+        assert!(
+            f.volumes
+                .update(NS, &f.target, &generation(n), None)
+                .unwrap()
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let (snapshots, single_reads) = reader.join().unwrap();
@@ -248,15 +257,15 @@ fn assert_uniform(content: &[u8]) {
 fn update_removes_keys_and_identical_content_is_not_rewritten() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1"), file("gone/x", "2")], None)
+        .publish(NS, &f.target, &[file("a", "1"), file("gone/x", "2")], None)
         .unwrap();
     let files = [file("a", "1"), file("new", "3")];
-    assert!(f.volumes.update(&f.target, &files, None).unwrap());
+    assert!(f.volumes.update(NS, &f.target, &files, None).unwrap());
     assert!(fs::symlink_metadata(f.target.join("gone")).is_err());
     assert_eq!(fs::read(f.target.join("new")).unwrap(), b"3");
 
     let before = data_link(&f.target);
-    assert!(!f.volumes.update(&f.target, &files, None).unwrap());
+    assert!(!f.volumes.update(NS, &f.target, &files, None).unwrap());
     assert_eq!(data_link(&f.target), before);
 }
 
@@ -265,7 +274,7 @@ fn update_of_an_unpublished_target_writes_nothing() {
     let f = fixture(Backend::Tmpfs);
     fs::create_dir_all(&f.target).unwrap();
     assert!(matches!(
-        f.volumes.update(&f.target, &[file("a", "1")], None),
+        f.volumes.update(NS, &f.target, &[file("a", "1")], None),
         Err(VolumeError::NotPublished { .. })
     ));
     assert_eq!(fs::read_dir(&f.target).unwrap().count(), 0);
@@ -275,17 +284,18 @@ fn update_of_an_unpublished_target_writes_nothing() {
 fn update_errors_keep_the_old_content() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     let before = data_link(&f.target);
     let too_big = "x".repeat(usize::try_from(LIMIT).unwrap());
     assert!(matches!(
-        f.volumes.update(&f.target, &[file("a", &too_big)], None),
+        f.volumes
+            .update(NS, &f.target, &[file("a", &too_big)], None),
         Err(VolumeError::TooLarge { .. })
     ));
     assert!(matches!(
         f.volumes
-            .update(&f.target, &[file("a", "2"), file("a/b", "3")], None),
+            .update(NS, &f.target, &[file("a", "2"), file("a/b", "3")], None),
         Err(VolumeError::Conflict(_))
     ));
     assert_eq!(data_link(&f.target), before);
@@ -296,7 +306,7 @@ fn update_errors_keep_the_old_content() {
 fn too_large_publish_leaves_nothing() {
     let f = fixture(Backend::Tmpfs);
     let big = "x".repeat(usize::try_from(LIMIT).unwrap());
-    match f.volumes.publish(&f.target, &[file("a", &big)], None) {
+    match f.volumes.publish(NS, &f.target, &[file("a", &big)], None) {
         Err(VolumeError::TooLarge { needed, limit }) => {
             assert_eq!(limit, LIMIT);
             assert_eq!(needed, LIMIT + tmpfs::page_size());
@@ -311,7 +321,7 @@ fn conflicting_publish_leaves_nothing() {
     let f = fixture(Backend::Tmpfs);
     let err = f
         .volumes
-        .publish(&f.target, &[file("db", "1"), file("db/url", "2")], None)
+        .publish(NS, &f.target, &[file("db", "1"), file("db/url", "2")], None)
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::InvalidArgument);
     assert!(err.to_string().contains("\"db/url\""), "{err}");
@@ -324,7 +334,7 @@ fn no_space_during_publish_leaves_nothing() {
     // Within the budget, but the tmpfs is made smaller than the payload.
     let volumes = f.volumes.clone().with_tmpfs_size(2 * tmpfs::page_size());
     let files = [file("a", &"x".repeat(64 * 1024))];
-    match volumes.publish(&f.target, &files, None) {
+    match volumes.publish(NS, &f.target, &files, None) {
         Err(VolumeError::NoSpace { target }) => assert_eq!(target, f.target),
         other => panic!("{other:?}"),
     }
@@ -337,7 +347,7 @@ fn failed_publish_keeps_a_target_it_did_not_create() {
     fs::create_dir_all(&f.target).unwrap();
     let volumes = f.volumes.clone().with_tmpfs_size(2 * tmpfs::page_size());
     let files = [file("a", &"x".repeat(64 * 1024))];
-    assert!(volumes.publish(&f.target, &files, None).is_err());
+    assert!(volumes.publish(NS, &f.target, &files, None).is_err());
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(f.target.is_dir());
     assert_eq!(fs::read_dir(&f.target).unwrap().count(), 0);
@@ -347,7 +357,7 @@ fn failed_publish_keeps_a_target_it_did_not_create() {
 fn unpublish_removes_mount_and_directory_and_is_idempotent() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     f.volumes.unpublish(&f.target).unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
@@ -367,7 +377,7 @@ fn unpublish_of_a_missing_target_succeeds() {
 fn unpublish_detaches_a_busy_volume() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     let mut open = fs::File::open(f.target.join("a")).unwrap();
     f.volumes.unpublish(&f.target).unwrap();
@@ -402,9 +412,9 @@ fn foreign_mounts_are_refused_and_left_intact() {
     assert!(!f.volumes.is_published(&f.target).unwrap());
     for result in [
         f.volumes.unpublish(&f.target).map(drop),
-        f.volumes.publish(&f.target, &[file("a", "1")], None),
+        f.volumes.publish(NS, &f.target, &[file("a", "1")], None),
         f.volumes
-            .update(&f.target, &[file("a", "1")], None)
+            .update(NS, &f.target, &[file("a", "1")], None)
             .map(drop),
     ] {
         match result {
@@ -429,7 +439,7 @@ fn foreign_mounts_are_refused_and_left_intact() {
 fn a_foreign_mount_below_the_target_blocks_unpublish() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     let inner = f.target.join("mnt");
     let _foreign = foreign_mount(&inner);
@@ -446,7 +456,7 @@ fn a_foreign_mount_below_the_target_blocks_unpublish() {
 fn plain_directory_unpublish_removes_only_what_the_writer_wrote() {
     let f = fixture(Backend::PlainDirectory);
     f.volumes
-        .publish(&f.target, &[file("a", "1"), file("b/c", "2")], None)
+        .publish(NS, &f.target, &[file("a", "1"), file("b/c", "2")], None)
         .unwrap();
     let inner = f.target.join("mnt");
     let _foreign = foreign_mount(&inner);
@@ -517,7 +527,7 @@ fn publish_refuses_a_directory_with_content() {
         someone_elses_directory(&f.target);
         let err = f
             .volumes
-            .publish(&f.target, &[file("a", "1")], None)
+            .publish(NS, &f.target, &[file("a", "1")], None)
             .unwrap_err();
         assert!(matches!(err, VolumeError::NotEmpty { .. }), "{err:?}");
         assert_eq!(err.class(), ErrorClass::FailedPrecondition);
@@ -546,7 +556,7 @@ fn files_and_links_as_targets_are_refused_and_left_alone() {
             for err in [
                 f.volumes.unpublish(&f.target).unwrap_err(),
                 f.volumes
-                    .publish(&f.target, &[file("a", "1")], None)
+                    .publish(NS, &f.target, &[file("a", "1")], None)
                     .unwrap_err(),
             ] {
                 assert!(matches!(err, VolumeError::NotADirectory { .. }), "{err:?}");
@@ -570,14 +580,14 @@ fn files_and_links_as_targets_are_refused_and_left_alone() {
 fn a_volume_mounted_before_a_restart_is_recognised_and_unpublished() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish(&f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     // A new agent process knows nothing of the mounts the old one made.
     let restarted = Volumes::new(f.volumes.config());
     assert!(restarted.is_published(&f.target).unwrap());
     assert!(
         restarted
-            .update(&f.target, &[file("a", "2")], None)
+            .update(NS, &f.target, &[file("a", "2")], None)
             .unwrap()
     );
     assert_eq!(
@@ -593,25 +603,25 @@ fn plain_directory_backend_never_mounts() {
     let f = fixture(Backend::PlainDirectory);
     assert!(!f.volumes.is_published(&f.target).unwrap());
     f.volumes
-        .publish(&f.target, &[file("a", "1"), file("b/c", "2")], None)
+        .publish(NS, &f.target, &[file("a", "1"), file("b/c", "2")], None)
         .unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(f.volumes.is_published(&f.target).unwrap());
     assert_eq!(mode(&f.target), 0o755);
     assert_eq!(fs::read(f.target.join("b/c")).unwrap(), b"2");
     assert!(matches!(
-        f.volumes.publish(&f.target, &[file("a", "1")], None),
+        f.volumes.publish(NS, &f.target, &[file("a", "1")], None),
         Err(VolumeError::AlreadyPublished { .. })
     ));
 
     assert!(
         f.volumes
-            .update(&f.target, &[file("a", "2")], None)
+            .update(NS, &f.target, &[file("a", "2")], None)
             .unwrap()
     );
     assert!(
         !f.volumes
-            .update(&f.target, &[file("a", "2")], None)
+            .update(NS, &f.target, &[file("a", "2")], None)
             .unwrap()
     );
     assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
@@ -627,7 +637,7 @@ fn plain_directory_backend_never_mounts() {
         Unpublished::NothingThere
     );
     assert!(matches!(
-        f.volumes.update(&f.target, &[file("a", "2")], None),
+        f.volumes.update(NS, &f.target, &[file("a", "2")], None),
         Err(VolumeError::NotPublished { .. })
     ));
 }
@@ -637,7 +647,7 @@ fn plain_directory_failed_publish_leaves_nothing() {
     let f = fixture(Backend::PlainDirectory);
     let err = f
         .volumes
-        .publish(&f.target, &[file_with_mode("a", "1", 0o2755)], None)
+        .publish(NS, &f.target, &[file_with_mode("a", "1", 0o2755)], None)
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::InvalidArgument);
     assert_nothing_left(&f);
@@ -665,7 +675,7 @@ fn fs_group_owns_the_volume_and_tightens_the_root() {
             file_with_mode("db/password", "1", 0o440),
             file("api-key", "2"),
         ];
-        f.volumes.publish(&f.target, &files, Some(gid)).unwrap();
+        f.volumes.publish(NS, &f.target, &files, Some(gid)).unwrap();
         let root = fs::metadata(&f.target).unwrap();
         assert_eq!(root.mode() & 0o7777, 0o750, "{backend:?}: root");
         assert_eq!(root.gid(), gid, "{backend:?}: root group");
@@ -680,8 +690,12 @@ fn fs_group_owns_the_volume_and_tightens_the_root() {
             assert_eq!(m.super_option("mode"), Some("750"));
         }
         // Same content and group: nothing to do. Another group: rewritten with it.
-        assert!(!f.volumes.update(&f.target, &files, Some(gid)).unwrap());
-        assert!(f.volumes.update(&f.target, &files, Some(gid + 1)).unwrap());
+        assert!(!f.volumes.update(NS, &f.target, &files, Some(gid)).unwrap());
+        assert!(
+            f.volumes
+                .update(NS, &f.target, &files, Some(gid + 1))
+                .unwrap()
+        );
         let meta = fs::metadata(f.target.join("api-key")).unwrap();
         assert_eq!(meta.gid(), gid + 1);
         f.volumes.unpublish(&f.target).unwrap();

@@ -11,11 +11,40 @@ use std::sync::OnceLock;
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 
+use super::budget::INODE_BYTES;
 use super::error::VolumeError;
 use super::mountinfo::MountEntry;
 
-/// The mount source of every Latchkey tmpfs; how mountinfo tells us a mount is ours.
+/// The mount source of every Latchkey tmpfs; how mountinfo tells us a mount is ours. A volume's
+/// source is `latchkey/<namespace>` (see [`source`]); a bare `latchkey` is a volume mounted by an
+/// agent older than the volume budget.
 pub const SOURCE: &str = "latchkey";
+
+/// Most bytes of a namespace name (an RFC 1123 label).
+const MAX_NAMESPACE: usize = 63;
+
+/// The mount source of a volume of a pod in `namespace`: `latchkey/<namespace>`. It is how the
+/// volume budget learns, after a restart, whose volume a mount is. A tenant cannot forge it: only
+/// a process with CAP_SYS_ADMIN in the node's mount namespace can mount or remount, and the pod
+/// sees the volume read-only through kubelet's bind mount. Only a clean label is accepted, so
+/// the source never needs escaping in mountinfo.
+pub fn source(namespace: &str) -> Option<String> {
+    is_namespace(namespace).then(|| format!("{SOURCE}/{namespace}"))
+}
+
+/// The namespace recorded in the source of our mount `entry`; `None` for an older agent's
+/// bare `latchkey` or anything that is not ours.
+pub fn namespace(entry: &MountEntry) -> Option<&str> {
+    let namespace = entry.source.strip_prefix(SOURCE)?.strip_prefix('/')?;
+    (entry.fstype == "tmpfs" && is_namespace(namespace)).then_some(namespace)
+}
+
+fn is_namespace(name: &str) -> bool {
+    (1..=MAX_NAMESPACE).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
 
 /// Extra room beyond two payloads, for the `..data` and temporary links and anything the kernel
 /// charges that our budget does not count.
@@ -52,18 +81,48 @@ pub fn tmpfs_size(size_limit: u64) -> u64 {
 
 /// True when `entry` is a tmpfs that Latchkey mounted.
 pub fn is_ours(entry: &MountEntry) -> bool {
-    entry.fstype == "tmpfs" && entry.source == SOURCE
+    entry.fstype == "tmpfs" && (entry.source == SOURCE || namespace(entry).is_some())
 }
 
-/// Mounts a fresh tmpfs of `size_bytes` at the existing directory `target`: root mode 0755, or
-/// 0750 owned by `group` (the pod's fsGroup) so only the pod's processes can enter it.
-pub fn mount(target: &Path, size_bytes: u64, group: Option<u32>) -> Result<(), VolumeError> {
+/// The memory the tmpfs mounted at `target` holds, as `statvfs` tells: pages in use plus
+/// [`INODE_BYTES`] per inode in use (the kernel charges both to the writer's memory cgroup).
+pub fn measure(target: &Path) -> Result<u64, VolumeError> {
+    let stat = nix::sys::statvfs::statvfs(target).map_err(|source| VolumeError::Io {
+        op: "measuring",
+        path: target.to_path_buf(),
+        source: source.into(),
+    })?;
+    let pages =
+        (stat.blocks().saturating_sub(stat.blocks_free())).saturating_mul(stat.fragment_size());
+    let inodes = stat.files().saturating_sub(stat.files_free());
+    Ok(pages.saturating_add(inodes.saturating_mul(INODE_BYTES)))
+}
+
+/// The size a tmpfs `entry` was mounted with, in bytes (mountinfo prints `size=8200k`).
+pub fn size(entry: &MountEntry) -> Option<u64> {
+    let kib: u64 = entry
+        .super_option("size")?
+        .strip_suffix('k')?
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Mounts a fresh tmpfs of `size_bytes` at the existing directory `target` with the mount
+/// `source` (see [`source`]): root mode 0755, or 0750 owned by `group` (the pod's fsGroup) so
+/// only the pod's processes can enter it.
+pub fn mount(
+    target: &Path,
+    source: &str,
+    size_bytes: u64,
+    group: Option<u32>,
+) -> Result<(), VolumeError> {
     let data = match group {
         Some(gid) => format!("size={size_bytes},mode=0750,gid={gid}"),
         None => format!("size={size_bytes},mode=0755"),
     };
     nix::mount::mount(
-        Some(SOURCE),
+        Some(source),
         target,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
@@ -132,7 +191,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().canonicalize().unwrap();
-        mount(&target, tmpfs_size(1 << 20), None).unwrap();
+        mount(&target, SOURCE, tmpfs_size(1 << 20), None).unwrap();
         let guard = MountGuard::new(&target);
         let entry = mountinfo::find(&target).unwrap().expect("mounted");
         assert!(is_ours(&entry), "{entry:?}");
@@ -153,7 +212,7 @@ mod tests {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().canonicalize().unwrap();
-        mount(&target, tmpfs_size(4096), None).unwrap();
+        mount(&target, SOURCE, tmpfs_size(4096), None).unwrap();
         let _guard = MountGuard::new(&target);
         // An open directory handle on the mount makes a plain umount fail with EBUSY.
         let busy = std::fs::File::open(&target).unwrap();
@@ -180,14 +239,54 @@ mod tests {
     }
 
     #[test]
+    fn a_source_names_a_clean_namespace_only() {
+        assert_eq!(source("shop").as_deref(), Some("latchkey/shop"));
+        for bad in ["", "Shop", "a,b", "a/b", "a b", "x\n", &"a".repeat(64)] {
+            assert_eq!(source(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn measures_what_a_tmpfs_holds_in_pages_and_inodes() {
+        require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().canonicalize().unwrap();
+        mount(&target, "latchkey/shop", tmpfs_size(1 << 20), None).unwrap();
+        let _guard = MountGuard::new(&target);
+        let entry = mountinfo::find(&target).unwrap().expect("mounted");
+        assert_eq!(namespace(&entry), Some("shop"));
+        assert_eq!(size(&entry), Some(tmpfs_size(1 << 20)));
+        // The root directory: one inode, no page.
+        assert_eq!(measure(&target).unwrap(), INODE_BYTES);
+        std::fs::write(target.join("a"), vec![1u8; 5000]).unwrap();
+        std::fs::create_dir(target.join("d")).unwrap();
+        assert_eq!(
+            measure(&target).unwrap(),
+            round_up_to_pages(5000) + 3 * INODE_BYTES
+        );
+    }
+
+    #[test]
     fn is_ours_needs_tmpfs_and_our_source() {
         let mut entry =
             mountinfo::parse(b"40 25 0:39 / /t rw,nosuid - tmpfs latchkey rw,size=8k\n")
                 .unwrap()
                 .remove(0);
         assert!(is_ours(&entry));
-        entry.source = "other".into();
-        assert!(!is_ours(&entry));
+        entry.source = "latchkey/shop".into();
+        assert!(is_ours(&entry));
+        assert_eq!(namespace(&entry), Some("shop"));
+        for forged in [
+            "latchkey/",
+            "latchkey/Shop",
+            "latchkey/a b",
+            "latchkeyx/shop",
+            "other",
+        ] {
+            entry.source = forged.into();
+            assert!(!is_ours(&entry), "{forged}");
+            assert_eq!(namespace(&entry), None, "{forged}");
+        }
         entry.source = SOURCE.into();
         entry.fstype = "ramfs".into();
         assert!(!is_ours(&entry));

@@ -32,6 +32,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use zeroize::Zeroizing;
 
+use super::budget::INODE_BYTES;
 use super::error::VolumeError;
 use super::path::{FilePath, check_set};
 use super::tmpfs::{page_size, round_up_to_pages};
@@ -102,6 +103,17 @@ pub(crate) struct Payload<'a> {
     files: Vec<&'a VolumeFile>,
     /// Names that get a link in the volume root.
     top_level: BTreeSet<&'a str>,
+    /// What writing it costs in memory at most: see [`Payload::charge`].
+    charge: u64,
+}
+
+impl Payload<'_> {
+    /// The most memory writing this payload takes in a tmpfs: the pages [`check`] counts, plus
+    /// [`INODE_BYTES`] for every file, directory and link it creates (the payload directory and
+    /// `..data` included). Never less than what `statvfs` measures once it is written.
+    pub(crate) fn charge(&self) -> u64 {
+        self.charge
+    }
 }
 
 /// Checks modes, path conflicts and the size budget of `files` against `size_limit`.
@@ -130,9 +142,21 @@ pub(crate) fn check(files: &[VolumeFile], size_limit: u64) -> Result<Payload<'_>
             limit: size_limit,
         });
     }
+    // Directories inside the payload: every proper prefix of a path, counted once.
+    let dirs: HashSet<&str> = sorted
+        .iter()
+        .flat_map(|f| {
+            let path = f.path.as_str();
+            path.match_indices('/').map(move |(at, _)| &path[..at])
+        })
+        .collect();
+    // The payload directory and `..data` are the two inodes beyond files, dirs and links.
+    let inodes = (sorted.len() + dirs.len() + top_level.len() + 2) as u64;
+    let charge = needed.saturating_add(inodes.saturating_mul(INODE_BYTES));
     Ok(Payload {
         files: sorted,
         top_level,
+        charge,
     })
 }
 
@@ -161,13 +185,26 @@ impl<'a> AtomicWriter<'a> {
 
     /// Makes the volume hold exactly `payload`. Returns `false` and touches nothing when it
     /// already does. On error the previous content is left as it was.
+    #[cfg(test)]
     pub(crate) fn write(&self, payload: &Payload<'_>) -> Result<bool, VolumeError> {
+        Ok(self.write_reserving(payload, || Ok(()))?.is_some())
+    }
+
+    /// [`Self::write`], calling `reserve` once it is known that something will be written and
+    /// before anything is: `None` when the volume already holds `payload` (nothing reserved),
+    /// else what `reserve` returned. A failed `reserve` fails the write, touching nothing.
+    pub(crate) fn write_reserving<R>(
+        &self,
+        payload: &Payload<'_>,
+        reserve: impl FnOnce() -> Result<R, VolumeError>,
+    ) -> Result<Option<R>, VolumeError> {
         let current = self.current_dir()?;
         if let Some(dir) = &current
             && self.holds(dir, payload)
         {
-            return Ok(false);
+            return Ok(None);
         }
+        let reserved = reserve()?;
         // Leftovers of an interrupted write would eat the second half of the tmpfs, which the
         // new payload needs while the old one is still live.
         self.remove_leftovers(current.as_deref())?;
@@ -202,7 +239,7 @@ impl<'a> AtomicWriter<'a> {
                 _ => {}
             }
         }
-        Ok(true)
+        Ok(Some(reserved))
     }
 
     /// First write into an empty root that nobody reads yet (a fresh tmpfs, or an empty target

@@ -249,7 +249,7 @@ fn no_space_is_reported_and_the_old_set_survives() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     // Four pages: room for the first payload, not for the second next to it.
-    tmpfs::mount(&root, 4 * page_size(), None).unwrap();
+    tmpfs::mount(&root, tmpfs::SOURCE, 4 * page_size(), None).unwrap();
     let _guard = MountGuard::new(&root);
     assert!(mountinfo::find(&root).unwrap().is_some());
 
