@@ -5,6 +5,7 @@ pub mod audiences;
 pub mod aws;
 pub mod credentials;
 pub mod fake;
+pub mod grpc_answer;
 pub mod kubernetes;
 pub mod plugin;
 pub mod secrets_store_csi;
