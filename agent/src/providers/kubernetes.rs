@@ -15,9 +15,9 @@ use kube::{Api, Client};
 use super::{
     FindQuery, MAX_FIND_RESULTS, MAX_RESPONSE_BYTES, Provider, ProviderError, RemoteKey, found,
 };
-use crate::json;
 use crate::api::store::KubernetesProvider;
 use crate::identity::PodInfo;
+use crate::json;
 use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
 
@@ -167,7 +167,12 @@ mod tests {
         let mut secret = Secret::default();
         secret.data = Some(
             (0..=json::MAX_ITEMS)
-                .map(|i| (format!("k{i}"), k8s_openapi::ByteString(b"hunter2".to_vec())))
+                .map(|i| {
+                    (
+                        format!("k{i}"),
+                        k8s_openapi::ByteString(b"hunter2".to_vec()),
+                    )
+                })
                 .collect(),
         );
         let err = as_json(secret).unwrap_err();
