@@ -290,9 +290,13 @@ impl Vault {
         .map_err(server_error)?;
         let data: BTreeMap<String, serde_json::Value> = serde_json::from_value(data)
             .map_err(|_| ProviderError::Unavailable("Vault's answer is not a KV secret".into()))?;
-        serde_json::to_vec(&data)
-            .map(SecretBytes::new)
-            .map_err(|_| ProviderError::Unavailable("cannot encode the secret's data".into()))
+        // Sized once (the answer's text is at least as long): a doubling buffer would take up
+        // to twice the value while it grows.
+        let mut out = Vec::with_capacity(_held.as_ref().map_or(0, transport::Held::answer_len));
+        serde_json::to_writer(&mut out, &data)
+            .map_err(|_| ProviderError::Unavailable("cannot encode the secret's data".into()))?;
+        out.shrink_to_fit();
+        Ok(SecretBytes::new(out))
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<String>, ProviderError> {

@@ -51,7 +51,14 @@ pub struct Answer<T> {
 /// An answer's hold on the node's budget, carried from the transport to the caller in the
 /// response's extensions (which want `Clone`).
 #[derive(Clone)]
-pub struct Held(#[allow(dead_code)] std::sync::Arc<json::Held<'static>>);
+pub struct Held(std::sync::Arc<json::Held<'static>>);
+
+impl Held {
+    /// Bytes of the answer's text (half what it holds).
+    pub fn answer_len(&self) -> usize {
+        self.0.bytes() / 2
+    }
+}
 
 /// A bounded HTTP client for one Vault server, with the token and namespace headers. Cheap to
 /// clone (the connection pool is shared).
