@@ -164,17 +164,18 @@ mod tests {
 
     #[test]
     fn a_secret_of_too_many_keys_is_refused_without_naming_one() {
-        let mut secret = Secret::default();
-        secret.data = Some(
-            (0..=json::MAX_ITEMS)
-                .map(|i| {
-                    (
-                        format!("k{i}"),
-                        k8s_openapi::ByteString(b"hunter2".to_vec()),
-                    )
-                })
-                .collect(),
-        );
+        let data = (0..=json::MAX_ITEMS)
+            .map(|i| {
+                (
+                    format!("k{i}"),
+                    k8s_openapi::ByteString(b"hunter2".to_vec()),
+                )
+            })
+            .collect();
+        let secret = Secret {
+            data: Some(data),
+            ..Default::default()
+        };
         let err = as_json(secret).unwrap_err();
         assert!(matches!(&err, ProviderError::TooLarge(_)), "{err:?}");
         let text = err.to_string();
