@@ -10,7 +10,8 @@
 //! - [`Budget`]: the bytes of answers being held and parsed, node-wide. Each answer holds its
 //!   share from its first chunk until what it became is built (and the answer dropped); past the
 //!   budget it is refused, never waited for, so that answers of several tenants cannot add up
-//!   and no holder can block another.
+//!   and no holder can block another. The first [`FREE_BYTES`] of each are not charged, so a
+//!   budget taken by hostile answers never refuses other tenants' ordinary secrets.
 //!
 //! The bottom of the crate: imports nothing of it.
 
@@ -31,6 +32,12 @@ pub const ITEM_COST: usize = 128;
 /// Bytes that answers being held and parsed may take at once, node-wide: room for one answer
 /// at the byte cap (16 MiB, charged twice: its text and what is built from it).
 pub const NODE_BUDGET_BYTES: usize = 32 << 20;
+
+/// The first bytes of every hold, never charged: typical secrets are far smaller, so while
+/// hostile answers take the whole budget other tenants' publishes are still never refused.
+/// What this lets through is bounded by the calls in flight (kubelet's publishes, the
+/// mirror's workers), a few MiB at most.
+pub const FREE_BYTES: usize = 64 << 10;
 
 /// Why a JSON text is not parsed. Never carries any of the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,6 +181,7 @@ impl Budget {
         let mut held = Held {
             budget: self,
             bytes: 0,
+            charged: 0,
         };
         held.grow(bytes)?;
         Ok(held)
@@ -197,13 +205,18 @@ impl Budget {
 #[derive(Debug)]
 pub struct Held<'a> {
     budget: &'a Budget,
+    /// All bytes held, the first [`FREE_BYTES`] included.
     bytes: usize,
+    /// What the budget was charged.
+    charged: usize,
 }
 
 impl Held<'_> {
     /// Holds `bytes` more (the next chunk of an answer); refused when that would pass the limit.
     pub fn grow(&mut self, bytes: usize) -> Result<(), Refused> {
-        self.budget.take(bytes)?;
+        let free = FREE_BYTES.saturating_sub(self.bytes).min(bytes);
+        self.budget.take(bytes - free)?;
+        self.charged += bytes - free;
         self.bytes += bytes;
         Ok(())
     }
@@ -216,7 +229,7 @@ impl Held<'_> {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.budget.held.fetch_sub(self.charged, Ordering::AcqRel);
     }
 }
 
@@ -274,8 +287,9 @@ mod tests {
     #[test]
     fn the_budget_is_shared_refused_past_its_limit_and_given_back() {
         let budget = Budget::new(100);
-        let mut first = budget.hold(60).unwrap();
-        let err = budget.hold(50).unwrap_err();
+        let mut first = budget.hold(FREE_BYTES + 60).unwrap();
+        assert_eq!(budget.held(), 60, "the first FREE_BYTES are not charged");
+        let err = budget.hold(FREE_BYTES + 50).unwrap_err();
         assert_eq!(
             err,
             Refused::Busy {
@@ -286,10 +300,16 @@ mod tests {
         );
         assert!(first.grow(40).is_ok());
         assert!(first.grow(1).is_err(), "growing past the limit");
-        assert_eq!((first.bytes(), budget.held()), (100, 100));
-        drop(first);
+        assert_eq!((first.bytes(), budget.held()), (FREE_BYTES + 100, 100));
+        // A full budget still lets small answers through, chunk by chunk.
+        let mut small = budget.hold(0).unwrap();
+        for _ in 0..16 {
+            small.grow(FREE_BYTES / 16).unwrap();
+        }
+        assert!(small.grow(1).is_err());
+        drop((first, small));
         assert_eq!(budget.held(), 0);
-        assert!(budget.hold(100).is_ok());
+        assert!(budget.hold(FREE_BYTES + 100).is_ok());
     }
 
     #[test]
