@@ -729,3 +729,53 @@ async fn a_plugin_authorizes_on_the_callers_namespace() {
     );
     assert_no_leak(&agent, err.message());
 }
+
+/// A tenant's plugin answering `map<string, bytes>` with a million tiny entries (14 MB, under
+/// the 16 MiB cap): prost built the map before anything was checked (224 MB for a plain `data`,
+/// 411 MB with `dataFrom.extract`). Now the entries are counted on the wire before decoding:
+/// both publishes fail RESOURCE_EXHAUSTED naming store, key and the limit, the agent's peak RSS
+/// stays under 64 MiB, and the plugin's other secrets still mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_answer_of_a_million_entries_is_refused_before_it_is_decoded() {
+    require_root();
+    let plugin = Plugin::start().await;
+    let members: Vec<String> = (0..1_000_000)
+        .map(|i| format!("\"k{i:06}\":\"v\""))
+        .collect();
+    let many = format!("{{{}}}", members.join(","));
+    drop(members);
+    for name in ["many-data", "many-extract"] {
+        std::fs::write(plugin._dir.path().join("data").join(name), &many).unwrap();
+    }
+    drop(many);
+    let mut m = store("files", &plugin.endpoint(), "      timeout: 20s\n");
+    m += &es("app", "files", "db", "password");
+    m += &es("many-data", "files", "many-data", "");
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+          metadata: {name: many-extract, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: files}\n  dataFrom:\n  - extract: {key: many-extract}\n";
+    let dir = plugin.socket_dir.display().to_string();
+    let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
+    let baseline = agent.peak_rss_mib();
+    let (data, extract) = tokio::join!(
+        publish(&agent, "data", "default", "many-data"),
+        publish(&agent, "extract", "default", "many-extract"),
+    );
+    let peak = agent.peak_rss_mib();
+    eprintln!("peak RSS {peak} MiB (baseline {baseline} MiB)");
+    for (es, result) in [("many-data", data), ("many-extract", extract)] {
+        let err = result.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{es}: {err:?}");
+        assert!(
+            err.message().contains(&format!(
+                "namespace \"shop\", ExternalSecret \"{es}\", SecretStore \"files\", remote key \"{es}\""
+            )) && err.message().contains("answer holds more than 10000"),
+            "{es}: {}",
+            err.message()
+        );
+        assert!(!err.message().contains("k000"), "{}", err.message());
+    }
+    assert!(peak < 64, "peak RSS {peak} MiB (baseline {baseline} MiB)");
+    let t = publish(&agent, "app", "default", "app").await.unwrap();
+    assert_eq!(read(&t, "value"), DB_PASSWORD.as_bytes());
+}

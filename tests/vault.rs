@@ -852,3 +852,165 @@ async fn an_outage_during_refresh_keeps_the_content_and_backs_off() {
     assert_eq!(read(&t, "user"), "user-0");
     assert_eq!(read(&other, "pass"), "pass-0");
 }
+
+// ---- A hostile Vault answering many tiny keys -------------------------------------------------
+
+/// A KV v2 answer of `keys` keys `{"k000000":"vvv...",...}`, each value `value_len` bytes:
+/// ~14 bytes a key with 1-byte values (14 MB for a million, under the 16 MiB byte cap).
+fn many_keys_answer(keys: usize, value_len: usize) -> String {
+    let value = "v".repeat(value_len);
+    let mut data = String::with_capacity(keys * (13 + value_len) + 200);
+    data.push_str(r#"{"data":{"data":{"#);
+    for i in 0..keys {
+        if i > 0 {
+            data.push(',');
+        }
+        data.push_str(&format!("\"k{i:06}\":\"{value}\""));
+    }
+    data.push_str(
+        r#"},"metadata":{"created_time":"2026-11-28T00:00:00Z","deletion_time":"","custom_metadata":null,"destroyed":false,"version":1}},"lease_id":"","lease_duration":0,"renewable":false,"request_id":"r"}"#,
+    );
+    data
+}
+
+/// A tenant-run Vault answering 14 MB holding one million tiny keys, to four publishes at once
+/// (two plain `data`, two `dataFrom.extract`). Before the fix the agent parsed each answer into
+/// a JSON tree (~180 MB for one) and peaked far above its 128Mi limit. Now every answer's keys
+/// are counted before anything is built and the answers in flight share one node-wide byte
+/// budget: each publish fails RESOURCE_EXHAUSTED naming store and key, the agent's peak RSS
+/// stays under 64 MiB, and another tenant's publish (a real OpenBao) keeps working meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_answer_of_a_million_keys_is_refused_before_it_is_built() {
+    let answer = many_keys_answer(1_000_000, 1);
+    assert!(answer.len() > 14_000_000 && answer.len() < 16 << 20);
+    four_hostile_answers_at_once(answer, "more than 10000 JSON keys", 64).await;
+}
+
+/// Four answers of 14 MB under the key limit (5,000 keys of 2.8 KB) at once. The node's parse
+/// budget (32 MiB, an answer held twice) lets about one be read at a time and refuses the
+/// others as they arrive ("retried later"); the one read fails on the volume's size limit.
+/// That one value still passes through the value cache and resolution (~4x its size), so the
+/// peak is bounded by the container's 128Mi, not by 64 MiB (see docs/security.md, "Limits").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_large_answers_under_the_key_limit_share_the_parse_budget() {
+    let answer = many_keys_answer(5_000, 2_800);
+    assert!(answer.len() > 14_000_000 && answer.len() < 16 << 20);
+    let messages = four_hostile_answers_at_once(answer, "", 128).await;
+    let waited = messages
+        .iter()
+        .filter(|m| m.contains("answers being parsed already hold"))
+        .count();
+    assert!(
+        waited >= 2,
+        "the parse budget refused {waited} of 4: {messages:#?}"
+    );
+}
+
+/// Four publishes at once of two plain `data` and two `dataFrom.extract` ExternalSecrets of
+/// a tenant-run Vault answering `answer`, and another tenant's publishes from a real OpenBao
+/// meanwhile; every hostile publish fails RESOURCE_EXHAUSTED naming store and key (and `why`),
+/// and the agent's peak RSS stays under `max_peak_mib`. Returns the hostile publishes' messages.
+async fn four_hostile_answers_at_once(answer: String, why: &str, max_peak_mib: u64) -> Vec<String> {
+    let bao = bao().await;
+    let hostile =
+        support::hostile::Hostile::start(support::hostile::Answer::Fixed(200, answer)).await;
+    let store = |namespace: &str, name: &str, server: &str, token: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: token, namespace: {namespace}}}\n\
+             stringData: {{token: {token}}}\n\
+             ---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\n\
+             metadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  provider:\n    vault:\n      \
+             server: {server}\n      auth: {{tokenSecretRef: {{name: token, key: token}}}}\n"
+        )
+    };
+    let es = |namespace: &str, name: &str, store: &str, body: &str| {
+        format!(
+            "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+             metadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  secretStoreRef: {{name: {store}}}\n{body}"
+        )
+    };
+    let mut m = store("evil", "keys", &hostile.url, "s.hostile-token");
+    // Four remote keys, so that four answers are read at once (one key would be one shared read).
+    for i in 0..2 {
+        m += &es(
+            "evil",
+            &format!("data-{i}"),
+            "keys",
+            &format!("  data:\n  - {{secretKey: k, remoteRef: {{key: app/data-{i}}}}}\n"),
+        );
+        m += &es(
+            "evil",
+            &format!("extract-{i}"),
+            "keys",
+            &format!("  dataFrom:\n  - extract: {{key: app/extract-{i}}}\n"),
+        );
+    }
+    m += &store("shop", "vault", &bao.url, &bao.root_token);
+    m += &es(
+        "shop",
+        "app",
+        "vault",
+        "  data:\n  - {secretKey: password, remoteRef: {key: app/db, property: password}}\n",
+    );
+    let agent = Agent::start(&[("tenants.yaml", &m)], &[]).await;
+    let baseline = agent.peak_rss_mib();
+
+    let node = agent.node().await;
+    let attempt = |namespace: &'static str, pod: String, es: String| {
+        let mut node = node.clone();
+        let target = agent.target(&pod);
+        async move {
+            let volume = PodVolume::new(namespace, &pod, &es);
+            let req = volume.publish_request(&volume_id_for(&target), &target);
+            (es, node.node_publish_volume(req).await.map(|_| target))
+        }
+    };
+    let hostile_publishes = (0..2).flat_map(|i| {
+        [
+            attempt("evil", format!("data-{i}"), format!("data-{i}")),
+            attempt("evil", format!("extract-{i}"), format!("extract-{i}")),
+        ]
+    });
+    let other = async {
+        // Meanwhile, another tenant mounts, and mounts again.
+        let mut took = Vec::new();
+        for round in 0..5 {
+            let started = std::time::Instant::now();
+            let (_, result) = attempt("shop", format!("app-{round}"), "app".into()).await;
+            let target = result.unwrap_or_else(|e| panic!("the other tenant's publish: {e:?}"));
+            assert_eq!(read(&target, "password"), DB_V2);
+            took.push(started.elapsed());
+        }
+        took
+    };
+    let (results, took) = tokio::join!(futures::future::join_all(hostile_publishes), other);
+    let peak = agent.peak_rss_mib();
+    eprintln!("peak RSS {peak} MiB (baseline {baseline} MiB); other tenant's publishes {took:?}");
+    let mut messages = Vec::new();
+    for (es, result) in results {
+        let err = result.expect_err(&es);
+        assert_eq!(err.code(), Code::ResourceExhausted, "{es}: {err:?}");
+        // Refused as it arrived (naming the key), or, for the answer that was read, by the
+        // volume's size limit.
+        let key = format!("remote key \"app/{es}\"");
+        assert!(
+            err.message().contains("namespace \"evil\"")
+                && err.message().contains(&format!("ExternalSecret \"{es}\""))
+                && err.message().contains("SecretStore \"keys\"")
+                && (err.message().contains(&key) && err.message().contains(why)
+                    || why.is_empty() && err.message().contains("bytes of volume space")),
+            "{es}: {}",
+            err.message()
+        );
+        messages.push(err.message().to_string());
+    }
+    assert!(
+        peak < max_peak_mib,
+        "peak RSS {peak} MiB (baseline {baseline} MiB) with four hostile answers"
+    );
+    assert!(hostile.requests() >= 4, "{} requests", hostile.requests());
+    // No key or value of the answer in a message or the log.
+    assert_no_leak(&agent, &messages, &["k000123", "s.hostile-token"]);
+    assert_eq!(agent.http_get("/healthz").await.0, 200);
+    messages
+}

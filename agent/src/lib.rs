@@ -16,6 +16,7 @@ pub mod csi;
 pub mod events;
 pub mod fetch;
 pub mod identity;
+pub mod json;
 pub mod memory;
 pub mod mirror;
 pub mod providers;

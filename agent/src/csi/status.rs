@@ -64,7 +64,7 @@ fn code(e: &PublishError) -> Code {
             | ProviderError::Unsupported(_) => Code::FailedPrecondition,
             ProviderError::PermissionDenied(_) => Code::PermissionDenied,
             ProviderError::Unavailable(_) => Code::Unavailable,
-            ProviderError::Throttled(_) => Code::ResourceExhausted,
+            ProviderError::Throttled(_) | ProviderError::TooLarge(_) => Code::ResourceExhausted,
             ProviderError::Timeout(_) => Code::DeadlineExceeded,
         },
         PublishError::Resolve(r) => match r {

@@ -9,11 +9,15 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
+use kube::api::ListParams;
 use kube::{Api, Client};
 
-use super::{FindQuery, Provider, ProviderError, RemoteKey, found};
+use super::{
+    FindQuery, MAX_FIND_RESULTS, MAX_RESPONSE_BYTES, Provider, ProviderError, RemoteKey, found,
+};
 use crate::api::store::KubernetesProvider;
 use crate::identity::PodInfo;
+use crate::json;
 use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
 
@@ -72,27 +76,55 @@ impl Provider for KubernetesSecrets {
     }
 
     async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
-        // Listing needs `list` on Secrets for the pod's service account.
-        let list = self
-            .secrets
-            .list(&Default::default())
-            .await
-            .map_err(api_error)?;
+        // Listing needs `list` on Secrets for the pod's service account. Page by page: a
+        // namespace's Secrets (each up to ~1.5 MiB, tenant-written) are never all in memory.
+        let mut params = ListParams::default().limit(LIST_PAGE);
         let mut matches = Vec::new();
-        for secret in list.items {
-            let name = secret.metadata.name.clone().unwrap_or_default();
-            if query.matches(&name) {
-                matches.push((name, as_json(secret)?));
+        let mut bytes = 0usize;
+        loop {
+            let list = self.secrets.list(&params).await.map_err(api_error)?;
+            for secret in list.items {
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                if !query.matches(&name) {
+                    continue;
+                }
+                let value = as_json(secret)?;
+                bytes += name.len() + value.len();
+                if bytes > MAX_RESPONSE_BYTES {
+                    return Err(ProviderError::TooLarge(format!(
+                        "the Secrets dataFrom.find matched hold more than {MAX_RESPONSE_BYTES}                          bytes"
+                    )));
+                }
+                matches.push((name, value));
+                if matches.len() > MAX_FIND_RESULTS {
+                    // `found` reports it.
+                    return found(matches);
+                }
+            }
+            match list.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return found(matches),
             }
         }
-        found(matches)
     }
 }
 
+/// Secrets per page of a `dataFrom.find` list.
+const LIST_PAGE: u32 = 10;
+
 /// A Secret's data as a JSON object of strings, so `property` and `extract` work as in ESO.
+/// A Secret of more keys than a JSON value may hold is refused ([`json::MAX_ITEMS`]).
 fn as_json(secret: Secret) -> Result<SecretBytes, ProviderError> {
+    let data = secret.data.unwrap_or_default();
+    if data.len() > json::MAX_ITEMS {
+        return Err(ProviderError::TooLarge(format!(
+            "the Secret holds {} keys, more than {} (the agent's limit)",
+            data.len(),
+            json::MAX_ITEMS
+        )));
+    }
     let mut map = BTreeMap::new();
-    for (k, v) in secret.data.unwrap_or_default() {
+    for (k, v) in data {
         let text = String::from_utf8(v.0).map_err(|_| {
             ProviderError::Config(format!(
                 "Secret key {k:?} holds binary data, which cannot be exposed as JSON text"
@@ -129,6 +161,27 @@ fn api_error(e: kube::Error) -> ProviderError {
 mod tests {
     use super::*;
     use crate::identity::tokens::PodTokens;
+
+    #[test]
+    fn a_secret_of_too_many_keys_is_refused_without_naming_one() {
+        let data = (0..=json::MAX_ITEMS)
+            .map(|i| {
+                (
+                    format!("k{i}"),
+                    k8s_openapi::ByteString(b"hunter2".to_vec()),
+                )
+            })
+            .collect();
+        let secret = Secret {
+            data: Some(data),
+            ..Default::default()
+        };
+        let err = as_json(secret).unwrap_err();
+        assert!(matches!(&err, ProviderError::TooLarge(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("10001 keys, more than 10000"), "{text}");
+        assert!(!text.contains("hunter2") && !text.contains("k1"), "{text}");
+    }
 
     #[tokio::test]
     async fn a_key_that_is_not_a_secret_name_never_reaches_the_api_server() {

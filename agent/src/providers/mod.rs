@@ -5,6 +5,7 @@ pub mod audiences;
 pub mod aws;
 pub mod credentials;
 pub mod fake;
+pub mod grpc_answer;
 pub mod kubernetes;
 pub mod plugin;
 pub mod secrets_store_csi;
@@ -131,6 +132,10 @@ pub enum ProviderError {
     /// The store names a provider this build cannot use.
     #[error("provider {0} is not available in this version of Latchkey")]
     Unsupported(&'static str),
+    /// The backend's answer would make the agent build more than its bounds allow (keys,
+    /// depth, memory of answers being parsed); nothing of it was kept.
+    #[error("answer refused: {0}")]
+    TooLarge(String),
 }
 
 impl ProviderError {
@@ -145,6 +150,7 @@ impl ProviderError {
             ProviderError::Config(_) => "config",
             ProviderError::CannotFind => "cannot_find",
             ProviderError::Unsupported(_) => "unsupported",
+            ProviderError::TooLarge(_) => "too_large",
         }
     }
 }

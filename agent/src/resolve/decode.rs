@@ -1,5 +1,7 @@
 //! `decodingStrategy`: None, Base64, Base64URL, Auto (decode when it decodes, else keep), as ESO.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 
@@ -8,13 +10,14 @@ use crate::api::external_secret::DecodingStrategy;
 use crate::providers::RemoteKey;
 use crate::secret::SecretBytes;
 
-/// Decodes a fetched value as the strategy says.
-pub fn apply(
+/// Decodes a fetched value as the strategy says; the value itself (not a copy) when it stays
+/// as it is: a value may be many MiB, and `property` or `extract` only read it.
+pub fn apply<'a>(
     ctx: &Context,
     key: &RemoteKey,
     strategy: Option<DecodingStrategy>,
-    raw: &SecretBytes,
-) -> Result<SecretBytes, ResolveError> {
+    raw: &'a SecretBytes,
+) -> Result<Cow<'a, SecretBytes>, ResolveError> {
     let fail = |strategy| ResolveError::Decode {
         ctx: ctx.boxed(),
         key: key.clone(),
@@ -22,9 +25,9 @@ pub fn apply(
     };
     let input = raw.expose();
     // A decoded file is still that file: it keeps the mode its backend gave it.
-    let new = |bytes: Vec<u8>| SecretBytes::new(bytes).with_file_mode(raw.file_mode());
+    let new = |bytes: Vec<u8>| Cow::Owned(SecretBytes::new(bytes).with_file_mode(raw.file_mode()));
     match strategy.unwrap_or_default() {
-        DecodingStrategy::None => Ok(raw.clone()),
+        DecodingStrategy::None => Ok(Cow::Borrowed(raw)),
         DecodingStrategy::Base64 => STANDARD.decode(input).map(new).map_err(|_| fail("Base64")),
         DecodingStrategy::Base64Url => URL_SAFE
             .decode(input)
@@ -34,7 +37,7 @@ pub fn apply(
             .decode(input)
             .or_else(|_| URL_SAFE.decode(input))
             .map(new)
-            .unwrap_or_else(|_| raw.clone())),
+            .unwrap_or(Cow::Borrowed(raw))),
     }
 }
 

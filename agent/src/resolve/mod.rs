@@ -374,7 +374,7 @@ pub fn entries(
             let (key, raw) = value(e)?;
             let raw = decode::apply(ctx, key, e.decoding_strategy, raw)?;
             let raw = match e.property.as_deref().filter(|p| !p.is_empty()) {
-                Some(p) => property::select(ctx, key, &raw, p)?,
+                Some(p) => std::borrow::Cow::Owned(property::select(ctx, key, &raw, p)?),
                 None => raw,
             };
             let extracted = property::extract(ctx, key, &raw)?;
@@ -401,7 +401,7 @@ pub fn entries(
                 };
                 matched.insert(
                     name.clone(),
-                    decode::apply(ctx, &key, f.decoding_strategy, raw)?,
+                    decode::apply(ctx, &key, f.decoding_strategy, raw)?.into_owned(),
                 );
             }
             for (name, v) in rewrite(ctx, index, d, matched, &mut rewrites)? {
@@ -415,7 +415,7 @@ pub fn entries(
         let raw = decode::apply(ctx, key, d.remote_ref.decoding_strategy, raw)?;
         let v = match d.remote_ref.property.as_deref().filter(|p| !p.is_empty()) {
             Some(p) => property::select(ctx, key, &raw, p)?,
-            None => raw,
+            None => raw.into_owned(),
         };
         out.insert(d.secret_key.clone(), v);
     }

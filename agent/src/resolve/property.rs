@@ -1,12 +1,14 @@
 //! `property` lookup and `extract` expansion over JSON values, with ESO's rules: a property is
 //! first a literal top-level key, then a dotted path (array indexes allowed); strings come out
-//! raw, anything else as JSON text.
+//! raw, anything else as JSON text. A value is parsed only once its keys are counted (see
+//! [`crate::json`]): a tenant's backend may hand over a million tiny keys.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
 use super::{Context, ResolveError};
+use crate::json;
 use crate::providers::RemoteKey;
 use crate::secret::SecretBytes;
 
@@ -17,8 +19,8 @@ pub fn select(
     raw: &SecretBytes,
     property: &str,
 ) -> Result<SecretBytes, ResolveError> {
-    let doc: Value = match serde_json::from_slice(raw.expose()) {
-        Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
+    let (doc, _held) = match parse(ctx, key, raw)? {
+        Some((v @ (Value::Object(_) | Value::Array(_)), held)) => (v, held),
         _ => {
             return Err(ResolveError::NotJson {
                 ctx: ctx.boxed(),
@@ -44,11 +46,30 @@ pub fn extract(
     key: &RemoteKey,
     raw: &SecretBytes,
 ) -> Result<BTreeMap<String, SecretBytes>, ResolveError> {
-    match serde_json::from_slice::<Value>(raw.expose()) {
-        Ok(Value::Object(map)) => Ok(map.iter().map(|(k, v)| (k.clone(), to_bytes(v))).collect()),
+    match parse(ctx, key, raw)? {
+        Some((Value::Object(map), _held)) => {
+            Ok(map.into_iter().map(|(k, v)| (k, to_bytes(&v))).collect())
+        }
         _ => Err(ResolveError::NotAnObject {
             ctx: ctx.boxed(),
             key: key.clone(),
+        }),
+    }
+}
+
+/// `raw` as JSON, its keys counted before anything is built and the tree's memory held in the
+/// node's parse budget (keep the hold until the tree is gone); `None` when it is not JSON.
+fn parse(
+    ctx: &Context,
+    key: &RemoteKey,
+    raw: &SecretBytes,
+) -> Result<Option<(Value, json::Held<'static>)>, ResolveError> {
+    match json::parse::<Value>(raw.expose()) {
+        Ok(parsed) => Ok(Some(parsed)),
+        Err(json::ParseError::Invalid) => Ok(None),
+        Err(json::ParseError::Refused(why)) => Err(ResolveError::Bound {
+            ctx: ctx.boxed(),
+            reason: format!("{key}: the value {why}"),
         }),
     }
 }
@@ -109,5 +130,38 @@ mod tests {
         }
         assert!(sel("plain text", "a").unwrap_err().contains("not JSON"));
         assert!(sel("\"a string\"", "a").unwrap_err().contains("not JSON"));
+    }
+
+    /// A value of a million tiny keys took ~180 MB as a tree; it is refused once counted, as
+    /// a bound (RESOURCE_EXHAUSTED) naming the key, without a key or value in the message.
+    #[test]
+    fn values_with_too_many_keys_are_refused_before_they_are_built() {
+        let members: Vec<String> = (0..json::MAX_ITEMS + 1)
+            .map(|i| format!("\"k{i}\":\"secret-{i}\""))
+            .collect();
+        let doc = format!("{{{}}}", members.join(","));
+        let key = RemoteKey {
+            key: "app/config".into(),
+            version: None,
+        };
+        let ctx = super::super::tests::ctx();
+        let raw = SecretBytes::from(doc.as_str());
+        let errors = [
+            select(&ctx, &key, &raw, "k1").unwrap_err(),
+            extract(&ctx, &key, &raw).unwrap_err(),
+        ];
+        for err in errors {
+            let text = err.to_string();
+            assert!(matches!(err, ResolveError::Bound { .. }), "{text}");
+            assert!(
+                text.contains("SecretStore \"fake\": remote key \"app/config\": the value")
+                    && text.contains("more than 10000 JSON keys"),
+                "{text}"
+            );
+            assert!(!text.contains("secret-1") && !text.contains("k1"), "{text}");
+        }
+        let deep = "[".repeat(json::MAX_DEPTH + 1) + &"]".repeat(json::MAX_DEPTH + 1);
+        let err = select(&ctx, &key, &SecretBytes::from(deep.as_str()), "0").unwrap_err();
+        assert!(err.to_string().contains("deeper than 32"), "{err}");
     }
 }

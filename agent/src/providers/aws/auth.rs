@@ -126,7 +126,7 @@ impl SessionCache {
             clients.clear();
         }
         let conf = aws_sdk_secretsmanager::Config::builder()
-            .interceptor(BodyLimit)
+            .interceptor(BodyLimit::JSON)
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(region.to_string()))
             .credentials_provider(creds.clone())
@@ -255,8 +255,8 @@ pub(super) async fn client(
             let sdk = cache.agent_config(region).await;
             match spec.role.as_deref() {
                 None => {
-                    let conf =
-                        aws_sdk_secretsmanager::config::Builder::from(&sdk).interceptor(BodyLimit);
+                    let conf = aws_sdk_secretsmanager::config::Builder::from(&sdk)
+                        .interceptor(BodyLimit::JSON);
                     let conf = match endpoint {
                         Some(e) => conf.endpoint_url(e),
                         None => conf,
@@ -267,8 +267,8 @@ pub(super) async fn client(
                     let key = format!("agent\n{region}\n{end}\n{role}\n{who}");
                     let creds = cache
                         .session(key, || {
-                            let conf =
-                                aws_sdk_sts::config::Builder::from(&sdk).interceptor(BodyLimit);
+                            let conf = aws_sdk_sts::config::Builder::from(&sdk)
+                                .interceptor(BodyLimit::XML);
                             let conf = match endpoint {
                                 Some(e) => conf.endpoint_url(e),
                                 None => conf,
@@ -342,7 +342,7 @@ fn sts_client(
     creds: Option<Credentials>,
 ) -> aws_sdk_sts::Client {
     let conf = aws_sdk_sts::Config::builder()
-        .interceptor(BodyLimit)
+        .interceptor(BodyLimit::XML)
         .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
         .region(aws_sdk_sts::config::Region::new(region.to_string()))
         .retry_config(retry())

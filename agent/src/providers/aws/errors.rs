@@ -12,8 +12,11 @@ use aws_sdk_secretsmanager::config::interceptors::BeforeDeserializationIntercept
 use aws_sdk_secretsmanager::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_secretsmanager::error::{BoxError, ProvideErrorMetadata, SdkError};
 use aws_smithy_types::body::SdkBody;
+use futures::StreamExt;
+use http_body_util::{BodyStream, StreamBody};
 
 use super::super::{MAX_RESPONSE_BYTES, ProviderError};
+use crate::json;
 use crate::telemetry::escape::printable;
 
 /// An SDK failure as a provider error: the AWS error code and message (never values or keys).
@@ -41,6 +44,10 @@ where
         SdkError::ResponseError(_) if body_too_large(&err) => ProviderError::Unavailable(format!(
             "{op}: the answer is larger than {MAX_RESPONSE_BYTES} bytes"
         )),
+        SdkError::ResponseError(_) if refusal(&err).is_some() => {
+            let why = refusal(&err).map(ToString::to_string).unwrap_or_default();
+            ProviderError::TooLarge(format!("{op}: the answer {why}"))
+        }
         SdkError::ResponseError(_) => {
             ProviderError::Unavailable(format!("{op}: unreadable response from AWS"))
         }
@@ -57,10 +64,27 @@ fn body_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
         .any(|e| e.is::<http_body_util::LengthLimitError>())
 }
 
+/// Why reading the body stopped at [`BodyLimit`]'s count of JSON keys or the parse budget.
+fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a json::Refused> {
+    std::iter::successors(Some(e), |e| e.source()).find_map(|e| e.downcast_ref::<json::Refused>())
+}
+
 /// Caps every response body the SDK reads (Secrets Manager and STS) at
 /// [`MAX_RESPONSE_BYTES`], checked as it arrives: `endpoint` may name a server a tenant runs.
+/// Secrets Manager answers JSON, whose keys and elements are counted as well
+/// ([`json::Counter`]: a `BatchGetSecretValue` of a million entries would be a million
+/// structs) and whose bytes are held, twice, in the node's parse budget while they arrive.
 #[derive(Debug)]
-pub(super) struct BodyLimit;
+pub(super) struct BodyLimit {
+    json: bool,
+}
+
+impl BodyLimit {
+    /// For Secrets Manager (JSON answers).
+    pub(super) const JSON: Self = Self { json: true };
+    /// For STS (XML answers): the byte cap only.
+    pub(super) const XML: Self = Self { json: false };
+}
 
 impl Intercept for BodyLimit {
     fn name(&self) -> &'static str {
@@ -74,9 +98,22 @@ impl Intercept for BodyLimit {
         _: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let response = context.response_mut();
-        let body = response.take_body();
-        *response.body_mut() =
-            SdkBody::from_body_1_x(http_body_util::Limited::new(body, MAX_RESPONSE_BYTES));
+        let body = http_body_util::Limited::new(response.take_body(), MAX_RESPONSE_BYTES);
+        *response.body_mut() = if self.json {
+            let mut keys = json::Counter::default();
+            let mut held = json::Budget::node().hold(0)?;
+            let frames = BodyStream::new(body).map(move |frame| {
+                let frame = frame?;
+                if let Some(data) = frame.data_ref() {
+                    keys.feed(data)?;
+                    held.grow(2 * data.len())?;
+                }
+                Ok::<_, BoxError>(frame)
+            });
+            SdkBody::from_body_1_x(StreamBody::new(frames))
+        } else {
+            SdkBody::from_body_1_x(body)
+        };
         Ok(())
     }
 }
@@ -151,5 +188,60 @@ mod tests {
             code_error("Get", "Whatever", None, 503),
             ProviderError::Unavailable(_)
         ));
+    }
+
+    /// A tenant's endpoint answering GetSecretValue with a million tiny JSON keys (14 MB) is
+    /// refused while the answer arrives, as TooLarge, naming neither key nor value.
+    #[tokio::test]
+    async fn a_json_answer_of_a_million_keys_is_refused_as_it_arrives() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        crate::tls::install_crypto_provider();
+        let members: Vec<String> = (0..1_000_000)
+            .map(|i| format!("\"k{i:06}\":\"v\""))
+            .collect();
+        let body = format!("{{{}}}", members.join(","));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 64 << 10];
+                    let _ = stream.read(&mut request).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\n\
+                         content-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.write_all(body.as_bytes()).await;
+                });
+            }
+        });
+        let conf = aws_sdk_secretsmanager::Config::builder()
+            .interceptor(BodyLimit::JSON)
+            .behavior_version(aws_sdk_secretsmanager::config::BehaviorVersion::latest())
+            .region(aws_sdk_secretsmanager::config::Region::new("us-east-1"))
+            .credentials_provider(aws_credential_types::Credentials::new(
+                "AKIDTEST", "secret", None, None, "test",
+            ))
+            .retry_config(aws_sdk_secretsmanager::config::retry::RetryConfig::disabled())
+            .endpoint_url(url)
+            .build();
+        let client = aws_sdk_secretsmanager::Client::from_conf(conf);
+        let err = client
+            .get_secret_value()
+            .secret_id("app/db")
+            .send()
+            .await
+            .unwrap_err();
+        let err = map_err("GetSecretValue", err);
+        assert!(matches!(&err, ProviderError::TooLarge(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("GetSecretValue: the answer holds more than 10000 JSON keys"),
+            "{text}"
+        );
+        assert!(!text.contains("k000"), "{text}");
     }
 }

@@ -13,7 +13,9 @@
 //! `property` and `dataFrom.extract` work as with other providers.
 //!
 //! Calls have the store's timeout; transport failures (and `UNAVAILABLE`) are retried twice
-//! with a short backoff, nothing else is. Responses are capped at [`MAX_RESPONSE_BYTES`].
+//! with a short backoff, nothing else is. Responses are capped at
+//! [`MAX_RESPONSE_BYTES`](super::MAX_RESPONSE_BYTES) and their entries counted before they are
+//! decoded ([`grpc_answer`]).
 
 mod caller;
 pub(crate) mod socket;
@@ -27,7 +29,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use csi_proto::ess::v1alpha1 as ess;
-use csi_proto::ess::v1alpha1::external_secret_store_plugin_service_client::ExternalSecretStorePluginServiceClient;
 use csi_proto::latchkey_plugin::v1 as lk;
 use csi_proto::latchkey_plugin::v1::secret_store_plugin_client::SecretStorePluginClient;
 use tonic::Code;
@@ -38,8 +39,7 @@ use self::caller::Caller;
 use self::socket::{Connection, Protocol};
 use self::status::Failure;
 use super::{
-    BuildContext, FindQuery, MAX_FIND_RESULTS, MAX_RESPONSE_BYTES, Provider, ProviderError,
-    RemoteKey,
+    BuildContext, FindQuery, MAX_FIND_RESULTS, Provider, ProviderError, RemoteKey, grpc_answer,
 };
 use crate::api::store::{PluginConfigRef, PluginProvider};
 use crate::api::validate;
@@ -56,6 +56,28 @@ const ESS_GET_RPC: &str = "ess.proto.v1alpha1.ExternalSecretStorePluginService/G
 const VERSION_RPC: &str = "latchkey.plugin.v1.SecretStorePlugin/Version";
 const GET_RPC: &str = "latchkey.plugin.v1.SecretStorePlugin/GetSecret";
 const LIST_RPC: &str = "latchkey.plugin.v1.SecretStorePlugin/ListSecrets";
+
+/// The calls whose answers carry values, counted before they are decoded (see
+/// [`grpc_answer`]): a `data` map at the top; a `Secret` (field 1) holding one; `secrets`
+/// (field 1), each holding one.
+const ESS_GET: grpc_answer::Method = grpc_answer::Method {
+    path: "/ess.proto.v1alpha1.ExternalSecretStorePluginService/GetSecret",
+    service: "ess.proto.v1alpha1.ExternalSecretStorePluginService",
+    method: "GetSecret",
+    nested: &[1],
+};
+const GET: grpc_answer::Method = grpc_answer::Method {
+    path: "/latchkey.plugin.v1.SecretStorePlugin/GetSecret",
+    service: "latchkey.plugin.v1.SecretStorePlugin",
+    method: "GetSecret",
+    nested: &[],
+};
+const LIST: grpc_answer::Method = grpc_answer::Method {
+    path: "/latchkey.plugin.v1.SecretStorePlugin/ListSecrets",
+    service: "latchkey.plugin.v1.SecretStorePlugin",
+    method: "ListSecrets",
+    nested: &[1],
+};
 
 /// Longest version string a plugin may return (longer is garbage, not a version).
 const MAX_VERSION_CHARS: usize = 256;
@@ -224,9 +246,6 @@ impl Plugin {
 
     /// One ESS GetSecret call, bounded by the store's timeout.
     async fn get_ess(&self, key: &str) -> Result<SecretBytes, Failure> {
-        let mut client =
-            ExternalSecretStorePluginServiceClient::new(self.connection.channel.clone())
-                .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let mut request = tonic::Request::new(ess::GetSecretRequest {
             config: self.config.as_ref().map(|c| ess::ConfigReference {
                 api_version: c.api_version.clone(),
@@ -240,10 +259,19 @@ impl Plugin {
         });
         // Tells the plugin the deadline too (`grpc-timeout`), so it can give up in time.
         request.set_timeout(self.timeout);
-        let answer = match tokio::time::timeout(self.timeout, client.get_secret(request)).await {
+        let call = grpc_answer::unary::<_, ess::GetSecretResponse>(
+            self.connection.channel.clone(),
+            &ESS_GET,
+            request,
+        );
+        // `_held` keeps the answer's share of the parse budget until it is converted.
+        let (answer, _held) = match tokio::time::timeout(self.timeout, call).await {
             Err(_) => return Err(status::timed_out(&self.at, ESS_GET_RPC, self.timeout)),
             Ok(Err(s)) => return Err(status::failure(&self.at, ESS_GET_RPC, self.timeout, &s)),
-            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Ok(answer)) => {
+                let counted = answer.into_inner();
+                (counted.value, counted.held)
+            }
         };
         // Plugins written for Crossplane answer a missing secret with an empty one.
         match answer.secret {
@@ -261,11 +289,6 @@ impl Plugin {
         })
     }
 
-    fn lk_client(&self) -> SecretStorePluginClient<tonic::transport::Channel> {
-        SecretStorePluginClient::new(self.connection.channel.clone())
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-    }
-
     /// One latchkey.plugin.v1 GetSecret call as the pod, bounded by the store's timeout.
     async fn get_latchkey(&self, key: &RemoteKey) -> Result<SecretBytes, Failure> {
         let mut request = tonic::Request::new(lk::GetSecretRequest {
@@ -275,11 +298,18 @@ impl Plugin {
             version: key.version.clone().unwrap_or_default(),
         });
         request.set_timeout(self.timeout);
-        let mut client = self.lk_client();
-        let answer = match tokio::time::timeout(self.timeout, client.get_secret(request)).await {
+        let call = grpc_answer::unary::<_, lk::GetSecretResponse>(
+            self.connection.channel.clone(),
+            &GET,
+            request,
+        );
+        let (answer, _held) = match tokio::time::timeout(self.timeout, call).await {
             Err(_) => return Err(status::timed_out(&self.at, GET_RPC, self.timeout)),
             Ok(Err(s)) => return Err(status::failure(&self.at, GET_RPC, self.timeout, &s)),
-            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Ok(answer)) => {
+                let counted = answer.into_inner();
+                (counted.value, counted.held)
+            }
         };
         if answer.data.is_empty() {
             return Err(not_found());
@@ -305,11 +335,18 @@ impl Plugin {
             max_results: u32::try_from(MAX_FIND_RESULTS + 1).unwrap_or(u32::MAX),
         });
         request.set_timeout(self.timeout);
-        let mut client = self.lk_client();
-        let answer = match tokio::time::timeout(self.timeout, client.list_secrets(request)).await {
+        let call = grpc_answer::unary::<_, lk::ListSecretsResponse>(
+            self.connection.channel.clone(),
+            &LIST,
+            request,
+        );
+        let (answer, _held) = match tokio::time::timeout(self.timeout, call).await {
             Err(_) => return Err(status::timed_out(&self.at, LIST_RPC, self.timeout)),
             Ok(Err(s)) => return Err(status::failure(&self.at, LIST_RPC, self.timeout, &s)),
-            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Ok(answer)) => {
+                let counted = answer.into_inner();
+                (counted.value, counted.held)
+            }
         };
         let mut seen = HashSet::new();
         let mut results = Vec::new();

@@ -76,6 +76,14 @@ pub(crate) fn timed_out_of(callee: &Callee<'_>, timeout: Duration) -> Failure {
 /// Maps the status of a failed call to `callee`, made with the store's `timeout`.
 pub(crate) fn failure_of(callee: &Callee<'_>, timeout: Duration, status: &Status) -> Failure {
     let at = callee.what;
+    // Refused by the agent before decoding (too many entries, no parse budget): no retry, the
+    // same answer would come back.
+    if let Some(error) = super::super::grpc_answer::refusal(status, at) {
+        return Failure {
+            error,
+            retry: false,
+        };
+    }
     let message = printable(status.message(), MAX_MESSAGE_CHARS);
     // A status with a source was made by the client: the call's own deadline (the
     // `grpc-timeout` it sends, enforced by the channel too), or a transport error. One the

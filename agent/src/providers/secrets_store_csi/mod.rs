@@ -26,8 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use csi_proto::secrets_store::v1alpha1::MountRequest;
-use csi_proto::secrets_store::v1alpha1::csi_driver_provider_client::CsiDriverProviderClient;
+use csi_proto::secrets_store::v1alpha1::{MountRequest, MountResponse};
 use tokio::sync::OnceCell;
 use tonic::transport::Channel;
 
@@ -35,13 +34,20 @@ pub use registry::{DEFAULT_PROVIDER_DIR, SecretsStoreProviders};
 pub use request::TARGET_PATH;
 
 use super::plugin::status::{self, Callee};
-use super::{BuildContext, FindQuery, MAX_RESPONSE_BYTES, Provider, ProviderError, RemoteKey};
+use super::{BuildContext, FindQuery, Provider, ProviderError, RemoteKey, grpc_answer};
 use crate::api::store::SecretsStoreCsiProvider;
 use crate::api::validate;
 use crate::secret::{SecretBytes, SecretString};
 
 /// The RPC called, for an UNIMPLEMENTED answer.
 const MOUNT_RPC: &str = "v1alpha1.CSIDriverProvider/Mount";
+/// The Mount call, for [`grpc_answer::unary`].
+const MOUNT: grpc_answer::Method = grpc_answer::Method {
+    path: "/v1alpha1.CSIDriverProvider/Mount",
+    service: "v1alpha1.CSIDriverProvider",
+    method: "Mount",
+    nested: &[],
+};
 
 /// One store's provider, for one fetch as one pod.
 pub struct SecretsStoreCsi {
@@ -110,8 +116,6 @@ impl SecretsStoreCsi {
             rpc: MOUNT_RPC,
             timeout_field: "secretsStoreCSI.timeout",
         };
-        let mut client = CsiDriverProviderClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let mut request = tonic::Request::new(MountRequest {
             attributes: self.attributes.expose().to_owned(),
             secrets: request::SECRETS.to_owned(),
@@ -120,10 +124,15 @@ impl SecretsStoreCsi {
             current_object_version: self.shared.versions(&self.key),
         });
         request.set_timeout(self.timeout);
-        let answer = match tokio::time::timeout(self.timeout, client.mount(request)).await {
+        // Its files and versions are counted before they are decoded (see `grpc_answer`).
+        let call = grpc_answer::unary::<_, MountResponse>(self.channel.clone(), &MOUNT, request);
+        let (answer, _held) = match tokio::time::timeout(self.timeout, call).await {
             Err(_) => return Err(status::timed_out_of(&callee, self.timeout).error),
             Ok(Err(s)) => return Err(status::failure_of(&callee, self.timeout, &s).error),
-            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Ok(answer)) => {
+                let counted = answer.into_inner();
+                (counted.value, counted.held)
+            }
         };
         let mounted = response::mounted(&self.what, answer)?;
         self.shared

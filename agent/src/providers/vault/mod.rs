@@ -266,7 +266,9 @@ impl Vault {
 
     async fn read(&self, path: &str, version: Option<u64>) -> Result<SecretBytes, ProviderError> {
         let (mount, c) = (self.mount.as_str(), &self.client);
-        let data = match self.kv {
+        // `_held`: the answer's share of the node's parse budget, kept until its tree is
+        // encoded again and dropped.
+        let (data, _held) = match self.kv {
             Kv::V2 => {
                 let request = ReadSecretRequest::builder()
                     .mount(mount)
@@ -274,7 +276,7 @@ impl Vault {
                     .version(version)
                     .build()
                     .map_err(|_| bad_request())?;
-                c.data(request).await.map(|r| r.data)
+                c.data(request).await.map(|r| (r.value.data, r.held))
             }
             Kv::V1 => {
                 let request = GetSecretRequest::builder()
@@ -282,15 +284,19 @@ impl Vault {
                     .path(path)
                     .build()
                     .map_err(|_| bad_request())?;
-                c.raw(request).await.map(|r| r.data)
+                c.raw(request).await.map(|r| (r.value.data, r.held))
             }
         }
         .map_err(server_error)?;
         let data: BTreeMap<String, serde_json::Value> = serde_json::from_value(data)
             .map_err(|_| ProviderError::Unavailable("Vault's answer is not a KV secret".into()))?;
-        serde_json::to_vec(&data)
-            .map(SecretBytes::new)
-            .map_err(|_| ProviderError::Unavailable("cannot encode the secret's data".into()))
+        // Sized once (the answer's text is at least as long): a doubling buffer would take up
+        // to twice the value while it grows.
+        let mut out = Vec::with_capacity(_held.as_ref().map_or(0, transport::Held::answer_len));
+        serde_json::to_writer(&mut out, &data)
+            .map_err(|_| ProviderError::Unavailable("cannot encode the secret's data".into()))?;
+        out.shrink_to_fit();
+        Ok(SecretBytes::new(out))
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<String>, ProviderError> {
@@ -302,7 +308,7 @@ impl Vault {
                     .path(dir)
                     .build()
                     .map_err(|_| bad_request())?;
-                c.data(request).await.map(|r| r.keys)
+                c.data(request).await.map(|r| r.value.keys)
             }
             Kv::V1 => {
                 let request = ListSecretRequest::builder()
@@ -310,7 +316,7 @@ impl Vault {
                     .path(dir)
                     .build()
                     .map_err(|_| bad_request())?;
-                c.raw(request).await.map(|r| r.data.keys)
+                c.raw(request).await.map(|r| r.value.data.keys)
             }
         };
         match listed {
@@ -618,6 +624,10 @@ fn server_error(e: ClientError) -> ProviderError {
         }
         e @ ClientError::RestClientError { .. } if transport::is_too_large(&e) => {
             ProviderError::Unavailable(transport::BodyTooLarge.to_string())
+        }
+        e @ ClientError::RestClientError { .. } if transport::refusal(&e).is_some() => {
+            let why = transport::refusal(&e).map(ToString::to_string);
+            ProviderError::TooLarge(format!("Vault's answer {}", why.unwrap_or_default()))
         }
         ClientError::RestClientError { .. } => {
             ProviderError::Unavailable("Vault could not be reached".into())

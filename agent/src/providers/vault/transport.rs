@@ -2,7 +2,10 @@
 //! types, sent through a reqwest client of our own that reads every response body in chunks
 //! and stops at [`MAX_RESPONSE_BYTES`]. A store may point at any Vault URL, including one a
 //! tenant runs: an endless or huge answer must fail the request, not exhaust the agent's
-//! memory (vaultrs' own client buffers whole bodies).
+//! memory (vaultrs' own client buffers whole bodies). As the chunks arrive, their JSON keys are
+//! counted ([`json::Counter`]) and their bytes held in the node's budget of answers being
+//! parsed ([`json::Budget`]), twice: the text, and the tree vaultrs builds from it. The hold
+//! travels with the parsed answer ([`Answer`]) until the caller has converted it.
 //!
 //! `anyhow` appears here only because rustify's error type carries it.
 
@@ -13,6 +16,7 @@ use vaultrs::api::{AuthInfo, EndpointError, EndpointMiddleware, EndpointResult};
 use vaultrs::error::ClientError;
 
 use super::super::MAX_RESPONSE_BYTES;
+use crate::json;
 
 /// The answer was larger than [`MAX_RESPONSE_BYTES`].
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +28,36 @@ pub fn is_too_large(e: &ClientError) -> bool {
     matches!(e, ClientError::RestClientError {
         source: RestError::ResponseError { source }
     } if source.downcast_ref::<BodyTooLarge>().is_some())
+}
+
+/// Why `e` is a response refused while it arrived (too many keys, too deep, no budget).
+pub fn refusal(e: &ClientError) -> Option<&json::Refused> {
+    match e {
+        ClientError::RestClientError {
+            source: RestError::ResponseError { source },
+        } => source.downcast_ref::<json::Refused>(),
+        _ => None,
+    }
+}
+
+/// A parsed answer and the node budget its bytes hold: drop it once converted.
+pub struct Answer<T> {
+    /// What Vault answered.
+    pub value: T,
+    /// The answer's share of [`json::Budget::node`].
+    pub held: Option<Held>,
+}
+
+/// An answer's hold on the node's budget, carried from the transport to the caller in the
+/// response's extensions (which want `Clone`).
+#[derive(Clone)]
+pub struct Held(std::sync::Arc<json::Held<'static>>);
+
+impl Held {
+    /// Bytes of the answer's text (half what it holds).
+    pub fn answer_len(&self) -> usize {
+        self.0.bytes() / 2
+    }
 }
 
 /// A bounded HTTP client for one Vault server, with the token and namespace headers. Cheap to
@@ -53,22 +87,27 @@ impl Transport {
     }
 
     /// Runs `endpoint` and returns its `data` (Vault's envelope stripped).
-    pub async fn data<E: Endpoint>(&self, endpoint: E) -> Result<E::Response, ClientError> {
-        self.envelope(endpoint)
-            .await?
-            .data
-            .ok_or(ClientError::ResponseDataEmptyError)
+    pub async fn data<E: Endpoint>(&self, endpoint: E) -> Result<Answer<E::Response>, ClientError> {
+        let answer = self.envelope(endpoint).await?;
+        Ok(Answer {
+            value: answer
+                .value
+                .data
+                .ok_or(ClientError::ResponseDataEmptyError)?,
+            held: answer.held,
+        })
     }
 
     /// Runs `endpoint`, whose response type is the whole answer (KV v1).
-    pub async fn raw<E: Endpoint>(&self, endpoint: E) -> Result<E::Response, ClientError> {
-        endpoint
+    pub async fn raw<E: Endpoint>(&self, endpoint: E) -> Result<Answer<E::Response>, ClientError> {
+        let mut response = endpoint
             .with_middleware(&self.middle)
             .exec(&self.http)
             .await
-            .map_err(api_error)?
-            .parse()
-            .map_err(ClientError::from)
+            .map_err(api_error)?;
+        let held = response.response.extensions_mut().remove::<Held>();
+        let value = response.parse().map_err(ClientError::from)?;
+        Ok(Answer { value, held })
     }
 
     /// Runs a login `endpoint` and returns the token it issued.
@@ -78,6 +117,7 @@ impl Transport {
     ) -> Result<AuthInfo, ClientError> {
         self.envelope(endpoint)
             .await?
+            .value
             .auth
             .ok_or(ClientError::ResponseEmptyError)
     }
@@ -86,14 +126,17 @@ impl Transport {
     async fn envelope<E: Endpoint>(
         &self,
         endpoint: E,
-    ) -> Result<EndpointResult<E::Response>, ClientError> {
-        endpoint
+    ) -> Result<Answer<EndpointResult<E::Response>>, ClientError> {
+        let mut response = endpoint
             .with_middleware(&self.middle)
             .exec(&self.http)
             .await
-            .map_err(api_error)?
+            .map_err(api_error)?;
+        let held = response.response.extensions_mut().remove::<Held>();
+        let value = response
             .wrap::<EndpointResult<_>>()
-            .map_err(ClientError::from)
+            .map_err(ClientError::from)?;
+        Ok(Answer { value, held })
     }
 }
 
@@ -155,6 +198,9 @@ impl rustify::client::Client for Bounded {
         let too_large = || RestError::ResponseError {
             source: anyhow::Error::new(BodyTooLarge),
         };
+        let refused = |why: json::Refused| RestError::ResponseError {
+            source: anyhow::Error::new(why),
+        };
         let request = reqwest::Request::try_from(req)
             .map_err(|source| RestError::ReqwestBuildError { source })?;
         let (url, method) = (request.url().to_string(), request.method().to_string());
@@ -175,7 +221,11 @@ impl rustify::client::Client for Bounded {
         for (name, value) in response.headers() {
             out = out.header(name, value);
         }
-        let mut body = Vec::new();
+        // Sized from the announced length (already checked) so the buffer does not double.
+        let announced = response.content_length().unwrap_or(0) as usize;
+        let mut body = Vec::with_capacity(announced);
+        let mut keys = json::Counter::default();
+        let mut held = json::Budget::node().hold(0).map_err(refused)?;
         while let Some(chunk) = response
             .chunk()
             .await
@@ -184,9 +234,14 @@ impl rustify::client::Client for Bounded {
             if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
                 return Err(too_large());
             }
+            keys.feed(&chunk).map_err(refused)?;
+            held.grow(2 * chunk.len()).map_err(refused)?;
             body.extend_from_slice(&chunk);
         }
-        out.body(body)
-            .map_err(|e| RestError::ResponseError { source: e.into() })
+        let mut out = out
+            .body(body)
+            .map_err(|e| RestError::ResponseError { source: e.into() })?;
+        out.extensions_mut().insert(Held(std::sync::Arc::new(held)));
+        Ok(out)
     }
 }

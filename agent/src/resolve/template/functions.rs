@@ -186,6 +186,12 @@ fn json_parse<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execu
     } else {
         return Err(fail(F, "expected a string or bytes"));
     };
+    // Counted before anything is built (a million tiny keys would take ~180 MB as a tree), and
+    // the tree's memory held in the node's parse budget until it is converted.
+    let items = crate::json::check(bytes).map_err(|why| fail(F, format!("the input {why}")))?;
+    let _held = crate::json::Budget::node()
+        .hold(crate::json::parsed_cost(bytes.len(), items))
+        .map_err(|why| fail(F, format!("the input {why}")))?;
     // serde_json's messages do not quote the input, but only its position is kept anyway.
     let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
         fail(

@@ -358,7 +358,7 @@ fn errors_name_the_key_and_never_a_value() {
         (
             "JSON nested too deeply",
             "json.parse(secret.deep)",
-            "not valid JSON",
+            "json.parse: the input nests JSON objects and arrays deeper than 32 levels",
         ),
         ("null", "json.parse('null')", "the result is null"),
         (
@@ -780,4 +780,33 @@ fn entries_applies_templates_end_to_end() {
         err.contains("\"DATABASE_URL\"]: unknown variable \"pod\""),
         "{err}"
     );
+}
+
+/// `json.parse` of a value of 40,000 tiny keys (760 KB, under the 1 MiB value limit) built a
+/// tree of ~6 MB before its size was measured; the keys are now counted first and the parse
+/// refused, naming no key or value.
+#[test]
+fn json_parse_counts_keys_before_building() {
+    let members: Vec<String> = (0..40_000)
+        .map(|i| format!("\"k{i}\":\"hunter2\""))
+        .collect();
+    let mut values = resolved();
+    values.insert(
+        "many".into(),
+        SecretBytes::from(format!("{{{}}}", members.join(","))),
+    );
+    let err = apply(
+        &ctx(),
+        &template(&[("out", "string(json.parse(secret.many))")], None),
+        values,
+        Some(&pod()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert_clean("json.parse(secret.many)", &err);
+    assert!(
+        err.contains("json.parse: the input holds more than 10000 JSON keys"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
 }
