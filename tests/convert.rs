@@ -282,3 +282,134 @@ fn help_says_inputs_are_never_written() {
     assert!(help.contains("never written"), "{help}");
     assert!(help.contains("stdout"), "{help}");
 }
+
+/// A YAML document a hostile tenant would like an admin to apply: a cluster-wide store that reads
+/// with the agent's own identity.
+const INJECTED: &str = "x\n---\napiVersion: latchkey.dev/v1alpha1\nkind: ClusterSecretStore\n\
+    metadata: {name: pwned}\nspec: {provider: {aws: {region: us-east-1, auth: {agentIdentity: \
+    {}}}}}\n---\n#";
+
+/// Runs the binary on `input` (stdin): (stdout, stderr, exit code).
+fn run_stdin(input: &str) -> (String, String, i32) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .arg("convert")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start latchkey");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    // The child may refuse the input before reading it all.
+    let _ = stdin.write_all(input.as_bytes());
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait for latchkey");
+    (
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+        out.status.code().expect("exit code"),
+    )
+}
+
+/// The YAML documents of `text`, nulls (comment-only documents) left out.
+fn documents(text: &str) -> Vec<serde_norway::Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("the output is YAML"))
+        .filter(|v: &serde_norway::Value| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn input_text_never_becomes_an_output_document() {
+    let evil = INJECTED;
+    let docs = serde_json::json!([
+        // aws: an unknown parameter, an object's unknown field, names and versions.
+        {"apiVersion": "secrets-store.csi.x-k8s.io/v1", "kind": "SecretProviderClass",
+         "metadata": {"name": "aws", "namespace": "shop", "labels": {evil: evil},
+                      "annotations": {evil: evil}},
+         "spec": {"provider": "aws", "parameters": {
+             evil: evil, "region": evil, "pathTranslation": evil,
+             "objects": serde_norway::to_string(&serde_json::json!([
+                 {"objectName": evil, "objectType": evil},
+                 {"objectName": "db", "objectType": "secretsmanager", evil: evil,
+                  "objectAlias": evil, "objectVersionLabel": evil, "filePermission": evil,
+                  "jmesPath": [{"path": evil, "objectAlias": evil}]},
+             ])).unwrap()}}},
+        // vault: the same in its parameters.
+        {"apiVersion": "secrets-store.csi.x-k8s.io/v1", "kind": "SecretProviderClass",
+         "metadata": {"name": "vault", "namespace": "shop"},
+         "spec": {"provider": "vault", "secretObjects": [{"secretName": evil, "type": evil,
+                  "data": [{"objectName": evil, "key": evil}], evil: evil}],
+                  "parameters": {
+             evil: evil, "vaultAddress": evil, "roleName": evil,
+             "objects": serde_norway::to_string(&serde_json::json!([
+                 {"objectName": evil, "secretPath": evil, "secretKey": evil, "encoding": evil,
+                  "method": evil, evil: evil},
+             ])).unwrap()}}},
+        // A provider pod's class, an evil name and namespace.
+        {"apiVersion": "secrets-store.csi.x-k8s.io/v1", "kind": "SecretProviderClass",
+         "metadata": {"name": evil, "namespace": evil},
+         "spec": {"provider": "azure", "parameters": {evil: evil}, evil: evil}},
+        {"apiVersion": "secrets-store.csi.x-k8s.io/v1", "kind": "SecretProviderClass",
+         "metadata": {"name": "csi", "namespace": "shop"},
+         "spec": {"provider": evil, "parameters": {evil: evil}}},
+        // ESO: unknown fields, odd values, an unknown kind and apiVersion.
+        {"apiVersion": "external-secrets.io/v1", "kind": "ExternalSecret",
+         "metadata": {"name": "es", "namespace": "shop"},
+         "spec": {"secretStoreRef": {"name": evil, "kind": evil}, evil: evil,
+                  "refreshInterval": evil,
+                  "data": [{"secretKey": evil, "remoteRef": {"key": evil, evil: evil,
+                            "property": evil, "conversionStrategy": evil,
+                            "metadataPolicy": evil}}],
+                  "dataFrom": [{"extract": {"key": evil}, "rewrite": [{"regexp":
+                               {"source": evil, "target": evil}}]}],
+                  "target": {"name": evil, "creationPolicy": evil, "template": {
+                      "data": {evil: format!("{{{{ .{evil} }}}}")}, "type": evil}}}},
+        {"apiVersion": "external-secrets.io/v1", "kind": "SecretStore",
+         "metadata": {"name": "store", "namespace": "shop"},
+         "spec": {"provider": {"vault": {"server": evil, "path": evil, evil: evil,
+                  "auth": {"kubernetes": {"role": evil, "mountPath": evil, evil: evil}}}}}},
+        {"apiVersion": "external-secrets.io/v1", "kind": evil,
+         "metadata": {"name": evil, "namespace": evil}},
+        {"apiVersion": evil, "kind": "SecretProviderClass",
+         "metadata": {"name": evil, "namespace": evil}},
+    ]);
+    let mut input = String::new();
+    for doc in docs.as_array().expect("a list") {
+        input.push_str("---\n");
+        input.push_str(&serde_norway::to_string(doc).expect("YAML"));
+    }
+    // kubectl's List as well: the same objects as items.
+    input.push_str("---\n");
+    input.push_str(
+        &serde_norway::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "List",
+            "items": docs}))
+        .expect("YAML"),
+    );
+    let (stdout, stderr, _) = run_stdin(&input);
+    let out = documents(&stdout);
+    let summary = stderr.lines().last().unwrap_or_default();
+    let written: usize = summary
+        .strip_prefix("latchkey convert: ")
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no summary line: {stderr}"));
+    assert_eq!(out.len(), written, "documents differ from the summary\n{stdout}");
+    for doc in &out {
+        assert_eq!(doc["apiVersion"].as_str(), Some("latchkey.dev/v1alpha1"), "{doc:?}");
+        assert_ne!(doc["kind"].as_str(), Some("ClusterSecretStore"), "{stdout}");
+        assert_ne!(doc["metadata"]["name"].as_str(), Some("pwned"), "{stdout}");
+    }
+    // Every comment is one line, and stderr is one line per message.
+    for line in stdout.lines().filter(|l| l.starts_with('#')) {
+        assert!(!line.contains('\r'), "{line:?}");
+    }
+    for line in stderr.lines() {
+        assert!(
+            ["warning: ", "error: ", "note: ", "latchkey convert: "]
+                .iter()
+                .any(|p| line.starts_with(p)),
+            "a stderr line that is no message: {line:?}\n{stderr}"
+        );
+    }
+    assert!(!stdout.contains("\n---\napiVersion: latchkey.dev/v1alpha1\nkind: ClusterSecretStore"));
+}

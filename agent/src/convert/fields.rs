@@ -42,8 +42,9 @@ impl<'a> Fields<'a> {
 
     /// The path of field `key` of this mapping.
     pub fn at(&self, key: &str) -> String {
+        let key = super::notes::segment(key);
         if self.path.is_empty() {
-            key.to_string()
+            key
         } else {
             format!("{}.{key}", self.path)
         }
@@ -174,12 +175,8 @@ impl<'a> Fields<'a> {
                 None => "(a non-string key)".to_string(),
             };
             if !self.used.contains(&name) {
-                self.used.push(name.clone());
-                let path = if self.path.is_empty() {
-                    name
-                } else {
-                    format!("{}.{name}", self.path)
-                };
+                let path = self.at(&name);
+                self.used.push(name);
                 notes.warn(path, "has no Latchkey equivalent; not carried over");
             }
         }

@@ -83,7 +83,7 @@ pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
     ));
     Ok(Conversion {
         yaml,
-        messages,
+        messages: messages.iter().map(|m| notes::one_line(m)).collect(),
         documents,
         objects: objects.len(),
     })
