@@ -413,3 +413,105 @@ fn input_text_never_becomes_an_output_document() {
     }
     assert!(!stdout.contains("\n---\napiVersion: latchkey.dev/v1alpha1\nkind: ClusterSecretStore"));
 }
+
+/// Runs the binary on `input` (stdin), killing it after `limit`: (stderr, exit code, seconds).
+fn run_bounded(input: String, limit: std::time::Duration) -> (String, Option<i32>, f64) {
+    let start = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .arg("convert")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start latchkey");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let writer = std::thread::spawn(move || {
+        // The child may refuse the input before reading it all.
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait for latchkey") {
+            break status.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let _ = writer.join();
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+    }
+    (stderr, code, start.elapsed().as_secs_f64())
+}
+
+/// The largest resident set of any child this test process has waited for, in KiB.
+fn children_max_rss_kib() -> i64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; it is read only when the call succeeds.
+    let ok = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) } == 0;
+    assert!(ok, "getrusage");
+    // SAFETY: filled by the successful call above.
+    unsafe { usage.assume_init() }.ru_maxrss
+}
+
+#[test]
+fn yaml_bombs_are_refused_quickly_and_in_little_memory() {
+    let mb = "x".repeat(1 << 20);
+    let store = "apiVersion: external-secrets.io/v1\nkind: SecretStore\nmetadata: {name: s, \
+                 namespace: n}\n";
+    let bombs = [
+        // 500 aliases of a 1 MB scalar: 500 MB once expanded.
+        (
+            "aliases",
+            format!(
+                "{store}spec: {{provider: {{fake: {{data: [{{key: k, value: &a \"{mb}\"}}]}}}}}}\n\
+                 x: [{}]\n",
+                vec!["*a"; 500].join(", ")
+            ),
+        ),
+        // A List of 2,000 aliases of one 1 MB object.
+        (
+            "list",
+            format!(
+                "apiVersion: v1\nkind: List\nx: &o {{apiVersion: external-secrets.io/v1, kind: \
+                 SecretStore, metadata: {{name: s}}, spec: {{provider: {{fake: {{data: [{{key: k, \
+                 value: \"{mb}\"}}]}}}}}}}}\nitems: [{}]\n",
+                vec!["*o"; 2_000].join(", ")
+            ),
+        ),
+        // Billion laughs: ten levels of ten aliases each.
+        ("laughs", {
+            let mut t = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+            for i in 1..10 {
+                let prev = format!("*a{}", i - 1);
+                t.push_str(&format!("a{i}: &a{i} [{}]\n", vec![prev.as_str(); 10].join(", ")));
+            }
+            t
+        }),
+        // 500 KB of nested flow collections: quadratic in the scanner.
+        ("nested", format!("a: {}{}\n", "[".repeat(250_000), "]".repeat(250_000))),
+        ("nested-maps", format!("a: {}\n", "{a: ".repeat(100_000))),
+        // Past the size limit.
+        ("large", format!("a: \"{}\"\n", "x".repeat(33 << 20))),
+    ];
+    for (name, input) in bombs {
+        let (stderr, code, secs) = run_bounded(input, std::time::Duration::from_secs(30));
+        assert_eq!(code, Some(1), "{name}: exit code (None: killed after 30 s)\n{stderr}");
+        assert!(
+            stderr.contains("refused before parsing") || stderr.contains("longer than the limit"),
+            "{name}: {stderr}"
+        );
+        assert!(
+            name == "large" || stderr.contains("nothing was converted"),
+            "{name}: {stderr}"
+        );
+        assert!(secs < 10.0, "{name}: took {secs:.1} s");
+    }
+    // The children's peak: the 33 MB input itself, never what it expands to.
+    let rss = children_max_rss_kib();
+    assert!(rss < 160 * 1024, "a converting child reached {rss} KiB");
+}

@@ -1,9 +1,10 @@
 //! `latchkey convert`: reads SecretProviderClasses and External Secrets Operator objects from
 //! files or stdin and prints the Latchkey manifests. Only ever writes to stdout and stderr.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
+use crate::catalog::yaml_limits::{Limits, read_bounded};
 use crate::convert::{self, ConvertError, Input};
 
 /// Flags of `latchkey convert`.
@@ -57,7 +58,8 @@ fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
             if path.as_os_str() == "-" {
                 return read_stdin();
             }
-            std::fs::read_to_string(path)
+            std::fs::File::open(path)
+                .and_then(|file| read_bounded(file, &Limits::CONVERT))
                 .map(|text| Input {
                     name: path.display().to_string(),
                     text,
@@ -71,13 +73,12 @@ fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
 }
 
 fn read_stdin() -> Result<Input, ConvertError> {
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .map_err(|source| ConvertError::Read {
+    let text = read_bounded(std::io::stdin(), &Limits::CONVERT).map_err(|source| {
+        ConvertError::Read {
             path: PathBuf::from("-"),
             source,
-        })?;
+        }
+    })?;
     Ok(Input {
         name: "<stdin>".into(),
         text,

@@ -26,6 +26,15 @@ pub enum ConvertError {
         /// Where, without the text around it.
         reason: String,
     },
+    /// An input is larger, deeper or expands further than `latchkey convert` reads; nothing was
+    /// converted.
+    #[error("{source_name}: {refused}; nothing was converted")]
+    Refused {
+        /// The file name, or `<stdin>`.
+        source_name: String,
+        /// The bound passed.
+        refused: crate::catalog::yaml_limits::Refused,
+    },
     /// Every object was skipped or failed.
     #[error(
         "nothing could be converted ({objects} object(s) read; see the messages above); \
