@@ -45,6 +45,17 @@ pub enum ConvertError {
         /// How many objects the inputs held.
         objects: usize,
     },
+    /// Some objects could not be converted; the others were written.
+    #[error(
+        "{failed} of {objects} object(s) were not converted (the errors above name them and \
+         why); the output holds the others"
+    )]
+    NotAllConverted {
+        /// Objects not converted.
+        failed: usize,
+        /// How many objects the inputs held.
+        objects: usize,
+    },
     /// A converted document could not be rendered as YAML.
     #[error("rendering {what} as YAML")]
     Render {

@@ -51,6 +51,9 @@ pub struct Notes {
     pub subject: String,
     /// In the order they were found.
     pub list: Vec<Note>,
+    /// Paths of fields the conversion does not know (typos, or fields of a newer version): the
+    /// object cannot be converted, since what it means is unknown.
+    pub unknown: Vec<String>,
 }
 
 impl Notes {
@@ -58,7 +61,7 @@ impl Notes {
     pub fn new(subject: impl Into<String>) -> Self {
         Self {
             subject: subject.into(),
-            list: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -68,6 +71,20 @@ impl Notes {
             path: path.into(),
             message: message.into(),
         });
+    }
+
+    /// Why the object is not converted when it has fields the conversion does not know.
+    pub fn unknown_fields(&self) -> Option<String> {
+        let (first, rest) = self.unknown.split_first()?;
+        let named = if rest.is_empty() {
+            format!("unknown field {first}")
+        } else {
+            format!("unknown fields {first}, {}", rest.join(", "))
+        };
+        Some(format!(
+            "{named}: latchkey convert does not know it (a typo, or a field of a newer version), \
+             so it cannot tell what the object means; nothing of the object is converted"
+        ))
     }
 
     /// The notes as single lines: `subject: path: message`.

@@ -19,9 +19,18 @@ spec:
   provider:
     fake:
       data:
-      - {key: a, value: hunter2, bogus: hunter3}
+      - {key: a, value: hunter2}
       - {key: b, valueMap: {x: hunter4}}
       - {value: hunter5}
+---
+apiVersion: external-secrets.io/v1
+kind: SecretStore
+metadata: {name: typo, namespace: demo}
+spec:
+  provider:
+    fake:
+      data:
+      - {key: a, value: hunter7, bogus: hunter3}
 ---
 apiVersion: v1
 kind: Secret
@@ -30,13 +39,14 @@ stringData: {password: hunter6}
 "#)
     .unwrap();
     let messages = c.messages.join("\n");
-    for value in ["hunter2", "hunter3", "hunter4", "hunter5", "hunter6"] {
+    for value in ["hunter2", "hunter3", "hunter4", "hunter5", "hunter6", "hunter7"] {
         assert!(!messages.contains(value), "{value} in {messages}");
     }
     assert!(
-        messages.contains("spec.provider.fake.data[0].bogus"),
+        messages.contains("SecretStore demo/typo: not converted: unknown field spec.provider.fake.data[0].bogus"),
         "{messages}"
     );
+    assert_eq!(c.failed, 1);
     assert!(
         messages.contains("skipped: v1 Secret s: not a"),
         "{messages}"
@@ -45,6 +55,7 @@ stringData: {password: hunter6}
     assert!(c.yaml.contains("value: hunter2"), "{}", c.yaml);
     assert!(c.yaml.contains(r#"'{"x":"hunter4"}'"#), "{}", c.yaml);
     assert!(!c.yaml.contains("hunter6"));
+    assert!(!c.yaml.contains("hunter7"), "{}", c.yaml);
 }
 
 #[test]
@@ -172,4 +183,40 @@ spec:
         messages.contains("error: ExternalSecret a: not converted"),
         "{messages}"
     );
+}
+
+#[test]
+fn an_unknown_field_fails_the_object_naming_its_path() {
+    // `proprety` instead of `property`: converted, the ExternalSecret would mount the whole
+    // secret's JSON instead of one property.
+    let c = run(r#"
+apiVersion: external-secrets.io/v1
+kind: ExternalSecret
+metadata: {name: db, namespace: shop, ownerReferences: [{kind: ClusterExternalSecret}]}
+spec:
+  secretStoreRef: {name: vault}
+  data: [{secretKey: password, remoteRef: {key: db, proprety: password}}]
+---
+apiVersion: external-secrets.io/v1
+kind: ExternalSecret
+metadata: {name: ok, namespace: shop, finalizers: [x]}
+spec:
+  secretStoreRef: {name: vault}
+  data: [{secretKey: password, remoteRef: {key: db, property: password}}]
+"#)
+    .unwrap();
+    assert_eq!((c.documents, c.failed, c.objects), (1, 1, 2));
+    let messages = c.messages.join("\n");
+    assert!(
+        messages.contains(
+            "error: ExternalSecret shop/db: not converted: unknown field \
+             spec.data[0].remoteRef.proprety: latchkey convert does not know it"
+        ),
+        "{messages}"
+    );
+    assert!(!messages.contains("no Latchkey equivalent"), "{messages}");
+    assert!(!c.yaml.contains("name: db\n"), "{}", c.yaml);
+    assert!(c.yaml.contains("property: password"), "{}", c.yaml);
+    // Metadata an object may have is noted, not unknown.
+    assert!(messages.contains("metadata.finalizers: set by the controllers"), "{messages}");
 }
