@@ -216,7 +216,9 @@ fn golden_outputs() {
             failures.push(format!("{label}: a failed run printed output"));
         }
         if partial && code == 0 {
-            failures.push(format!("{label}: objects were not converted, yet it exited 0"));
+            failures.push(format!(
+                "{label}: objects were not converted, yet it exited 0"
+            ));
         }
     }
     assert_eq!(before, snapshot(), "an input file changed");
@@ -406,9 +408,17 @@ fn input_text_never_becomes_an_output_document() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no summary line: {stderr}"));
-    assert_eq!(out.len(), written, "documents differ from the summary\n{stdout}");
+    assert_eq!(
+        out.len(),
+        written,
+        "documents differ from the summary\n{stdout}"
+    );
     for doc in &out {
-        assert_eq!(doc["apiVersion"].as_str(), Some("latchkey.dev/v1alpha1"), "{doc:?}");
+        assert_eq!(
+            doc["apiVersion"].as_str(),
+            Some("latchkey.dev/v1alpha1"),
+            "{doc:?}"
+        );
         assert_ne!(doc["kind"].as_str(), Some("ClusterSecretStore"), "{stdout}");
         assert_ne!(doc["metadata"]["name"].as_str(), Some("pwned"), "{stdout}");
     }
@@ -501,19 +511,29 @@ fn yaml_bombs_are_refused_quickly_and_in_little_memory() {
             let mut t = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
             for i in 1..10 {
                 let prev = format!("*a{}", i - 1);
-                t.push_str(&format!("a{i}: &a{i} [{}]\n", vec![prev.as_str(); 10].join(", ")));
+                t.push_str(&format!(
+                    "a{i}: &a{i} [{}]\n",
+                    vec![prev.as_str(); 10].join(", ")
+                ));
             }
             t
         }),
         // 500 KB of nested flow collections: quadratic in the scanner.
-        ("nested", format!("a: {}{}\n", "[".repeat(250_000), "]".repeat(250_000))),
+        (
+            "nested",
+            format!("a: {}{}\n", "[".repeat(250_000), "]".repeat(250_000)),
+        ),
         ("nested-maps", format!("a: {}\n", "{a: ".repeat(100_000))),
         // Past the size limit.
         ("large", format!("a: \"{}\"\n", "x".repeat(33 << 20))),
     ];
     for (name, input) in bombs {
         let (stderr, code, secs) = run_bounded(input, std::time::Duration::from_secs(30));
-        assert_eq!(code, Some(1), "{name}: exit code (None: killed after 30 s)\n{stderr}");
+        assert_eq!(
+            code,
+            Some(1),
+            "{name}: exit code (None: killed after 30 s)\n{stderr}"
+        );
         assert!(
             stderr.contains("refused before parsing") || stderr.contains("longer than the limit"),
             "{name}: {stderr}"

@@ -637,7 +637,10 @@ stringData: {key: hunter2}
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("longer than the limit of 4194304 bytes"), "{err}");
+        assert!(
+            err.contains("longer than the limit of 4194304 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

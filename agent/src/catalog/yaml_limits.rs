@@ -28,12 +28,12 @@ pub struct Limits {
 
 impl Limits {
     /// `latchkey convert`: an admin's `kubectl get -A -o yaml` of a large cluster fits (a List of
-    /// 10,000 ExternalSecrets is ~5 MB and ~300,000 nodes); the worst text within them (500,000
-    /// one-letter scalars) takes ~130 MB.
+    /// 10,000 ExternalSecrets is ~5 MB and ~600,000 nodes); the worst text within them (a million
+    /// one-letter scalars, 2 MB) takes ~250 MB, as the List of 10,000 takes ~200 MB.
     pub const CONVERT: Limits = Limits {
         bytes: 32 << 20,
         depth: 64,
-        nodes: 500_000,
+        nodes: 1_000_000,
         expanded_bytes: 32 << 20,
     };
 
@@ -164,7 +164,13 @@ pub fn check(text: &str, limits: &Limits) -> Result<(), Refused> {
                 walk = Walk::new(limits);
                 Ok(())
             }
-            Event::Scalar { anchor, len } => walk.node(anchor, Size { nodes: 1, bytes: len }),
+            Event::Scalar { anchor, len } => walk.node(
+                anchor,
+                Size {
+                    nodes: 1,
+                    bytes: len,
+                },
+            ),
             Event::Start { anchor } => walk.open(anchor),
             Event::End => walk.close(),
             Event::Alias { anchor } => walk.alias(&anchor),
@@ -367,7 +373,11 @@ unsafe fn anchor(ptr: *const u8) -> Option<Vec<u8>> {
         return None;
     }
     // SAFETY: as the caller promises.
-    Some(unsafe { std::ffi::CStr::from_ptr(ptr.cast()) }.to_bytes().to_vec())
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(ptr.cast()) }
+            .to_bytes()
+            .to_vec(),
+    )
 }
 
 #[cfg(test)]
@@ -387,7 +397,10 @@ mod tests {
 
     #[test]
     fn ordinary_documents_pass() {
-        assert_eq!(refused("a: 1\nb: [x, y, {c: d}]\n---\ne: &x f\ng: *x\n"), None);
+        assert_eq!(
+            refused("a: 1\nb: [x, y, {c: d}]\n---\ne: &x f\ng: *x\n"),
+            None
+        );
         assert_eq!(refused(""), None);
         // A syntax error is the deserializer's to report.
         assert_eq!(refused("a: [1\n"), None);
@@ -403,11 +416,17 @@ mod tests {
             refused(&format!("{}{}", "[".repeat(9), "]".repeat(9))),
             Some(Exceeded::Depth { limit: 8 })
         );
-        assert_eq!(refused(&"[".repeat(5_000)), Some(Exceeded::Depth { limit: 8 }));
+        assert_eq!(
+            refused(&"[".repeat(5_000)),
+            Some(Exceeded::Depth { limit: 8 })
+        );
         let many = format!("[{}]", vec!["x"; 100].join(","));
         assert_eq!(refused(&many), Some(Exceeded::Nodes { limit: 100 }));
         let long = format!("a: &a {}\nb: [*a, *a]\n", "x".repeat(400));
-        assert_eq!(refused(&long), Some(Exceeded::ExpandedBytes { limit: 1_000 }));
+        assert_eq!(
+            refused(&long),
+            Some(Exceeded::ExpandedBytes { limit: 1_000 })
+        );
     }
 
     #[test]
@@ -419,6 +438,26 @@ mod tests {
         }
         assert_eq!(refused(&text), Some(Exceeded::Nodes { limit: 100 }));
         assert_eq!(refused("a: &a [*a]\n"), Some(Exceeded::Recursive));
+    }
+
+    #[test]
+    fn a_large_clusters_list_fits_the_convert_limits() {
+        // As `kubectl get externalsecrets -A -o yaml` prints 10,000 of them (labels, two entries).
+        let mut text = String::from("apiVersion: v1\nkind: List\nitems:\n");
+        for i in 0..10_000 {
+            text.push_str(&format!(
+                "- apiVersion: external-secrets.io/v1\n  kind: ExternalSecret\n  metadata:\n    \
+                 name: es-{i}\n    namespace: ns-{}\n    uid: 0b5d7f7e-0000-4000-8000-{i:012}\n    \
+                 resourceVersion: \"{i}\"\n    labels: {{app: a{i}, team: t}}\n  spec:\n    \
+                 refreshInterval: 1h\n    secretStoreRef: {{name: vault, kind: \
+                 ClusterSecretStore}}\n    target: {{name: es-{i}, creationPolicy: Owner}}\n    \
+                 data:\n    - secretKey: password\n      remoteRef: {{key: apps/es-{i}, property: \
+                 password}}\n    - secretKey: user\n      remoteRef: {{key: apps/es-{i}, property: \
+                 user}}\n",
+                i % 50
+            ));
+        }
+        assert_eq!(check(&text, &Limits::CONVERT), Ok(()));
     }
 
     #[test]

@@ -84,12 +84,11 @@ fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
 }
 
 fn read_stdin() -> Result<Input, ConvertError> {
-    let text = read_bounded(std::io::stdin(), &Limits::CONVERT).map_err(|source| {
-        ConvertError::Read {
+    let text =
+        read_bounded(std::io::stdin(), &Limits::CONVERT).map_err(|source| ConvertError::Read {
             path: PathBuf::from("-"),
             source,
-        }
-    })?;
+        })?;
     Ok(Input {
         name: "<stdin>".into(),
         text,

@@ -202,7 +202,10 @@ mod tests {
         assert_eq!(notes.unknown, ["spec.b.d", "spec.e"]);
         assert!(notes.list.is_empty());
         let why = notes.unknown_fields().unwrap();
-        assert!(why.starts_with("unknown fields spec.b.d, spec.e: "), "{why}");
+        assert!(
+            why.starts_with("unknown fields spec.b.d, spec.e: "),
+            "{why}"
+        );
     }
 
     #[test]

@@ -226,7 +226,10 @@ const NOT_CARRIED: &[(&str, &str)] = &[
         "the object belongs to another (a ClusterExternalSecret, a GitOps tool's); not carried \
          over",
     ),
-    ("finalizers", "set by the controllers of the old object; not carried over"),
+    (
+        "finalizers",
+        "set by the controllers of the old object; not carried over",
+    ),
     (
         "generateName",
         "the converted objects are named after metadata.name; not carried over",

@@ -150,11 +150,17 @@ mod tests {
     fn lines_and_segments_cannot_break() {
         for text in ["a\n---\nb", "a\rb", "a\u{85}b", "a\u{2028}b", "a\u{2029}b"] {
             let line = one_line(text);
-            assert!(!line.contains(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}']), "{line:?}");
+            assert!(
+                !line.contains(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}']),
+                "{line:?}"
+            );
             assert!(!segment(text).contains(['\n', '\r']), "{text:?}");
         }
         assert_eq!(segment("objects"), "objects");
-        assert_eq!(segment("csi.storage.k8s.io/pod.name"), "csi.storage.k8s.io/pod.name");
+        assert_eq!(
+            segment("csi.storage.k8s.io/pod.name"),
+            "csi.storage.k8s.io/pod.name"
+        );
         assert_eq!(segment("a b"), r#""a b""#);
         assert!(segment(&"x".repeat(1000)).chars().count() < 200);
     }

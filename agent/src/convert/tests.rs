@@ -39,11 +39,15 @@ stringData: {password: hunter6}
 "#)
     .unwrap();
     let messages = c.messages.join("\n");
-    for value in ["hunter2", "hunter3", "hunter4", "hunter5", "hunter6", "hunter7"] {
+    for value in [
+        "hunter2", "hunter3", "hunter4", "hunter5", "hunter6", "hunter7",
+    ] {
         assert!(!messages.contains(value), "{value} in {messages}");
     }
     assert!(
-        messages.contains("SecretStore demo/typo: not converted: unknown field spec.provider.fake.data[0].bogus"),
+        messages.contains(
+            "SecretStore demo/typo: not converted: unknown field spec.provider.fake.data[0].bogus"
+        ),
         "{messages}"
     );
     assert_eq!(c.failed, 1);
@@ -218,11 +222,18 @@ spec:
     assert!(!c.yaml.contains("name: db\n"), "{}", c.yaml);
     assert!(c.yaml.contains("property: password"), "{}", c.yaml);
     // Metadata an object may have is noted, not unknown.
-    assert!(messages.contains("metadata.finalizers: set by the controllers"), "{messages}");
+    assert!(
+        messages.contains("metadata.finalizers: set by the controllers"),
+        "{messages}"
+    );
 }
 
 /// Every mapping of `value`, as a path of keys and indexes from the root.
-fn mapping_paths(value: &serde_norway::Value, at: Vec<serde_norway::Value>, out: &mut Vec<Vec<serde_norway::Value>>) {
+fn mapping_paths(
+    value: &serde_norway::Value,
+    at: Vec<serde_norway::Value>,
+    out: &mut Vec<Vec<serde_norway::Value>>,
+) {
     use serde_norway::Value;
     match value {
         Value::Mapping(m) => {
