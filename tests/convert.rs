@@ -513,7 +513,7 @@ fn yaml_bombs_are_refused_quickly_and_in_little_memory() {
                 let prev = format!("*a{}", i - 1);
                 t.push_str(&format!(
                     "a{i}: &a{i} [{}]\n",
-                    vec![prev.as_str(); 10].join(", ")
+                    [prev.as_str(); 10].join(", ")
                 ));
             }
             t

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
-use unsafe_libyaml_norway as sys;
+use unsafe_libyaml_norway as unsafe_yaml;
 
 /// How much a YAML text may hold, and expand to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,7 +282,7 @@ enum Event {
 
 /// libyaml's event parser over a borrowed text (as serde_norway drives it, minus the copies).
 struct Parser<'t> {
-    sys: Box<MaybeUninit<sys::yaml_parser_t>>,
+    sys: Box<MaybeUninit<unsafe_yaml::yaml_parser_t>>,
     /// The parser reads `text` through a raw pointer: it must outlive the parser.
     _text: &'t str,
     failed: bool,
@@ -290,16 +290,16 @@ struct Parser<'t> {
 
 impl<'t> Parser<'t> {
     fn new(text: &'t str) -> Self {
-        let mut sys = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+        let mut sys = Box::new(MaybeUninit::<unsafe_yaml::yaml_parser_t>::uninit());
         let ptr = sys.as_mut_ptr();
         // SAFETY: `ptr` points to memory owned by `sys`, which lives (boxed, so never moved) as
         // long as the parser; initialize fills the struct before anything reads it. The input
         // pointer and length are those of `text`, which outlives the parser (`_text`).
         let ok = unsafe {
-            let ok = sys::yaml_parser_initialize(ptr).ok;
+            let ok = unsafe_yaml::yaml_parser_initialize(ptr).ok;
             if ok {
-                sys::yaml_parser_set_encoding(ptr, sys::YAML_UTF8_ENCODING);
-                sys::yaml_parser_set_input_string(ptr, text.as_ptr(), text.len() as u64);
+                unsafe_yaml::yaml_parser_set_encoding(ptr, unsafe_yaml::YAML_UTF8_ENCODING);
+                unsafe_yaml::yaml_parser_set_input_string(ptr, text.as_ptr(), text.len() as u64);
             }
             ok
         };
@@ -317,40 +317,42 @@ impl<'t> Parser<'t> {
         if self.failed {
             return None;
         }
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+        let mut event = MaybeUninit::<unsafe_yaml::yaml_event_t>::uninit();
         let ptr = event.as_mut_ptr();
         // SAFETY: the parser was initialized (`failed` is false) and is not used elsewhere;
         // `yaml_parser_parse` fills `event` when it succeeds, and only then is it read and then
         // deleted, once. The anchor pointers are NUL-terminated strings owned by the event.
         unsafe {
-            if sys::yaml_parser_parse(self.sys.as_mut_ptr(), ptr).fail {
+            if unsafe_yaml::yaml_parser_parse(self.sys.as_mut_ptr(), ptr).fail {
                 self.failed = true;
                 return None;
             }
             let e = &*ptr;
             let out = match e.type_ {
-                sys::YAML_STREAM_END_EVENT => {
+                unsafe_yaml::YAML_STREAM_END_EVENT => {
                     self.failed = true;
                     Event::StreamEnd
                 }
-                sys::YAML_DOCUMENT_START_EVENT => Event::DocumentStart,
-                sys::YAML_SCALAR_EVENT => Event::Scalar {
+                unsafe_yaml::YAML_DOCUMENT_START_EVENT => Event::DocumentStart,
+                unsafe_yaml::YAML_SCALAR_EVENT => Event::Scalar {
                     anchor: anchor(e.data.scalar.anchor),
                     len: e.data.scalar.length,
                 },
-                sys::YAML_SEQUENCE_START_EVENT => Event::Start {
+                unsafe_yaml::YAML_SEQUENCE_START_EVENT => Event::Start {
                     anchor: anchor(e.data.sequence_start.anchor),
                 },
-                sys::YAML_MAPPING_START_EVENT => Event::Start {
+                unsafe_yaml::YAML_MAPPING_START_EVENT => Event::Start {
                     anchor: anchor(e.data.mapping_start.anchor),
                 },
-                sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => Event::End,
-                sys::YAML_ALIAS_EVENT => Event::Alias {
+                unsafe_yaml::YAML_SEQUENCE_END_EVENT | unsafe_yaml::YAML_MAPPING_END_EVENT => {
+                    Event::End
+                }
+                unsafe_yaml::YAML_ALIAS_EVENT => Event::Alias {
                     anchor: anchor(e.data.alias.anchor).unwrap_or_default(),
                 },
                 _ => Event::Other,
             };
-            sys::yaml_event_delete(ptr);
+            unsafe_yaml::yaml_event_delete(ptr);
             Some(out)
         }
     }
@@ -360,7 +362,7 @@ impl Drop for Parser<'_> {
     fn drop(&mut self) {
         // SAFETY: the parser was initialized unless `new` failed to allocate, in which case
         // libyaml left it zeroed and deleting it frees nothing.
-        unsafe { sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
+        unsafe { unsafe_yaml::yaml_parser_delete(self.sys.as_mut_ptr()) }
     }
 }
 

@@ -342,7 +342,7 @@ fn an_unknown_field_anywhere_is_never_silently_dropped() {
                 let dotted = dotted_path(&p);
                 let dropped_whole = before.documents == 0
                     || after.messages.iter().any(|m| {
-                        let note_path = m.splitn(4, ": ").nth(2).unwrap_or_default();
+                        let note_path = m.split(": ").nth(2).unwrap_or_default();
                         m.starts_with("warning:")
                             && m.contains("not carried over")
                             && !m.contains("zzTypo")
