@@ -335,7 +335,38 @@ fn documents(text: &str) -> Vec<serde_norway::Value> {
 
 #[test]
 fn input_text_never_becomes_an_output_document() {
-    let evil = INJECTED;
+    // Every line break YAML knows: libyaml also ends a comment at NEL, LS and PS.
+    for newline in ["\n", "\r", "\r\n", "\u{85}", "\u{2028}", "\u{2029}"] {
+        let evil = INJECTED.replace('\n', newline);
+        injection_is_refused(&evil);
+    }
+}
+
+/// `value` without the mapping entries named `key`, except labels and annotations (which are
+/// carried over as they are).
+fn without_key(value: &serde_json::Value, key: &str) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| k.as_str() != key)
+                .map(|(k, v)| {
+                    let keep = matches!(k.as_str(), "labels" | "annotations");
+                    (
+                        k.clone(),
+                        if keep { v.clone() } else { without_key(v, key) },
+                    )
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(|v| without_key(v, key)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Feeds `evil` as field names and values in every place the conversion reads, and checks that
+/// the output holds the converted documents only.
+fn injection_is_refused(evil: &str) {
     let docs = serde_json::json!([
         // aws: an unknown parameter, an object's unknown field, names and versions.
         {"apiVersion": "secrets-store.csi.x-k8s.io/v1", "kind": "SecretProviderClass",
@@ -388,6 +419,21 @@ fn input_text_never_becomes_an_output_document() {
         {"apiVersion": evil, "kind": "SecretProviderClass",
          "metadata": {"name": evil, "namespace": evil}},
     ]);
+    // The same objects without the hostile field names (which fail them as unknown fields), so
+    // that they convert and their notes quote the hostile values; and a provider pod's class,
+    // whose parameters are carried over as they are.
+    let mut all: Vec<serde_json::Value> = docs.as_array().expect("a list").clone();
+    all.extend(
+        docs.as_array()
+            .expect("a list")
+            .iter()
+            .map(|d| without_key(d, evil)),
+    );
+    all.push(serde_json::json!(
+        {"apiVersion": "secrets-store.csi.x-k8s.io/v1", "kind": "SecretProviderClass",
+         "metadata": {"name": "carried", "namespace": "shop"},
+         "spec": {"provider": "azure", "parameters": {evil: evil, "objects": evil}}}));
+    let docs = serde_json::Value::Array(all);
     let mut input = String::new();
     for doc in docs.as_array().expect("a list") {
         input.push_str("---\n");
@@ -412,6 +458,10 @@ fn input_text_never_becomes_an_output_document() {
         out.len(),
         written,
         "documents differ from the summary\n{stdout}"
+    );
+    assert!(
+        written >= 2,
+        "too few objects converted to prove anything:\n{stderr}"
     );
     for doc in &out {
         assert_eq!(
