@@ -306,8 +306,9 @@ impl<'t> Parser<'t> {
         Self {
             sys,
             _text: text,
-            // Initialization only fails when it cannot allocate: nothing is checked then, and the
-            // deserializer meets the same failure.
+            // libyaml's initialization returns a failure only for allocation failures (which abort
+            // in this port); were it to, nothing would be checked, and the deserializer, which
+            // initializes the same way, would fail too.
             failed: !ok,
         }
     }
@@ -360,8 +361,8 @@ impl<'t> Parser<'t> {
 
 impl Drop for Parser<'_> {
     fn drop(&mut self) {
-        // SAFETY: the parser was initialized unless `new` failed to allocate, in which case
-        // libyaml left it zeroed and deleting it frees nothing.
+        // SAFETY: `new` initialized the parser (initialization zeroes the struct before anything
+        // else, so even a failed one is safe to delete: its null buffers free nothing).
         unsafe { unsafe_yaml::yaml_parser_delete(self.sys.as_mut_ptr()) }
     }
 }
