@@ -574,6 +574,8 @@ fn yaml_bombs_are_refused_quickly_and_in_little_memory() {
             format!("a: {}{}\n", "[".repeat(250_000), "]".repeat(250_000)),
         ),
         ("nested-maps", format!("a: {}\n", "{a: ".repeat(100_000))),
+        // 1.4 million one-line documents (8 MiB): each small, all held at once.
+        ("documents", "---\na\n".repeat(1_400_000)),
         // Past the size limit.
         ("large", format!("a: \"{}\"\n", "x".repeat(33 << 20))),
     ];

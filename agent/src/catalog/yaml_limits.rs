@@ -20,9 +20,10 @@ pub struct Limits {
     pub bytes: usize,
     /// Nesting of collections (a document's root collection is level 1).
     pub depth: usize,
-    /// Nodes of one document, every alias counted as the nodes it names.
+    /// Nodes of the whole text (all its documents are held at once), every alias counted as
+    /// the nodes it names.
     pub nodes: u64,
-    /// Bytes of the scalars of one document, every alias counted as the bytes it names.
+    /// Bytes of the scalars of the whole text, every alias counted as the bytes it names.
     pub expanded_bytes: u64,
 }
 
@@ -161,7 +162,9 @@ pub fn check(text: &str, limits: &Limits) -> Result<(), Refused> {
             Event::StreamEnd => return Ok(()),
             Event::DocumentStart => {
                 document += 1;
-                walk = Walk::new(limits);
+                // Anchors are per document; the count is not.
+                walk.anchors.clear();
+                walk.stack.clear();
                 Ok(())
             }
             Event::Scalar { anchor, len } => walk.node(
@@ -180,7 +183,8 @@ pub fn check(text: &str, limits: &Limits) -> Result<(), Refused> {
     }
 }
 
-/// One document's walk: the open collections, the anchored sizes and the running total.
+/// The walk over a text: the open collections and anchored sizes of the current document, and
+/// the running total of the whole text.
 struct Walk<'l> {
     limits: &'l Limits,
     stack: Vec<Frame>,
@@ -480,8 +484,15 @@ mod tests {
         let err = check("a: 1\n---\nb: [[[[[[[[[x]]]]]]]]]\n", &SMALL).unwrap_err();
         assert_eq!(err.document, 2);
         assert!(err.to_string().starts_with("document 2: refused"), "{err}");
-        // Nodes are counted per document.
+        // Nodes are counted over the whole text: many small documents are held at once too.
         let doc = format!("[{}]\n", vec!["x"; 60].join(","));
-        assert_eq!(refused(&format!("{doc}---\n{doc}")), None);
+        assert_eq!(refused(&doc), None);
+        assert_eq!(
+            refused(&format!("{doc}---\n{doc}")),
+            Some(Exceeded::Nodes { limit: 100 })
+        );
+        // An anchor names nothing in a later document (the deserializer refuses such an alias).
+        let text = format!("a: &a {}\n---\n[*a, *a]\n", "x".repeat(400));
+        assert_eq!(refused(&text), None);
     }
 }
