@@ -631,14 +631,14 @@ stringData: {key: hunter2}
     #[test]
     fn an_oversized_file_is_not_read_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let big = format!("a: \"{}\"\n", "x".repeat(5 << 20));
+        let big = format!("a: \"{}\"\n", "x".repeat(9 << 20));
         std::fs::write(dir.path().join("big.yaml"), big).unwrap();
         let err = ManifestCatalog::load_dir(dir.path())
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(
-            err.contains("longer than the limit of 4194304 bytes"),
+            err.contains("longer than the limit of 8388608 bytes"),
             "{err}"
         );
     }

@@ -39,12 +39,13 @@ impl Limits {
     };
 
     /// `latchkey node --manifests`: one file of the agent's manifest directory, read by the node
-    /// agent inside its memory limit.
+    /// agent at start inside its memory limit. Room for fake stores with a few MiB of demo
+    /// values; the worst file within them takes ~50 MB while it is parsed.
     pub const MANIFESTS: Limits = Limits {
-        bytes: 4 << 20,
+        bytes: 8 << 20,
         depth: 64,
         nodes: 100_000,
-        expanded_bytes: 4 << 20,
+        expanded_bytes: 8 << 20,
     };
 }
 
