@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use serde::Deserialize;
 
 use super::strict::{self, Kind, StrictError};
+use super::yaml_limits::{self, Limits};
 use super::{Catalog, CatalogError};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
@@ -37,6 +38,14 @@ pub enum ManifestError {
         what: String,
         /// Why, without document contents.
         reason: String,
+    },
+    /// A file is larger, deeper or expands further than the agent reads.
+    #[error("{path}: {refused}")]
+    Refused {
+        /// File.
+        path: PathBuf,
+        /// The bound passed.
+        refused: yaml_limits::Refused,
     },
     /// Two documents define the same object.
     #[error("{path}: {kind} {name} is defined twice")]
@@ -103,17 +112,24 @@ impl ManifestCatalog {
         files.sort();
         let mut catalog = Self::default();
         for path in files {
-            let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let text = std::fs::File::open(&path)
+                .and_then(|file| yaml_limits::read_bounded(file, &Limits::MANIFESTS))
+                .map_err(|source| ManifestError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
             catalog.add_documents(&path, &text)?;
         }
         Ok(catalog)
     }
 
-    /// Adds every document of one YAML text; `path` is only used in error messages.
+    /// Adds every document of one YAML text; `path` is only used in error messages. A text past
+    /// [`Limits::MANIFESTS`] (size, nesting, aliases expanded) is refused before it is parsed.
     pub fn add_documents(&mut self, path: &Path, text: &str) -> Result<(), ManifestError> {
+        yaml_limits::check(text, &Limits::MANIFESTS).map_err(|refused| ManifestError::Refused {
+            path: path.to_path_buf(),
+            refused,
+        })?;
         for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
             let index = i + 1;
             let invalid = |what: String, reason: String| ManifestError::Invalid {
@@ -586,6 +602,45 @@ stringData: {key: hunter2}
         assert!(err.contains("unknown field password"), "{err}");
         assert!(err.contains("expected one of: apiVersion, data,"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn yaml_bombs_are_refused_before_parsing() {
+        let mb = "x".repeat(1 << 20);
+        let aliases = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\nstringData: {{a: &a \
+             \"{mb}\"}}\nx: [{}]\n",
+            vec!["*a"; 100].join(", ")
+        );
+        let nested = format!("a: {}{}\n", "[".repeat(50_000), "]".repeat(50_000));
+        let start = std::time::Instant::now();
+        for (name, text) in [("aliases", aliases), ("nested", nested)] {
+            let err = ManifestCatalog::default()
+                .add_documents(Path::new("m.yaml"), &text)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.starts_with("m.yaml: document 1: refused before parsing"),
+                "{name}: {err}"
+            );
+        }
+        assert!(start.elapsed().as_secs() < 5, "took {:?}", start.elapsed());
+    }
+
+    #[test]
+    fn an_oversized_file_is_not_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = format!("a: \"{}\"\n", "x".repeat(9 << 20));
+        std::fs::write(dir.path().join("big.yaml"), big).unwrap();
+        let err = ManifestCatalog::load_dir(dir.path())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("longer than the limit of 8388608 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

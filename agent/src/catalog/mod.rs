@@ -7,6 +7,7 @@ pub mod kubernetes;
 pub mod lenient;
 pub mod manifests;
 mod strict;
+pub mod yaml_limits;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

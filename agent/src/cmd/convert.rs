@@ -1,9 +1,10 @@
 //! `latchkey convert`: reads SecretProviderClasses and External Secrets Operator objects from
 //! files or stdin and prints the Latchkey manifests. Only ever writes to stdout and stderr.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
+use crate::catalog::yaml_limits::{Limits, read_bounded};
 use crate::convert::{self, ConvertError, Input};
 
 /// Flags of `latchkey convert`.
@@ -18,7 +19,10 @@ manifests on stdout. Every field that could not be carried over is named in a \
 shows what replaces the CSI driver's. Other kinds are skipped (noted on stderr).
 
 The input files are never written: the output goes to stdout only (redirect it to a new file).
-Exits non-zero when an input cannot be read or parsed, or when nothing could be converted.
+Exits non-zero when an input cannot be read or parsed or is past the YAML bounds (nothing is \
+printed then), when nothing could be converted, or when any object could not be converted (one \
+with a field convert does not know, e.g. a typo, is not converted at all): the objects that \
+could are still printed.
 
 Example: kubectl get secretproviderclasses -A -o yaml | latchkey convert > latchkey.yaml")]
 pub struct ConvertArgs {
@@ -44,7 +48,15 @@ pub fn run(args: ConvertArgs) -> Result<(), ConvertError> {
     stdout
         .write_all(conversion.yaml.as_bytes())
         .and_then(|()| stdout.flush())
-        .map_err(ConvertError::Write)
+        .map_err(ConvertError::Write)?;
+    // The output is written, but a script applying it must not take it for the whole.
+    if conversion.failed > 0 {
+        return Err(ConvertError::NotAllConverted {
+            failed: conversion.failed,
+            objects: conversion.objects,
+        });
+    }
+    Ok(())
 }
 
 fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
@@ -57,7 +69,8 @@ fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
             if path.as_os_str() == "-" {
                 return read_stdin();
             }
-            std::fs::read_to_string(path)
+            std::fs::File::open(path)
+                .and_then(|file| read_bounded(file, &Limits::CONVERT))
                 .map(|text| Input {
                     name: path.display().to_string(),
                     text,
@@ -71,10 +84,8 @@ fn read_inputs(files: &[PathBuf]) -> Result<Vec<Input>, ConvertError> {
 }
 
 fn read_stdin() -> Result<Input, ConvertError> {
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .map_err(|source| ConvertError::Read {
+    let text =
+        read_bounded(std::io::stdin(), &Limits::CONVERT).map_err(|source| ConvertError::Read {
             path: PathBuf::from("-"),
             source,
         })?;

@@ -26,6 +26,15 @@ pub enum ConvertError {
         /// Where, without the text around it.
         reason: String,
     },
+    /// An input is larger, deeper or expands further than `latchkey convert` reads; nothing was
+    /// converted.
+    #[error("{source_name}: {refused}; nothing was converted")]
+    Refused {
+        /// The file name, or `<stdin>`.
+        source_name: String,
+        /// The bound passed.
+        refused: crate::catalog::yaml_limits::Refused,
+    },
     /// Every object was skipped or failed.
     #[error(
         "nothing could be converted ({objects} object(s) read; see the messages above); \
@@ -33,6 +42,17 @@ pub enum ConvertError {
          ExternalSecrets, SecretStores and ClusterSecretStores"
     )]
     NothingConverted {
+        /// How many objects the inputs held.
+        objects: usize,
+    },
+    /// Some objects could not be converted; the others were written.
+    #[error(
+        "{failed} of {objects} object(s) were not converted (the errors above name them and \
+         why); the output holds the others"
+    )]
+    NotAllConverted {
+        /// Objects not converted.
+        failed: usize,
         /// How many objects the inputs held.
         objects: usize,
     },

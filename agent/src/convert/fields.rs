@@ -42,8 +42,9 @@ impl<'a> Fields<'a> {
 
     /// The path of field `key` of this mapping.
     pub fn at(&self, key: &str) -> String {
+        let key = super::notes::segment(key);
         if self.path.is_empty() {
-            key.to_string()
+            key
         } else {
             format!("{}.{key}", self.path)
         }
@@ -165,8 +166,9 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// Reports every field that was not read: the conversion does not know it. Each is reported
-    /// once, however often this is called.
+    /// Records every field that was not read as unknown: the conversion does not know it, so the
+    /// object is not converted (a typo such as `proprety` must not silently widen what is read).
+    /// Each is recorded once, however often this is called.
     pub fn finish(&mut self, notes: &mut Notes) {
         for k in self.map.keys() {
             let name = match k.as_str() {
@@ -174,13 +176,9 @@ impl<'a> Fields<'a> {
                 None => "(a non-string key)".to_string(),
             };
             if !self.used.contains(&name) {
-                self.used.push(name.clone());
-                let path = if self.path.is_empty() {
-                    name
-                } else {
-                    format!("{}.{name}", self.path)
-                };
-                notes.warn(path, "has no Latchkey equivalent; not carried over");
+                let path = self.at(&name);
+                self.used.push(name);
+                notes.unknown.push(path);
             }
         }
     }
@@ -191,7 +189,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unread_fields_are_reported_with_their_path() {
+    fn unread_fields_are_unknown_with_their_path() {
         let v: Value = serde_norway::from_str("{a: 1, b: {c: x, d: y}, e: [1]}").unwrap();
         let mut notes = Notes::new("K ns/n");
         let mut f = Fields::of(&v, "spec", &mut notes).unwrap();
@@ -200,13 +198,13 @@ mod tests {
         assert_eq!(b.string("c", &mut notes).as_deref(), Some("x"));
         b.finish(&mut notes);
         f.finish(&mut notes);
-        let lines: Vec<_> = notes.lines().collect();
-        assert_eq!(
-            lines,
-            [
-                "K ns/n: spec.b.d: has no Latchkey equivalent; not carried over",
-                "K ns/n: spec.e: has no Latchkey equivalent; not carried over"
-            ]
+        f.finish(&mut notes);
+        assert_eq!(notes.unknown, ["spec.b.d", "spec.e"]);
+        assert!(notes.list.is_empty());
+        let why = notes.unknown_fields().unwrap();
+        assert!(
+            why.starts_with("unknown fields spec.b.d, spec.e: "),
+            "{why}"
         );
     }
 

@@ -6,6 +6,7 @@ use serde_norway::Value;
 
 use super::errors::ConvertError;
 use crate::catalog::manifests::syntax_error;
+use crate::catalog::yaml_limits::{self, Limits};
 
 /// One input text and the name it is reported under (a file name or `<stdin>`).
 #[derive(Debug, Clone)]
@@ -26,10 +27,17 @@ pub struct Object {
 }
 
 /// Every object of every input, in order. Fails on the first YAML syntax error, naming the input
-/// and document (but not the text around the error, which could be a secret value).
+/// and document (but not the text around the error, which could be a secret value), and on an
+/// input past [`Limits::CONVERT`] before it is parsed.
 pub fn objects(inputs: &[Input]) -> Result<Vec<Object>, ConvertError> {
     let mut out = Vec::new();
     for input in inputs {
+        yaml_limits::check(&input.text, &Limits::CONVERT).map_err(|refused| {
+            ConvertError::Refused {
+                source_name: input.name.clone(),
+                refused,
+            }
+        })?;
         for (i, doc) in serde_norway::Deserializer::from_str(&input.text).enumerate() {
             let index = i + 1;
             let value = Value::deserialize(doc).map_err(|e| ConvertError::Parse {
@@ -41,29 +49,40 @@ pub fn objects(inputs: &[Input]) -> Result<Vec<Object>, ConvertError> {
                 continue;
             }
             let origin = format!("{}: document {index}", input.name);
-            match list_items(&value) {
-                Some(items) => {
-                    for (j, item) in items.iter().enumerate() {
+            match list_items(value) {
+                Ok(items) => {
+                    for (j, item) in items.into_iter().enumerate() {
                         out.push(Object {
                             origin: format!("{origin}, item {}", j + 1),
-                            value: item.clone(),
+                            value: item,
                         });
                     }
                 }
-                None => out.push(Object { origin, value }),
+                Err(value) => out.push(Object { origin, value }),
             }
         }
     }
     Ok(out)
 }
 
-/// The items of a `v1` `List` (or any `*List` kind kubectl prints), if `value` is one.
-fn list_items(value: &Value) -> Option<&Vec<Value>> {
-    let kind = value.get("kind")?.as_str()?;
-    if !kind.ends_with("List") {
-        return None;
+/// The items of a `v1` `List` (or any `*List` kind kubectl prints), taken out of it (not
+/// copied: a List's items are most of the input); `Err` gives back a value that is not a List.
+fn list_items(value: Value) -> Result<Vec<Value>, Value> {
+    let is_list = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind.ends_with("List"))
+        && value.get("items").is_some_and(Value::is_sequence);
+    if !is_list {
+        return Err(value);
     }
-    value.get("items")?.as_sequence()
+    match value {
+        Value::Mapping(mut map) => match map.remove("items") {
+            Some(Value::Sequence(items)) => Ok(items),
+            _ => Ok(Vec::new()),
+        },
+        other => Err(other),
+    }
 }
 
 #[cfg(test)]

@@ -42,16 +42,19 @@ pub struct Conversion {
     pub documents: usize,
     /// How many objects the inputs held.
     pub objects: usize,
+    /// How many of them are of a converted kind but could not be converted (errors).
+    pub failed: usize,
 }
 
-/// Converts every object of `inputs`. Fails only when an input is not YAML: objects and fields
-/// that cannot be converted are reported in the result (which may hold no document at all).
+/// Converts every object of `inputs`. Fails only when an input is not YAML (or past the YAML
+/// bounds): objects and fields that cannot be converted are reported in the result (which may
+/// hold no document at all), objects counted in `failed`.
 pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
     let objects = input::objects(inputs)?;
     let mut yaml = String::new();
     let mut messages = Vec::new();
     let mut seen = BTreeSet::new();
-    let (mut documents, mut warnings, mut converted) = (0, 0, 0);
+    let (mut documents, mut warnings, mut converted, mut failed) = (0, 0, 0, 0);
     for obj in &objects {
         let outcome = match convert_object(obj) {
             Ok(outcome) => outcome,
@@ -66,6 +69,7 @@ pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
         }
         warnings += outcome.notes.list.len();
         if let Some(why) = &outcome.failure {
+            failed += 1;
             messages.push(format!(
                 "error: {}: not converted: {why}",
                 outcome.notes.subject
@@ -83,9 +87,10 @@ pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
     ));
     Ok(Conversion {
         yaml,
-        messages,
+        messages: messages.iter().map(|m| notes::one_line(m)).collect(),
         documents,
         objects: objects.len(),
+        failed,
     })
 }
 
@@ -153,7 +158,8 @@ fn convert_object(obj: &Object) -> Result<Outcome, String> {
         Ok((meta, notes)) => {
             let subject = format!("{kind} {}", meta.qualified());
             let mut n = Notes::new(&subject);
-            n.list = notes;
+            n.list = notes.list;
+            n.unknown = notes.unknown;
             (Some(meta), n)
         }
         Err(why) => (None, {
@@ -179,16 +185,21 @@ fn convert_object(obj: &Object) -> Result<Outcome, String> {
             eso_store::store(&mut top, &meta, kind, &mut notes).map(|d| (d, Vec::new()))
         }
     };
+    if result.is_ok() {
+        top.finish(&mut notes);
+    }
+    // A field the conversion does not know could change what the object means: none of it is
+    // converted rather than a guess written.
+    if let Some(why) = notes.unknown_fields() {
+        return Ok(Outcome::failed(notes, why));
+    }
     Ok(match result {
-        Ok((documents, trailer)) => {
-            top.finish(&mut notes);
-            Outcome {
-                notes,
-                documents,
-                trailer,
-                failure: None,
-            }
-        }
+        Ok((documents, trailer)) => Outcome {
+            notes,
+            documents,
+            trailer,
+            failure: None,
+        },
         Err(why) => Outcome::failed(notes, why),
     })
 }
@@ -208,8 +219,25 @@ const SERVER_SET: &[&str] = &[
 /// kubectl's copy of the last applied object: stale, and it may hold values.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Metadata fields an object may have that are not carried over, and why.
+const NOT_CARRIED: &[(&str, &str)] = &[
+    (
+        "ownerReferences",
+        "the object belongs to another (a ClusterExternalSecret, a GitOps tool's); not carried \
+         over",
+    ),
+    (
+        "finalizers",
+        "set by the controllers of the old object; not carried over",
+    ),
+    (
+        "generateName",
+        "the converted objects are named after metadata.name; not carried over",
+    ),
+];
+
 /// `metadata`: name (required), namespace, labels, annotations; notes for the rest.
-fn meta(top: &mut Fields<'_>) -> Result<(Meta, Vec<notes::Note>), String> {
+fn meta(top: &mut Fields<'_>) -> Result<(Meta, Notes), String> {
     let mut notes = Notes::default();
     let mut m = top
         .object("metadata", &mut notes)
@@ -240,6 +268,9 @@ fn meta(top: &mut Fields<'_>) -> Result<(Meta, Vec<notes::Note>), String> {
             ),
         );
     }
+    for (field, why) in NOT_CARRIED {
+        m.drop_field(field, &mut notes, why);
+    }
     m.finish(&mut notes);
     Ok((
         Meta {
@@ -248,7 +279,7 @@ fn meta(top: &mut Fields<'_>) -> Result<(Meta, Vec<notes::Note>), String> {
             labels,
             annotations,
         },
-        notes.list,
+        notes,
     ))
 }
 

@@ -192,9 +192,10 @@ impl Outcome {
     }
 }
 
+/// Appends `lines` as they are safe to write: each stays one comment line.
 fn push_lines(out: &mut String, lines: &[String]) {
     for line in lines {
-        out.push_str(line);
+        out.push_str(&super::notes::one_line(line));
         out.push('\n');
     }
 }

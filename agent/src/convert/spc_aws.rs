@@ -65,8 +65,7 @@ pub fn convert(
     let text = params
         .string("objects", notes)
         .ok_or_else(|| format!("{objects_path} is missing: nothing to mount"))?;
-    let objects: Value = serde_norway::from_str(&text)
-        .map_err(|e| format!("{objects_path}: {}", super::spc_vault::yaml_error(&e)))?;
+    let objects = super::spc_vault::objects_yaml(&text, &objects_path)?;
     let Value::Sequence(items) = &objects else {
         return Err(format!("{objects_path}: is not a YAML list of objects"));
     };

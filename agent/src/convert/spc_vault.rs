@@ -96,6 +96,14 @@ pub fn kv_path(raw: &str) -> Result<KvPath, String> {
     })
 }
 
+/// The `objects` parameter (YAML inside a string) of the class at `objects_path`, refused past
+/// the same bounds as the input (it can hold aliases of its own).
+pub fn objects_yaml(text: &str, objects_path: &str) -> Result<Value, String> {
+    use crate::catalog::yaml_limits::{Limits, check};
+    check(text, &Limits::CONVERT).map_err(|refused| format!("{objects_path}: {refused}"))?;
+    serde_norway::from_str(text).map_err(|e| format!("{objects_path}: {}", yaml_error(&e)))
+}
+
 /// Where a YAML error in an embedded `objects` string is.
 pub fn yaml_error(e: &serde_norway::Error) -> String {
     match e.location() {
@@ -190,8 +198,7 @@ pub fn convert(
     let text = params
         .string("objects", notes)
         .ok_or_else(|| format!("{objects_path} is missing: nothing to mount"))?;
-    let objects: Value =
-        serde_norway::from_str(&text).map_err(|e| format!("{objects_path}: {}", yaml_error(&e)))?;
+    let objects = objects_yaml(&text, &objects_path)?;
     let Value::Sequence(items) = &objects else {
         return Err(format!("{objects_path}: is not a YAML list of objects"));
     };

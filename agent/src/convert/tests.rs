@@ -19,9 +19,18 @@ spec:
   provider:
     fake:
       data:
-      - {key: a, value: hunter2, bogus: hunter3}
+      - {key: a, value: hunter2}
       - {key: b, valueMap: {x: hunter4}}
       - {value: hunter5}
+---
+apiVersion: external-secrets.io/v1
+kind: SecretStore
+metadata: {name: typo, namespace: demo}
+spec:
+  provider:
+    fake:
+      data:
+      - {key: a, value: hunter7, bogus: hunter3}
 ---
 apiVersion: v1
 kind: Secret
@@ -30,13 +39,18 @@ stringData: {password: hunter6}
 "#)
     .unwrap();
     let messages = c.messages.join("\n");
-    for value in ["hunter2", "hunter3", "hunter4", "hunter5", "hunter6"] {
+    for value in [
+        "hunter2", "hunter3", "hunter4", "hunter5", "hunter6", "hunter7",
+    ] {
         assert!(!messages.contains(value), "{value} in {messages}");
     }
     assert!(
-        messages.contains("spec.provider.fake.data[0].bogus"),
+        messages.contains(
+            "SecretStore demo/typo: not converted: unknown field spec.provider.fake.data[0].bogus"
+        ),
         "{messages}"
     );
+    assert_eq!(c.failed, 1);
     assert!(
         messages.contains("skipped: v1 Secret s: not a"),
         "{messages}"
@@ -45,6 +59,7 @@ stringData: {password: hunter6}
     assert!(c.yaml.contains("value: hunter2"), "{}", c.yaml);
     assert!(c.yaml.contains(r#"'{"x":"hunter4"}'"#), "{}", c.yaml);
     assert!(!c.yaml.contains("hunter6"));
+    assert!(!c.yaml.contains("hunter7"), "{}", c.yaml);
 }
 
 #[test]
@@ -172,4 +187,177 @@ spec:
         messages.contains("error: ExternalSecret a: not converted"),
         "{messages}"
     );
+}
+
+#[test]
+fn an_unknown_field_fails_the_object_naming_its_path() {
+    // `proprety` instead of `property`: converted, the ExternalSecret would mount the whole
+    // secret's JSON instead of one property.
+    let c = run(r#"
+apiVersion: external-secrets.io/v1
+kind: ExternalSecret
+metadata: {name: db, namespace: shop, ownerReferences: [{kind: ClusterExternalSecret}]}
+spec:
+  secretStoreRef: {name: vault}
+  data: [{secretKey: password, remoteRef: {key: db, proprety: password}}]
+---
+apiVersion: external-secrets.io/v1
+kind: ExternalSecret
+metadata: {name: ok, namespace: shop, finalizers: [x]}
+spec:
+  secretStoreRef: {name: vault}
+  data: [{secretKey: password, remoteRef: {key: db, property: password}}]
+"#)
+    .unwrap();
+    assert_eq!((c.documents, c.failed, c.objects), (1, 1, 2));
+    let messages = c.messages.join("\n");
+    assert!(
+        messages.contains(
+            "error: ExternalSecret shop/db: not converted: unknown field \
+             spec.data[0].remoteRef.proprety: latchkey convert does not know it"
+        ),
+        "{messages}"
+    );
+    assert!(!messages.contains("no Latchkey equivalent"), "{messages}");
+    assert!(!c.yaml.contains("name: db\n"), "{}", c.yaml);
+    assert!(c.yaml.contains("property: password"), "{}", c.yaml);
+    // Metadata an object may have is noted, not unknown.
+    assert!(
+        messages.contains("metadata.finalizers: set by the controllers"),
+        "{messages}"
+    );
+}
+
+/// Every mapping of `value`, as a path of keys and indexes from the root.
+fn mapping_paths(
+    value: &serde_norway::Value,
+    at: Vec<serde_norway::Value>,
+    out: &mut Vec<Vec<serde_norway::Value>>,
+) {
+    use serde_norway::Value;
+    match value {
+        Value::Mapping(m) => {
+            out.push(at.clone());
+            for (k, v) in m {
+                let mut next = at.clone();
+                next.push(k.clone());
+                mapping_paths(v, next, out);
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let mut next = at.clone();
+                next.push(Value::from(i as u64));
+                mapping_paths(v, next, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at_path<'v>(
+    value: &'v mut serde_norway::Value,
+    path: &[serde_norway::Value],
+) -> &'v mut serde_norway::Value {
+    use serde_norway::Value;
+    path.iter().fold(value, |v, step| match (v, step) {
+        (Value::Sequence(items), Value::Number(n)) => &mut items[n.as_u64().unwrap() as usize],
+        (Value::Mapping(m), k) => m.get_mut(k).unwrap(),
+        _ => unreachable!("a path of this value"),
+    })
+}
+
+/// A path of keys and indexes as notes write it (`spec.data[0].remoteRef`).
+fn dotted_path(path: &[serde_norway::Value]) -> String {
+    use serde_norway::Value;
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Value::Number(n) => out.push_str(&format!("[{n}]")),
+            Value::String(k) if out.is_empty() => out.push_str(k),
+            Value::String(k) => out.push_str(&format!(".{k}")),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The documents of a conversion, comments left out.
+fn converted_documents(c: &Conversion) -> Vec<serde_norway::Value> {
+    serde_norway::Deserializer::from_str(&c.yaml)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &serde_norway::Value| !v.is_null())
+        .collect()
+}
+
+/// A field added anywhere in any example object fails that object (named as unknown), is carried
+/// over, or changes nothing in what is written: no field is ever dropped without a word.
+#[test]
+fn an_unknown_field_anywhere_is_never_silently_dropped() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/convert");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.to_string_lossy().ends_with(".input.yaml") || path.ends_with("bad-yaml.input.yaml")
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut objects = Vec::new();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let value: serde_norway::Value = serde::Deserialize::deserialize(doc).unwrap();
+            match value["items"].as_sequence() {
+                Some(items) => objects.extend(items.iter().cloned()),
+                None if !value.is_null() => objects.push(value),
+                None => {}
+            }
+        }
+        // Each object on its own, so that what it converts to is its own.
+        for value in objects {
+            let one = serde_norway::to_string(&value).unwrap();
+            let before = run(&one).unwrap();
+            let mut paths = Vec::new();
+            mapping_paths(&value, Vec::new(), &mut paths);
+            for p in paths {
+                let mut changed = value.clone();
+                at_path(&mut changed, &p)
+                    .as_mapping_mut()
+                    .unwrap()
+                    .insert("zzTypo".into(), "x".into());
+                let after = run(&serde_norway::to_string(&changed).unwrap()).unwrap();
+                let messages = after.messages.join("\n");
+                let failed = after
+                    .messages
+                    .iter()
+                    .any(|m| m.starts_with("error:") && m.contains("zzTypo"))
+                    || (after.failed > before.failed && messages.contains("found 2"));
+                let same = converted_documents(&after) == converted_documents(&before);
+                // Passed on as it is (a provider pod's parameters).
+                let carried = converted_documents(&after)
+                    .iter()
+                    .any(|d| serde_norway::to_string(d).unwrap().contains("zzTypo"));
+                // Unchanged output is right only where nothing of the object was converted, or
+                // where a note says the part holding the field (an entry dropped for one of its
+                // fields, or a block dropped whole) was not carried over.
+                let dotted = dotted_path(&p);
+                let dropped_whole = before.documents == 0
+                    || after.messages.iter().any(|m| {
+                        let note_path = m.split(": ").nth(2).unwrap_or_default();
+                        m.starts_with("warning:")
+                            && m.contains("not carried over")
+                            && !m.contains("zzTypo")
+                            && !note_path.is_empty()
+                            && !dotted.is_empty()
+                            && (dotted.starts_with(note_path) || note_path.starts_with(&dotted))
+                    });
+                assert!(
+                    failed || carried || (same && dropped_whole),
+                    "{}: zzTypo at {p:?} was dropped silently:\n{messages}",
+                    path.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} mappings checked");
 }
