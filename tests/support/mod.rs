@@ -21,6 +21,9 @@ use tonic::transport::Channel;
 
 /// Path of the binary under test, built by Cargo for this test target.
 pub const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
+/// What the release agent's RSS idles at (docs/benchmarks.md: 7-8 MiB), the base of the
+/// memory targets tests check on a debug build ([`Agent::peak_over_release_idle_mib`]).
+pub const RELEASE_IDLE_RSS_MIB: u64 = 8;
 
 /// Fails loudly when the test cannot do real mounts, instead of skipping.
 pub fn require_root() {
@@ -235,6 +238,14 @@ impl Agent {
     /// The agent's process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("agent running").id()
+    }
+
+    /// The peak RSS a release build would have reached: what the agent added over
+    /// `baseline_mib` (an earlier [`Self::peak_rss_mib`]) on top of [`RELEASE_IDLE_RSS_MIB`].
+    /// Tests run a debug build, which idles ~30 MiB higher, so an absolute figure would
+    /// measure the build, not the agent's behaviour.
+    pub fn peak_over_release_idle_mib(&self, baseline_mib: u64) -> u64 {
+        self.peak_rss_mib().saturating_sub(baseline_mib) + RELEASE_IDLE_RSS_MIB
     }
 
     /// The agent's peak resident memory so far (`VmHWM`), in MiB.
