@@ -1289,3 +1289,78 @@ async fn tokens_only_for_opted_in_service_accounts_and_audiences_a_backend_check
     assert_eq!(minted.len(), 1, "{minted:?}");
     no_value_leaked(&s, &c);
 }
+
+/// The controller's peak resident memory so far (`VmHWM`), in MiB.
+fn peak_rss_mib(c: &ControllerProcess) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib / 1024
+}
+
+/// A tenant's ClusterSecretStore-admitted Vault answering 14 MB holding one million tiny keys
+/// (under the 16 MiB byte cap): the controller parsed it into a JSON tree (~185 MB) on every
+/// retry, in a 128Mi container. Now the keys are counted as the answer arrives: the
+/// ExternalSecret reports the limit, naming store and key, no Secret is written, and retries
+/// leave the controller's memory where it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_answer_of_a_million_keys_is_refused_without_growing_the_controller() {
+    use support::hostile::{Answer, Hostile, many_keys_answer};
+
+    let s = cluster().await;
+    let hostile = Hostile::start(Answer::Fixed(200, many_keys_answer(1_000_000, 1))).await;
+    let token = base64::engine::general_purpose::STANDARD.encode("s.hostile-token");
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "vault-token", "namespace": "latchkey"},
+        "data": {"token": token}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+        "metadata": {"name": "tenant-vault"},
+        "spec": {"provider": {"vault": {"server": hostile.url, "path": "secret", "version": "v2",
+            "auth": {"tokenSecretRef": {"name": "vault-token", "key": "token",
+                                        "namespace": "latchkey"}}}}}}),
+    );
+    let mut c =
+        ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    let baseline = peak_rss_mib(&c);
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "flood", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "tenant-vault", "kind": "ClusterSecretStore"},
+                 "refreshInterval": "1s",
+                 "dataFrom": [{"extract": {"key": "app/flood"}}],
+                 "target": {"creationPolicy": "Owner"}}}),
+    );
+    let message = reason_is(&s, "flood", "SecretSyncedError").await;
+    // The first retry comes after RETRY_FLOOR (5 s): three answers read in all.
+    eventually(Duration::from_secs(20), "two retries", || {
+        (hostile.requests() >= 3).then_some(())
+    })
+    .await;
+    let peak = peak_rss_mib(&c);
+    eprintln!("peak RSS {peak} MiB (baseline {baseline} MiB)");
+    assert!(
+        peak.saturating_sub(baseline) < 32,
+        "peak RSS {peak} MiB (baseline {baseline} MiB) after {} answers",
+        hostile.requests()
+    );
+    assert!(
+        message.contains("namespace \"shop\"")
+            && message.contains("ExternalSecret \"flood\"")
+            && message.contains("ClusterSecretStore \"tenant-vault\"")
+            && message.contains("remote key \"app/flood\"")
+            && message.contains("more than 10000"),
+        "{message}"
+    );
+    assert!(secret(&s, "flood").is_none(), "a Secret was written");
+    let log = c.log_text();
+    let statuses =
+        serde_json::to_string(&s.objects("latchkey.dev/v1alpha1", "ExternalSecret")).unwrap();
+    for text in [log.as_str(), statuses.as_str()] {
+        assert!(!text.contains("k000123") && !text.contains("s.hostile-token"));
+    }
+    c.stop();
+}

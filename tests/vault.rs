@@ -855,24 +855,6 @@ async fn an_outage_during_refresh_keeps_the_content_and_backs_off() {
 
 // ---- A hostile Vault answering many tiny keys -------------------------------------------------
 
-/// A KV v2 answer of `keys` keys `{"k000000":"vvv...",...}`, each value `value_len` bytes:
-/// ~14 bytes a key with 1-byte values (14 MB for a million, under the 16 MiB byte cap).
-fn many_keys_answer(keys: usize, value_len: usize) -> String {
-    let value = "v".repeat(value_len);
-    let mut data = String::with_capacity(keys * (13 + value_len) + 200);
-    data.push_str(r#"{"data":{"data":{"#);
-    for i in 0..keys {
-        if i > 0 {
-            data.push(',');
-        }
-        data.push_str(&format!("\"k{i:06}\":\"{value}\""));
-    }
-    data.push_str(
-        r#"},"metadata":{"created_time":"2026-11-28T00:00:00Z","deletion_time":"","custom_metadata":null,"destroyed":false,"version":1}},"lease_id":"","lease_duration":0,"renewable":false,"request_id":"r"}"#,
-    );
-    data
-}
-
 /// A tenant-run Vault answering 14 MB holding one million tiny keys, to four publishes at once
 /// (two plain `data`, two `dataFrom.extract`). Before the fix the agent parsed each answer into
 /// a JSON tree (~180 MB for one) and peaked far above its 128Mi limit. Now every answer's keys
@@ -881,7 +863,7 @@ fn many_keys_answer(keys: usize, value_len: usize) -> String {
 /// (as a release build's) stays under 64 MiB, and another tenant's publish (a real OpenBao) keeps working meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_answer_of_a_million_keys_is_refused_before_it_is_built() {
-    let answer = many_keys_answer(1_000_000, 1);
+    let answer = support::hostile::many_keys_answer(1_000_000, 1);
     assert!(answer.len() > 14_000_000 && answer.len() < 16 << 20);
     four_hostile_answers_at_once(answer, "more than 10000 JSON keys", 64).await;
 }
@@ -893,7 +875,7 @@ async fn a_hostile_answer_of_a_million_keys_is_refused_before_it_is_built() {
 /// peak is bounded by the container's 128Mi, not by 64 MiB (see docs/security.md, "Limits").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_large_answers_under_the_key_limit_share_the_parse_budget() {
-    let answer = many_keys_answer(5_000, 2_800);
+    let answer = support::hostile::many_keys_answer(5_000, 2_800);
     assert!(answer.len() > 14_000_000 && answer.len() < 16 << 20);
     let messages = four_hostile_answers_at_once(answer, "", 128).await;
     let waited = messages

@@ -69,6 +69,24 @@ impl Hostile {
     }
 }
 
+/// A KV v2 answer of `keys` keys `{"k000000":"vvv...",...}`, each value `value_len` bytes:
+/// ~14 bytes a key with 1-byte values (14 MB for a million, under the 16 MiB byte cap).
+pub fn many_keys_answer(keys: usize, value_len: usize) -> String {
+    let value = "v".repeat(value_len);
+    let mut data = String::with_capacity(keys * (13 + value_len) + 200);
+    data.push_str(r#"{"data":{"data":{"#);
+    for i in 0..keys {
+        if i > 0 {
+            data.push(',');
+        }
+        data.push_str(&format!("\"k{i:06}\":\"{value}\""));
+    }
+    data.push_str(
+        r#"},"metadata":{"created_time":"2026-11-28T00:00:00Z","deletion_time":"","custom_metadata":null,"destroyed":false,"version":1}},"lease_id":"","lease_duration":0,"renewable":false,"request_id":"r"}"#,
+    );
+    data
+}
+
 impl Drop for Hostile {
     fn drop(&mut self) {
         self.task.abort();
