@@ -206,10 +206,14 @@ async fn holds(s: &FakeApiServer, name: &str, value: &str) -> Value {
     .await
 }
 
-/// Waits until Secret `name` exists.
+/// Waits until Secret `name` exists with its values: the controller creates a Secret empty,
+/// then applies its values (with the data-hash annotation) in a second request.
 async fn appears(s: &FakeApiServer, name: &str) -> Value {
     eventually(Duration::from_secs(20), &format!("Secret {name}"), || {
-        secret(s, name)
+        secret(s, name).filter(|x| {
+            x.pointer("/metadata/annotations/latchkey.dev~1data-hash")
+                .is_some()
+        })
     })
     .await
 }
