@@ -188,6 +188,24 @@ fn node_without_manifests_or_kubeconfig_says_what_to_do_in_one_line() {
     );
 }
 
+/// The controller has no manifest mode: its hint must not send the user to `--manifests`.
+#[test]
+fn controller_without_kubeconfig_says_what_to_do_without_a_flag_it_lacks() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(support::BIN)
+        .args(["controller", "--metrics-addr", "none"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("KUBECONFIG"), "{stderr}");
+    assert!(!stderr.contains("--manifests"), "{stderr}");
+}
+
 /// Every Latchkey object in examples/ parses and passes the agent's validation, so what the
 /// README points at works as written.
 #[test]

@@ -81,7 +81,9 @@ pub struct ControllerArgs {
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    super::node::no_api_server_hint()?;
+    // The controller writes Secrets through the API: unlike the node agent, it has no
+    // manifest mode to suggest.
+    super::node::no_api_server_hint(None)?;
     let metrics = Arc::new(Metrics::new());
     let config = kube::Config::infer()
         .await

@@ -210,28 +210,55 @@ fn check_target(target: &Path) -> anyhow::Result<()> {
 
 /// How to remove what `--keep` left, for the user who ran the demo.
 fn keep_advice(target: &Path, backend: Backend) -> String {
-    let dir = target.display();
     match backend {
         Backend::PlainDirectory => format!(
-            "kept the volume (--keep), a plain directory of files. Remove it with: rm -r {dir}"
+            "kept the volume (--keep), a plain directory of files. Remove it with: rm -r {}",
+            target.display()
         ),
-        Backend::Tmpfs if shares_host_mounts() => {
+        Backend::Tmpfs => tmpfs_keep_advice(target, host_mounts()),
+    }
+}
+
+/// Whether this process sees the same mounts as PID 1, so that a mount outlives the process.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum HostMounts {
+    Shared,
+    Separate,
+    /// Not allowed to look (as in an unprivileged user namespace): either may be true.
+    Unknown,
+}
+
+fn host_mounts() -> HostMounts {
+    match (
+        std::fs::read_link("/proc/self/ns/mnt"),
+        std::fs::read_link("/proc/1/ns/mnt"),
+    ) {
+        (Ok(ours), Ok(init)) if ours == init => HostMounts::Shared,
+        (Ok(_), Ok(_)) => HostMounts::Separate,
+        _ => HostMounts::Unknown,
+    }
+}
+
+/// What `--keep` left of a tmpfs volume, said only as far as this process can tell.
+fn tmpfs_keep_advice(target: &Path, mounts: HostMounts) -> String {
+    let dir = target.display();
+    match mounts {
+        HostMounts::Shared => {
             format!("kept the volume (--keep). Remove it as root with: umount {dir} && rmdir {dir}")
         }
-        Backend::Tmpfs => format!(
+        HostMounts::Separate => format!(
             "kept the volume (--keep), but this process has a mount namespace of its own (e.g. \
              under unshare), so the tmpfs goes away when the demo exits and only the empty \
              directory stays. Remove it with: rmdir {dir}"
         ),
+        HostMounts::Unknown => format!(
+            "kept the volume (--keep). This process may not look at PID 1's mounts, so it cannot \
+             tell whether the tmpfs outlives it: in a mount namespace of its own (e.g. under \
+             unshare) the tmpfs goes away when the demo exits and only the empty directory \
+             stays (remove it with: rmdir {dir}); otherwise remove it as root with: \
+             umount {dir} && rmdir {dir}"
+        ),
     }
-}
-
-/// True when this process sees the same mounts as PID 1, so a mount outlives the process. Not
-/// being allowed to look (as in an unprivileged user namespace) counts as "no".
-fn shares_host_mounts() -> bool {
-    let ours = std::fs::read_link("/proc/self/ns/mnt");
-    let init = std::fs::read_link("/proc/1/ns/mnt");
-    matches!((ours, init), (Ok(a), Ok(b)) if a == b)
 }
 
 /// The mount line and the file tree with modes; values masked unless `show_values`.
@@ -317,9 +344,33 @@ fn mode_string(mode: u32) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::{HostMounts, tmpfs_keep_advice};
+    use std::path::Path;
+
     #[test]
     fn modes() {
         assert_eq!(super::mode_string(0o100444), "-r--r--r--");
         assert_eq!(super::mode_string(0o040755), "drwxr-xr-x");
+    }
+
+    /// A private mount namespace is claimed only when both namespaces could be read and differ.
+    #[test]
+    fn keep_advice_claims_only_what_it_could_tell() {
+        let dir = Path::new("/tmp/d");
+        let shared = tmpfs_keep_advice(dir, HostMounts::Shared);
+        assert!(shared.contains("umount /tmp/d && rmdir /tmp/d"), "{shared}");
+        assert!(!shared.contains("namespace"), "{shared}");
+        let separate = tmpfs_keep_advice(dir, HostMounts::Separate);
+        assert!(
+            separate.contains("has a mount namespace of its own"),
+            "{separate}"
+        );
+        let unknown = tmpfs_keep_advice(dir, HostMounts::Unknown);
+        assert!(!unknown.contains("has a mount namespace"), "{unknown}");
+        assert!(unknown.contains("cannot tell"), "{unknown}");
+        assert!(
+            unknown.contains("goes away when the demo exits") && unknown.contains("umount /tmp/d"),
+            "{unknown}"
+        );
     }
 }

@@ -91,7 +91,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 (Arc::new(catalog), Arc::new(NoEvents), None)
             }
             None => {
-                no_api_server_hint()?;
+                no_api_server_hint(Some("Pass --manifests DIR to serve from YAML files"))?;
                 // In-cluster config in a pod, KUBECONFIG elsewhere. Providers that act as the
                 // pod reuse its URL and CA with the pod's token instead of the agent's.
                 let config = kube::Config::infer()
@@ -189,8 +189,9 @@ fn parse_share(s: &str) -> Result<f64, String> {
 
 /// Fails with one line saying what to do when there is obviously no Kubernetes API to read
 /// from: not in a pod, and no kubeconfig where kube looks for one. (kube's own error repeats
-/// the missing file three times and names neither `--manifests` nor KUBECONFIG.)
-pub(crate) fn no_api_server_hint() -> anyhow::Result<()> {
+/// the missing file three times and names neither `--manifests` nor KUBECONFIG.) `alternative`
+/// is the command's other way out, if it has one (`node --manifests`; the controller has none).
+pub(crate) fn no_api_server_hint(alternative: Option<&str>) -> anyhow::Result<()> {
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let kubeconfig = match std::env::var_os("KUBECONFIG") {
         Some(paths) => std::env::split_paths(&paths).any(|p| p.is_file()),
@@ -200,10 +201,13 @@ pub(crate) fn no_api_server_hint() -> anyhow::Result<()> {
     if in_cluster || kubeconfig {
         return Ok(());
     }
+    let what_to_do = match alternative {
+        Some(alternative) => format!("{alternative}, or point KUBECONFIG at a cluster"),
+        None => "Point KUBECONFIG at a cluster".to_string(),
+    };
     anyhow::bail!(
         "no Kubernetes API to read from: not running in a pod and no kubeconfig found \
-         (KUBECONFIG or ~/.kube/config). Pass --manifests DIR to serve from YAML files, \
-         or point KUBECONFIG at a cluster."
+         (KUBECONFIG or ~/.kube/config). {what_to_do}."
     )
 }
 
