@@ -77,7 +77,7 @@ fn main() -> io::Result<()> {
         .generate_default_stubs(true)
         // kubelet's string maps (volume_context, secrets, ...) hold a handful of entries: a
         // BTreeMap decodes them without SipHash-ing every key and looks keys up by comparison,
-        // a tenth of a warm publish's request decoding (docs/benchmarks.md).
+        // a tenth of a warm publish's request decoding (docs/benchmarks.md at c9d4b4e).
         .btree_map(".csi.v1")
         .skip_debug(
             redacted.iter().map(|m| format!(".csi.v1.{m}")).chain(

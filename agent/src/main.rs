@@ -72,7 +72,8 @@ fn main() -> std::process::ExitCode {
 /// Runs the subcommand's future as a task of the runtime rather than in `block_on`, whose thread
 /// is not one of the runtime's workers: an accept loop there (the CSI server's) woke that thread
 /// for every connection, which kubelet opens per call, and then a worker for the connection's
-/// task, two thread hand-offs per call (docs/benchmarks.md). A panic in it is re-raised.
+/// task, two thread hand-offs per call (docs/benchmarks.md at c9d4b4e). A panic in it is
+/// re-raised.
 async fn on_a_worker(
     main: impl Future<Output = anyhow::Result<()>> + Send + 'static,
 ) -> anyhow::Result<()> {

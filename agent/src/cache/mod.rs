@@ -47,7 +47,8 @@ use sweep::Sweeps;
 /// version has a length no string can have), so that two different keys never pack alike. One
 /// allocation, made once per look-up and shared by the flight and the entry: a warm publish of
 /// 3 keys made 9 strings here before, and every cached entry held 4 allocations for its key,
-/// which a mount storm scattered over as many pages of its burst (docs/benchmarks.md).
+/// which a mount storm scattered over as many pages of its burst (docs/benchmarks.md at
+/// c9d4b4e).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey(Arc<[u8]>);
 

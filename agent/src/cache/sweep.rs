@@ -2,8 +2,9 @@
 //!
 //! The least-recently-used bound alone keeps a stale value until 10,000 newer ones push it out:
 //! the secrets of a pod gone hours ago stayed in memory, and so did what a storm of new service
-//! accounts cached (docs/benchmarks.md). One task per cache sleeps until the next entry expires
-//! and drops every expired one, at most once per [`GAP`], then has the freed memory returned.
+//! accounts cached (docs/benchmarks.md at c9d4b4e). One task per cache sleeps until the next
+//! entry expires and drops every expired one, at most once per [`GAP`], then has the freed
+//! memory returned.
 //! Event-driven: with nothing that expires it waits on its bell and runs nothing.
 
 use std::sync::{Arc, Mutex, Weak};
@@ -104,7 +105,7 @@ async fn run(state: Weak<Mutex<State>>, mut rung: watch::Receiver<()>, metrics: 
             metrics.cache_expired.inc_by(dropped as u64);
             // The values were zeroized as they went. As after a burst, the free pages go back
             // to the system rather than wait in glibc's free lists; a storm's ~0.1 MiB left is
-            // mostly not these values, though (docs/benchmarks.md, 27 Nov, 18:06-19:23 UTC).
+            // mostly not these values, though (docs/benchmarks.md at c9d4b4e, 27 Nov, 18:06).
             crate::memory::trim_in_background("expired cache entries");
         }
     }

@@ -279,8 +279,9 @@ const REMEMBERED_STORES: usize = 16;
 
 /// The identities of the stores used last, each with the store object it was computed from.
 /// Hashing a provider block through its JSON took ~9,000 instructions on every warm publish of
-/// the benchmark's store (docs/benchmarks.md); a store the catalog holds does not change, and an
-/// edited one is a new object, so it is not found here and gets its identity anew.
+/// the benchmark's store (docs/benchmarks.md at c9d4b4e); a store the catalog holds does not
+/// change, and an edited one is a new object, so it is not found here and gets its identity
+/// anew.
 #[derive(Default)]
 struct StoreIdentities(Mutex<VecDeque<(RememberedStore, Arc<str>)>>);
 
