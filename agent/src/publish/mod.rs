@@ -32,7 +32,7 @@ use crate::fetch::{FetchError, Fetcher};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
-use crate::volume::{Published, Unpublished, VolumeError, VolumeFile, Volumes};
+use crate::volume::{self, Published, Unpublished, VolumeError, VolumeFile, Volumes};
 use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 
 /// A validated NodePublishVolume call.
@@ -196,7 +196,7 @@ impl Publisher {
             // starts from nothing (a panic must not leave a mount behind).
             Err(_) => {
                 if mounted_here.load(Ordering::SeqCst) {
-                    let unmounted = self.volumes.unpublish(&req.target).await;
+                    let unmounted = volume::unpublish(&self.volumes, &req.target).await;
                     self.schedule.remove(&req.target);
                     if let Err(source) = unmounted {
                         let error = volume_error(None, &req.target, source);
@@ -245,11 +245,15 @@ impl Publisher {
             // a mounted one, and says which it did.
             Ok((ctx, files, _)) => {
                 let failed = |source| volume_error(Some(&ctx), &req.target, source);
-                let written = self
-                    .volumes
-                    .publish(&req.pod.namespace, &req.target, files, req.group)
-                    .await
-                    .map_err(failed)?;
+                let written = volume::publish(
+                    &self.volumes,
+                    &req.pod.namespace,
+                    &req.target,
+                    files,
+                    req.group,
+                )
+                .await
+                .map_err(failed)?;
                 match written {
                     Published::Mounted(r) => {
                         mounted_here.store(r.is_ok(), Ordering::SeqCst);
@@ -260,7 +264,7 @@ impl Publisher {
             }
             // Whether the volume is already there decides what a failure means.
             Err(e) => {
-                let published = self.volumes.is_published(&req.target).await;
+                let published = volume::is_published(&self.volumes, &req.target).await;
                 if published.map_err(|source| volume_error(None, &req.target, source))? {
                     Attempt::Refresh(Err(e))
                 } else {
@@ -315,7 +319,7 @@ impl Publisher {
     /// published volume was removed.
     pub async fn unpublish(&self, target: &Path) -> Result<bool, PublishError> {
         let _lock = self.locks.lock(target).await;
-        let unpublished = self.volumes.unpublish(target).await;
+        let unpublished = volume::unpublish(&self.volumes, target).await;
         let published = unpublished.map_err(|source| volume_error(None, target, source))?
             == Unpublished::Removed;
         self.schedule.remove(target);

@@ -388,7 +388,7 @@ mod tests {
             let target = node.target(&format!("flood-{mounted}"));
             match node
                 .volumes
-                .publish_fresh("flood", &target, &big(MIB as usize), None)
+                .publish("flood", &target, &big(MIB as usize), None)
             {
                 Ok(()) => mounted += 1,
                 Err(err) => break (target, err),
@@ -416,14 +416,14 @@ mod tests {
         assert_eq!(node.used("flood"), 3 * each);
 
         node.volumes
-            .publish_fresh("quiet", &node.target("quiet"), &big(MIB as usize), None)
+            .publish("quiet", &node.target("quiet"), &big(MIB as usize), None)
             .unwrap();
         assert_eq!(node.used("quiet"), each);
         // Unpublishing gives the bytes back: the refused volume now fits.
-        node.volumes.unpublish_now(&node.target("flood-0")).unwrap();
+        node.volumes.unpublish(&node.target("flood-0")).unwrap();
         assert_eq!(node.used("flood"), 2 * each);
         node.volumes
-            .publish_fresh("flood", &target, &big(MIB as usize), None)
+            .publish("flood", &target, &big(MIB as usize), None)
             .unwrap();
     }
 
@@ -436,7 +436,7 @@ mod tests {
         });
         let target = node.target("pod");
         node.volumes
-            .publish_fresh("shop", &target, &big(MIB as usize), None)
+            .publish("shop", &target, &big(MIB as usize), None)
             .unwrap();
         // Old and new both exist during the swap: 1 + 2 MiB does not fit in 3 MiB.
         let err = node
@@ -473,7 +473,7 @@ mod tests {
         let node = Node::new(BudgetLimits::UNLIMITED);
         for i in 0..3 {
             node.volumes
-                .publish_fresh(
+                .publish(
                     "recount",
                     &node.target(&format!("p{i}")),
                     &big(100_000),
@@ -488,7 +488,7 @@ mod tests {
         assert_eq!(restarted.volumes.count_mounted(node.dir.path()).unwrap(), 3);
         assert_eq!(restarted.used("recount"), before);
         // Its unpublish releases what the count found (keyed by the mount point).
-        restarted.volumes.unpublish_now(&node.target("p0")).unwrap();
+        restarted.volumes.unpublish(&node.target("p0")).unwrap();
         assert_eq!(restarted.used("recount"), before / 3 * 2);
     }
 
@@ -515,7 +515,7 @@ mod tests {
         );
         assert_eq!(node.used(""), 0);
         assert_eq!(node.used("shop"), 2 * page_size() + 6 * INODE_BYTES);
-        node.volumes.unpublish_now(&target).unwrap();
+        node.volumes.unpublish(&target).unwrap();
         assert_eq!(node.volumes.usage(), (vec![], 0));
     }
 

@@ -6,12 +6,15 @@
 //! against the node's volume budget and its namespace's share of it (`budget`): the kernel
 //! charges tmpfs pages to the agent's own memory cgroup.
 //!
-//! Three calls: [`Volumes::publish`], [`Volumes::unpublish`] and [`Volumes::is_published`]. A
-//! publish goes through these steps, in this order, in `Volumes::publish_now`:
+//! Three calls for the agent, [`publish`], [`unpublish`] and [`is_published`], and the blocking
+//! [`Volumes`] methods of the same names behind them. A publish goes through these steps, in
+//! this order ([`Volumes::publish_or_update`] takes 1-2, then `mount_and_fill` or `refresh`
+//! 3-5):
 //!
 //! 1. check what needs no disk: the target path (`target`) and the files (`payload`);
 //! 2. prepare the target: the volume already there, or an empty directory (`target`, `dirs`);
 //! 3. mount a fresh tmpfs, its memory set aside first (`mount`, `tmpfs`, `budget`);
+//!    a refresh instead makes sure the volume is counted for its namespace;
 //! 4. fill it with the files (`writer`), or swap them into the volume already there;
 //! 5. record what the volume holds (`budget`).
 //!
@@ -20,8 +23,8 @@
 //!
 //! Not for deciding *what* goes into a volume or *when* to refresh it (the publish
 //! orchestration does that), and not for CSI types: errors carry an [`ErrorClass`] and the CSI
-//! edge maps it to a gRPC code. The work blocks: the calls run it on the blocking pool, except a
-//! publish of a payload small enough (`is_light`) to cost less than the trip there.
+//! edge maps it to a gRPC code. The work blocks: the async calls run it on the blocking pool,
+//! except a publish of a payload small enough (`is_light`) to cost less than the trip there.
 //! Operations on one target must be serialised by the caller; different targets are independent.
 
 mod budget;
@@ -107,7 +110,7 @@ pub struct Volumes {
     budget: Arc<Budget>,
 }
 
-/// What [`Volumes::publish`] chose to do, and how it went.
+/// What [`Volumes::publish_or_update`] chose to do, and how it went.
 #[derive(Debug)]
 pub enum Published {
     /// The target held no volume, so a fresh one was mounted and filled.
@@ -183,44 +186,11 @@ impl Volumes {
         self.config
     }
 
-
-    /// Publishes `files` at `target` for a pod in `namespace` whose fsGroup is `group`: mounts
-    /// and fills a fresh volume, or refreshes the one already there. Runs on the calling async
-    /// worker when [`is_light`], else on the blocking pool (see [`Self::publish_now`]).
-    pub async fn publish(
-        &self,
-        namespace: &str,
-        target: &Path,
-        files: Vec<VolumeFile>,
-        group: Option<u32>,
-    ) -> Result<Published, VolumeError> {
-        if is_light(&files) {
-            // A few small files: ~0.1 ms of system calls, less than the blocking pool's two
-            // thread hand-offs cost (docs/benchmarks.md), so it runs right here.
-            return self.publish_now(namespace, target, &files, group);
-        }
-        let namespace = namespace.to_owned();
-        self.off_runtime(target, move |v, t| v.publish_now(&namespace, t, &files, group))
-            .await
-    }
-
-    /// Unmounts and removes the volume at `target` (see [`Self::unpublish_now`]), on the
-    /// blocking pool.
-    pub async fn unpublish(&self, target: &Path) -> Result<Unpublished, VolumeError> {
-        self.off_runtime(target, |v, t| v.unpublish_now(t)).await
-    }
-
-    /// Whether `target` holds a published volume (see [`Self::is_published_now`]), on the
-    /// blocking pool.
-    pub async fn is_published(&self, target: &Path) -> Result<bool, VolumeError> {
-        self.off_runtime(target, |v, t| v.is_published_now(t)).await
-    }
-
-    /// A publish, step by step, on this thread (it blocks). Fails before choosing between a
-    /// mount and a refresh only when the target is invalid or cannot be looked at; after that,
-    /// a failure belongs to the one chosen, and leaves a mounted volume with its old content or
-    /// no fresh volume at all.
-    fn publish_now(
+    /// A publish, step by step: mounts and fills a fresh volume, or refreshes the one already
+    /// there, and says which. Fails before choosing only when the target is invalid or cannot
+    /// be looked at; after that a failure belongs to the one chosen, and leaves the volume with
+    /// its old content, or no fresh volume at all. Blocks; async callers use [`publish`].
+    pub fn publish_or_update(
         &self,
         namespace: &str,
         target: &Path,
@@ -243,12 +213,41 @@ impl Volumes {
         };
         // 2. Prepare the target: the volume already there, or an empty directory to mount on.
         Ok(match self.prepare(target)? {
-            Prepared::Volume => Published::Updated(self.refresh(namespace, target, &payload, group)),
-            Prepared::Empty(created) => Published::Mounted(
-                self.mount_and_fill(namespace, target, &payload, group, created),
-            ),
+            Prepared::Volume => {
+                Published::Updated(self.refresh(namespace, target, &payload, group))
+            }
+            Prepared::Empty(created) => {
+                Published::Mounted(self.mount_and_fill(namespace, target, &payload, group, created))
+            }
             Prepared::Refused(error) => Published::Mounted(Err(error)),
         })
+    }
+
+    /// A first publish only, through the same steps: refuses a target that already holds a
+    /// volume ([`VolumeError::AlreadyPublished`]). With a `group` (the pod's fsGroup) the root
+    /// is 0750 and everything is group-owned by it. Refuses a target that is not an empty
+    /// directory or missing, as kubelet always hands over an empty one: mounting over content
+    /// would hide it. On any failure nothing is left behind: no mount, no files, and no
+    /// directories that this call created. Blocks.
+    pub fn publish(
+        &self,
+        namespace: &str,
+        target: &Path,
+        files: &[VolumeFile],
+        group: Option<u32>,
+    ) -> Result<(), VolumeError> {
+        target::check(target)?;
+        // Everything that can be rejected without touching the disk is rejected first.
+        let payload = payload::check(files, self.config.size_limit)?;
+        match self.prepare(target)? {
+            Prepared::Volume => Err(VolumeError::AlreadyPublished {
+                target: target.to_path_buf(),
+            }),
+            Prepared::Empty(created) => {
+                self.mount_and_fill(namespace, target, &payload, group, created)
+            }
+            Prepared::Refused(error) => Err(error),
+        }
     }
 
     /// Steps 3-5 of a first publish onto the empty directory `target`, of which the publish
@@ -309,12 +308,12 @@ impl Volumes {
         })
     }
 
-    /// An unpublish on this thread (it blocks): unmounts our tmpfs (if mounted) and removes the
-    /// target directory, which must then be empty: unpublish never deletes anything it did not
-    /// write. Succeeds when the target does not exist. Refuses, touching nothing, when the
-    /// target is not a directory or is a mount that Latchkey did not create; leaves a directory
-    /// with somebody else's content in place and says so ([`VolumeError::NotEmpty`]).
-    fn unpublish_now(&self, target: &Path) -> Result<Unpublished, VolumeError> {
+    /// Unmounts our tmpfs (if mounted) and removes the target directory, which must then be
+    /// empty: unpublish never deletes anything it did not write. Succeeds when the target does
+    /// not exist. Refuses, touching nothing, when the target is not a directory or is a mount
+    /// that Latchkey did not create; leaves a directory with somebody else's content in place
+    /// and says so ([`VolumeError::NotEmpty`]). Blocks; async callers use [`unpublish`].
+    pub fn unpublish(&self, target: &Path) -> Result<Unpublished, VolumeError> {
         target::check(target)?;
         let mut removed = false;
         for _ in 0..MAX_STACKED_MOUNTS {
@@ -350,27 +349,12 @@ impl Volumes {
     }
 
     /// True when `target` is a mount point of a Latchkey tmpfs (Tmpfs backend), or an existing
-    /// directory containing our `..data` link (PlainDirectory backend). Blocks.
-    fn is_published_now(&self, target: &Path) -> Result<bool, VolumeError> {
+    /// directory containing our `..data` link (PlainDirectory backend). Blocks; async callers
+    /// use [`is_published`].
+    pub fn is_published(&self, target: &Path) -> Result<bool, VolumeError> {
         target::check(target)?;
         let found = self.look(target)?;
         Ok(self.holds_volume(target, &found))
-    }
-
-    /// Runs the blocking `op` on the blocking pool, with a clone of these volumes (cheap: the
-    /// shared parts are behind `Arc`s).
-    async fn off_runtime<T: Send + 'static>(
-        &self,
-        target: &Path,
-        op: impl FnOnce(&Volumes, &Path) -> Result<T, VolumeError> + Send + 'static,
-    ) -> Result<T, VolumeError> {
-        let volumes = self.clone();
-        let path = target.to_path_buf();
-        tokio::task::spawn_blocking(move || op(&volumes, &path))
-            .await
-            .map_err(|e| VolumeError::Worker {
-                reason: e.to_string(),
-            })?
     }
 
     /// Takes `target` out of the budget, whether counted under its path or (found at start)
@@ -408,4 +392,51 @@ fn outcome(removed: bool) -> Unpublished {
     } else {
         Unpublished::NothingThere
     }
+}
+
+/// [`Volumes::publish_or_update`] from async code: on the calling worker when the payload is
+/// light (`is_light`), else on the blocking pool.
+pub async fn publish(
+    volumes: &Volumes,
+    namespace: &str,
+    target: &Path,
+    files: Vec<VolumeFile>,
+    group: Option<u32>,
+) -> Result<Published, VolumeError> {
+    if is_light(&files) {
+        // A few small files: ~0.1 ms of system calls, less than the blocking pool's two thread
+        // hand-offs cost (docs/benchmarks.md), so it runs right here.
+        return volumes.publish_or_update(namespace, target, &files, group);
+    }
+    let namespace = namespace.to_owned();
+    off_runtime(volumes, target, move |v, t| {
+        v.publish_or_update(&namespace, t, &files, group)
+    })
+    .await
+}
+
+/// [`Volumes::unpublish`] from async code, on the blocking pool.
+pub async fn unpublish(volumes: &Volumes, target: &Path) -> Result<Unpublished, VolumeError> {
+    off_runtime(volumes, target, |v, t| v.unpublish(t)).await
+}
+
+/// [`Volumes::is_published`] from async code, on the blocking pool.
+pub async fn is_published(volumes: &Volumes, target: &Path) -> Result<bool, VolumeError> {
+    off_runtime(volumes, target, |v, t| v.is_published(t)).await
+}
+
+/// Runs the blocking `op` on the blocking pool, with a clone of `volumes` (cheap: the shared
+/// parts are behind `Arc`s).
+async fn off_runtime<T: Send + 'static>(
+    volumes: &Volumes,
+    target: &Path,
+    op: impl FnOnce(&Volumes, &Path) -> Result<T, VolumeError> + Send + 'static,
+) -> Result<T, VolumeError> {
+    let volumes = volumes.clone();
+    let path = target.to_path_buf();
+    tokio::task::spawn_blocking(move || op(&volumes, &path))
+        .await
+        .map_err(|e| VolumeError::Worker {
+            reason: e.to_string(),
+        })?
 }

@@ -60,10 +60,11 @@ impl<'a> Fresh<'a> {
         fresh.reserved = Some(reserved);
         match volumes.config.backend {
             Backend::Tmpfs => {
-                let source = tmpfs::source(namespace).ok_or_else(|| VolumeError::InvalidTarget {
-                    target: target.to_path_buf(),
-                    reason: "the pod's namespace is not an RFC 1123 label",
-                })?;
+                let source =
+                    tmpfs::source(namespace).ok_or_else(|| VolumeError::InvalidTarget {
+                        target: target.to_path_buf(),
+                        reason: "the pod's namespace is not an RFC 1123 label",
+                    })?;
                 tmpfs::mount(target, &source, volumes.tmpfs_size, group)?;
                 fresh.mounted = true;
                 volumes.remember_mount(target);

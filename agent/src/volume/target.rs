@@ -87,9 +87,7 @@ impl Volumes {
             Found::ForeignMount(entry) => Prepared::Refused(not_ours(entry)),
             // Somebody else's (kubelet's) directory: never ours to remove on failure. Mounting
             // over content would hide it.
-            Found::Directory => {
-                empty(dirs::require_empty(target).map(|()| Created::default()))
-            }
+            Found::Directory => empty(dirs::require_empty(target).map(|()| Created::default())),
         })
     }
 

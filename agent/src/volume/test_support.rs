@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, umount2};
 
-use super::target::{self, Prepared};
+use super::target;
 use super::{FilePath, VolumeError, VolumeFile, Volumes, mountinfo, payload};
 use crate::secret::SecretBytes;
 
@@ -63,30 +63,8 @@ pub(crate) fn file_with_mode(path: &str, contents: &str, mode: u32) -> VolumeFil
     }
 }
 
-/// The strict halves of [`Volumes::publish`], so a test can say which one it expects.
+/// The refresh half of [`Volumes::publish_or_update`], so a test can say it expects one.
 impl Volumes {
-    /// A first publish only: refuses a target that already holds a volume
-    /// ([`VolumeError::AlreadyPublished`]), else goes through the same steps as a publish.
-    pub(crate) fn publish_fresh(
-        &self,
-        namespace: &str,
-        target: &Path,
-        files: &[VolumeFile],
-        group: Option<u32>,
-    ) -> Result<(), VolumeError> {
-        target::check(target)?;
-        let payload = payload::check(files, self.config.size_limit)?;
-        match self.prepare(target)? {
-            Prepared::Volume => Err(VolumeError::AlreadyPublished {
-                target: target.to_path_buf(),
-            }),
-            Prepared::Empty(created) => {
-                self.mount_and_fill(namespace, target, &payload, group, created)
-            }
-            Prepared::Refused(error) => Err(error),
-        }
-    }
-
     /// A refresh only: refuses a target that holds no volume ([`VolumeError::NotPublished`]),
     /// else swaps `files` in when they differ and returns whether it did.
     pub(crate) fn update(
@@ -98,7 +76,7 @@ impl Volumes {
     ) -> Result<bool, VolumeError> {
         target::check(target)?;
         let payload = payload::check(files, self.config.size_limit)?;
-        if !self.is_published_now(target)? {
+        if !self.is_published(target)? {
             return Err(VolumeError::NotPublished {
                 target: target.to_path_buf(),
             });

@@ -63,14 +63,14 @@ fn assert_nothing_left(f: &Fixture) {
 #[test]
 fn publish_mounts_a_locked_down_tmpfs_and_writes_the_files() {
     let f = fixture(Backend::Tmpfs);
-    assert!(!f.volumes.is_published_now(&f.target).unwrap());
+    assert!(!f.volumes.is_published(&f.target).unwrap());
     let files = [
         file("password", "hunter2"),
         file("db/url", "postgres://db/shop"),
         file_with_mode("db/key", "k", 0o400),
     ];
-    f.volumes.publish_fresh(NS, &f.target, &files, None).unwrap();
-    assert!(f.volumes.is_published_now(&f.target).unwrap());
+    f.volumes.publish(NS, &f.target, &files, None).unwrap();
+    assert!(f.volumes.is_published(&f.target).unwrap());
 
     let entry = mountinfo::find(&f.target).unwrap().expect("mounted");
     assert_eq!(entry.fstype, "tmpfs");
@@ -102,10 +102,10 @@ fn publish_mounts_a_locked_down_tmpfs_and_writes_the_files() {
 fn publish_twice_is_refused() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     assert!(matches!(
-        f.volumes.publish_fresh(NS, &f.target, &[file("a", "1")], None),
+        f.volumes.publish(NS, &f.target, &[file("a", "1")], None),
         Err(VolumeError::AlreadyPublished { .. })
     ));
     assert_eq!(fs::read(f.target.join("a")).unwrap(), b"1");
@@ -117,7 +117,7 @@ fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
         let f = fixture(backend);
         let files = [file("a", "1")];
         assert!(matches!(
-            f.volumes.publish_now(NS, &f.target, &files, None),
+            f.volumes.publish_or_update(NS, &f.target, &files, None),
             Ok(Published::Mounted(Ok(())))
         ));
         assert_eq!(
@@ -125,12 +125,12 @@ fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
             backend == Backend::Tmpfs
         );
         assert!(matches!(
-            f.volumes.publish_now(NS, &f.target, &files, None),
+            f.volumes.publish_or_update(NS, &f.target, &files, None),
             Ok(Published::Updated(Ok(false)))
         ));
         assert!(matches!(
             f.volumes
-                .publish_now(NS, &f.target, &[file("a", "2")], None),
+                .publish_or_update(NS, &f.target, &[file("a", "2")], None),
             Ok(Published::Updated(Ok(true)))
         ));
         assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
@@ -138,11 +138,11 @@ fn publish_or_update_mounts_a_fresh_target_then_refreshes_it() {
         let big = "x".repeat(usize::try_from(LIMIT).unwrap());
         assert!(matches!(
             f.volumes
-                .publish_now(NS, &f.target, &[file("a", &big)], None),
+                .publish_or_update(NS, &f.target, &[file("a", &big)], None),
             Ok(Published::Updated(Err(VolumeError::TooLarge { .. })))
         ));
         assert_eq!(fs::read(f.target.join("a")).unwrap(), b"2");
-        f.volumes.unpublish_now(&f.target).unwrap();
+        f.volumes.unpublish(&f.target).unwrap();
     }
 }
 
@@ -152,20 +152,20 @@ fn publish_or_update_fails_a_first_publish_that_cannot_happen() {
     let big = "x".repeat(usize::try_from(LIMIT).unwrap());
     assert!(matches!(
         f.volumes
-            .publish_now(NS, &f.target, &[file("a", &big)], None),
+            .publish_or_update(NS, &f.target, &[file("a", &big)], None),
         Ok(Published::Mounted(Err(VolumeError::TooLarge { .. })))
     ));
     assert_nothing_left(&f);
     let _foreign = foreign_mount(&f.target);
     assert!(matches!(
         f.volumes
-            .publish_now(NS, &f.target, &[file("a", "1")], None),
+            .publish_or_update(NS, &f.target, &[file("a", "1")], None),
         Ok(Published::Mounted(Err(VolumeError::NotOurMount { .. })))
     ));
     assert!(f.target.join("precious").exists());
     assert!(matches!(
         f.volumes
-            .publish_now(NS, Path::new("relative"), &[file("a", "1")], None),
+            .publish_or_update(NS, Path::new("relative"), &[file("a", "1")], None),
         Err(VolumeError::InvalidTarget { .. })
     ));
 }
@@ -179,7 +179,7 @@ fn update_swaps_atomically_under_concurrent_readers() {
         [file("a", &body), file("nested/b", &body)]
     };
     f.volumes
-        .publish_fresh(NS, &f.target, &generation(0), None)
+        .publish(NS, &f.target, &generation(0), None)
         .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -257,7 +257,7 @@ fn assert_uniform(content: &[u8]) {
 fn update_removes_keys_and_identical_content_is_not_rewritten() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1"), file("gone/x", "2")], None)
+        .publish(NS, &f.target, &[file("a", "1"), file("gone/x", "2")], None)
         .unwrap();
     let files = [file("a", "1"), file("new", "3")];
     assert!(f.volumes.update(NS, &f.target, &files, None).unwrap());
@@ -284,7 +284,7 @@ fn update_of_an_unpublished_target_writes_nothing() {
 fn update_errors_keep_the_old_content() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     let before = data_link(&f.target);
     let too_big = "x".repeat(usize::try_from(LIMIT).unwrap());
@@ -306,7 +306,7 @@ fn update_errors_keep_the_old_content() {
 fn too_large_publish_leaves_nothing() {
     let f = fixture(Backend::Tmpfs);
     let big = "x".repeat(usize::try_from(LIMIT).unwrap());
-    match f.volumes.publish_fresh(NS, &f.target, &[file("a", &big)], None) {
+    match f.volumes.publish(NS, &f.target, &[file("a", &big)], None) {
         Err(VolumeError::TooLarge { needed, limit }) => {
             assert_eq!(limit, LIMIT);
             assert_eq!(needed, LIMIT + tmpfs::page_size());
@@ -321,7 +321,7 @@ fn conflicting_publish_leaves_nothing() {
     let f = fixture(Backend::Tmpfs);
     let err = f
         .volumes
-        .publish_fresh(NS, &f.target, &[file("db", "1"), file("db/url", "2")], None)
+        .publish(NS, &f.target, &[file("db", "1"), file("db/url", "2")], None)
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::InvalidArgument);
     assert!(err.to_string().contains("\"db/url\""), "{err}");
@@ -334,7 +334,7 @@ fn no_space_during_publish_leaves_nothing() {
     // Within the budget, but the tmpfs is made smaller than the payload.
     let volumes = f.volumes.clone().with_tmpfs_size(2 * tmpfs::page_size());
     let files = [file("a", &"x".repeat(64 * 1024))];
-    match volumes.publish_fresh(NS, &f.target, &files, None) {
+    match volumes.publish(NS, &f.target, &files, None) {
         Err(VolumeError::NoSpace { target }) => assert_eq!(target, f.target),
         other => panic!("{other:?}"),
     }
@@ -347,7 +347,7 @@ fn failed_publish_keeps_a_target_it_did_not_create() {
     fs::create_dir_all(&f.target).unwrap();
     let volumes = f.volumes.clone().with_tmpfs_size(2 * tmpfs::page_size());
     let files = [file("a", &"x".repeat(64 * 1024))];
-    assert!(volumes.publish_fresh(NS, &f.target, &files, None).is_err());
+    assert!(volumes.publish(NS, &f.target, &files, None).is_err());
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(f.target.is_dir());
     assert_eq!(fs::read_dir(&f.target).unwrap().count(), 0);
@@ -357,30 +357,30 @@ fn failed_publish_keeps_a_target_it_did_not_create() {
 fn unpublish_removes_mount_and_directory_and_is_idempotent() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
-    f.volumes.unpublish_now(&f.target).unwrap();
+    f.volumes.unpublish(&f.target).unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(!f.target.exists());
     assert!(f.target.parent().unwrap().exists());
-    f.volumes.unpublish_now(&f.target).unwrap();
-    assert!(!f.volumes.is_published_now(&f.target).unwrap());
+    f.volumes.unpublish(&f.target).unwrap();
+    assert!(!f.volumes.is_published(&f.target).unwrap());
 }
 
 #[test]
 fn unpublish_of_a_missing_target_succeeds() {
     let f = fixture(Backend::Tmpfs);
-    f.volumes.unpublish_now(&f.target).unwrap();
+    f.volumes.unpublish(&f.target).unwrap();
 }
 
 #[test]
 fn unpublish_detaches_a_busy_volume() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     let mut open = fs::File::open(f.target.join("a")).unwrap();
-    f.volumes.unpublish_now(&f.target).unwrap();
+    f.volumes.unpublish(&f.target).unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
     assert!(!f.target.exists());
     // The lazily detached tmpfs still serves the reader that holds it open.
@@ -409,10 +409,10 @@ fn foreign_mount(at: &Path) -> MountGuard {
 fn foreign_mounts_are_refused_and_left_intact() {
     let f = fixture(Backend::Tmpfs);
     let _foreign = foreign_mount(&f.target);
-    assert!(!f.volumes.is_published_now(&f.target).unwrap());
+    assert!(!f.volumes.is_published(&f.target).unwrap());
     for result in [
-        f.volumes.unpublish_now(&f.target).map(drop),
-        f.volumes.publish_fresh(NS, &f.target, &[file("a", "1")], None),
+        f.volumes.unpublish(&f.target).map(drop),
+        f.volumes.publish(NS, &f.target, &[file("a", "1")], None),
         f.volumes
             .update(NS, &f.target, &[file("a", "1")], None)
             .map(drop),
@@ -439,29 +439,29 @@ fn foreign_mounts_are_refused_and_left_intact() {
 fn a_foreign_mount_below_the_target_blocks_unpublish() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     let inner = f.target.join("mnt");
     let _foreign = foreign_mount(&inner);
-    match f.volumes.unpublish_now(&f.target) {
+    match f.volumes.unpublish(&f.target) {
         Err(VolumeError::NotOurMount { target, .. }) => assert_eq!(target, inner),
         other => panic!("{other:?}"),
     }
     assert!(inner.join("precious").exists());
     assert!(f.target.join("a").exists());
-    assert!(f.volumes.is_published_now(&f.target).unwrap());
+    assert!(f.volumes.is_published(&f.target).unwrap());
 }
 
 #[test]
 fn plain_directory_unpublish_removes_only_what_the_writer_wrote() {
     let f = fixture(Backend::PlainDirectory);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1"), file("b/c", "2")], None)
+        .publish(NS, &f.target, &[file("a", "1"), file("b/c", "2")], None)
         .unwrap();
     let inner = f.target.join("mnt");
     let _foreign = foreign_mount(&inner);
     fs::write(f.target.join("notes.txt"), b"mine").unwrap();
-    match f.volumes.unpublish_now(&f.target) {
+    match f.volumes.unpublish(&f.target) {
         Err(err @ VolumeError::LeftInPlace { .. }) => {
             assert_eq!(err.class(), ErrorClass::FailedPrecondition);
             let msg = err.to_string();
@@ -499,7 +499,7 @@ fn unpublish_of_a_directory_that_is_not_a_volume_never_deletes_its_content() {
     for backend in [Backend::Tmpfs, Backend::PlainDirectory] {
         let f = fixture(backend);
         someone_elses_directory(&f.target);
-        let err = f.volumes.unpublish_now(&f.target).unwrap_err();
+        let err = f.volumes.unpublish(&f.target).unwrap_err();
         assert!(matches!(err, VolumeError::LeftInPlace { .. }), "{err:?}");
         assert_eq!(err.class(), ErrorClass::FailedPrecondition);
         let msg = err.to_string();
@@ -513,7 +513,7 @@ fn unpublish_of_a_directory_that_is_not_a_volume_never_deletes_its_content() {
         let empty = f.target.with_file_name("empty");
         fs::create_dir(&empty).unwrap();
         assert_eq!(
-            f.volumes.unpublish_now(&empty).unwrap(),
+            f.volumes.unpublish(&empty).unwrap(),
             Unpublished::NothingThere
         );
         assert!(!empty.exists());
@@ -527,7 +527,7 @@ fn publish_refuses_a_directory_with_content() {
         someone_elses_directory(&f.target);
         let err = f
             .volumes
-            .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+            .publish(NS, &f.target, &[file("a", "1")], None)
             .unwrap_err();
         assert!(matches!(err, VolumeError::NotEmpty { .. }), "{err:?}");
         assert_eq!(err.class(), ErrorClass::FailedPrecondition);
@@ -554,9 +554,9 @@ fn files_and_links_as_targets_are_refused_and_left_alone() {
 
         let refused = || {
             for err in [
-                f.volumes.unpublish_now(&f.target).unwrap_err(),
+                f.volumes.unpublish(&f.target).unwrap_err(),
                 f.volumes
-                    .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+                    .publish(NS, &f.target, &[file("a", "1")], None)
                     .unwrap_err(),
             ] {
                 assert!(matches!(err, VolumeError::NotADirectory { .. }), "{err:?}");
@@ -580,18 +580,18 @@ fn files_and_links_as_targets_are_refused_and_left_alone() {
 fn a_volume_mounted_before_a_restart_is_recognised_and_unpublished() {
     let f = fixture(Backend::Tmpfs);
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1")], None)
+        .publish(NS, &f.target, &[file("a", "1")], None)
         .unwrap();
     // A new agent process knows nothing of the mounts the old one made.
     let restarted = Volumes::new(f.volumes.config());
-    assert!(restarted.is_published_now(&f.target).unwrap());
+    assert!(restarted.is_published(&f.target).unwrap());
     assert!(
         restarted
             .update(NS, &f.target, &[file("a", "2")], None)
             .unwrap()
     );
     assert_eq!(
-        restarted.unpublish_now(&f.target).unwrap(),
+        restarted.unpublish(&f.target).unwrap(),
         Unpublished::Removed
     );
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
@@ -601,16 +601,16 @@ fn a_volume_mounted_before_a_restart_is_recognised_and_unpublished() {
 #[test]
 fn plain_directory_backend_never_mounts() {
     let f = fixture(Backend::PlainDirectory);
-    assert!(!f.volumes.is_published_now(&f.target).unwrap());
+    assert!(!f.volumes.is_published(&f.target).unwrap());
     f.volumes
-        .publish_fresh(NS, &f.target, &[file("a", "1"), file("b/c", "2")], None)
+        .publish(NS, &f.target, &[file("a", "1"), file("b/c", "2")], None)
         .unwrap();
     assert_eq!(mountinfo::find(&f.target).unwrap(), None);
-    assert!(f.volumes.is_published_now(&f.target).unwrap());
+    assert!(f.volumes.is_published(&f.target).unwrap());
     assert_eq!(mode(&f.target), 0o755);
     assert_eq!(fs::read(f.target.join("b/c")).unwrap(), b"2");
     assert!(matches!(
-        f.volumes.publish_fresh(NS, &f.target, &[file("a", "1")], None),
+        f.volumes.publish(NS, &f.target, &[file("a", "1")], None),
         Err(VolumeError::AlreadyPublished { .. })
     ));
 
@@ -628,12 +628,12 @@ fn plain_directory_backend_never_mounts() {
     assert!(!f.target.join("b").exists());
 
     assert_eq!(
-        f.volumes.unpublish_now(&f.target).unwrap(),
+        f.volumes.unpublish(&f.target).unwrap(),
         Unpublished::Removed
     );
     assert!(!f.target.exists());
     assert_eq!(
-        f.volumes.unpublish_now(&f.target).unwrap(),
+        f.volumes.unpublish(&f.target).unwrap(),
         Unpublished::NothingThere
     );
     assert!(matches!(
@@ -647,7 +647,7 @@ fn plain_directory_failed_publish_leaves_nothing() {
     let f = fixture(Backend::PlainDirectory);
     let err = f
         .volumes
-        .publish_fresh(NS, &f.target, &[file_with_mode("a", "1", 0o2755)], None)
+        .publish(NS, &f.target, &[file_with_mode("a", "1", 0o2755)], None)
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::InvalidArgument);
     assert_nothing_left(&f);
@@ -660,7 +660,7 @@ fn bad_targets_are_invalid_arguments() {
         size_limit: LIMIT,
     });
     for target in ["relative", "/a/../b", "/"] {
-        let err = volumes.unpublish_now(Path::new(target)).unwrap_err();
+        let err = volumes.unpublish(Path::new(target)).unwrap_err();
         assert_eq!(err.class(), ErrorClass::InvalidArgument, "{target}: {err}");
     }
 }
@@ -675,7 +675,7 @@ fn fs_group_owns_the_volume_and_tightens_the_root() {
             file_with_mode("db/password", "1", 0o440),
             file("api-key", "2"),
         ];
-        f.volumes.publish_fresh(NS, &f.target, &files, Some(gid)).unwrap();
+        f.volumes.publish(NS, &f.target, &files, Some(gid)).unwrap();
         let root = fs::metadata(&f.target).unwrap();
         assert_eq!(root.mode() & 0o7777, 0o750, "{backend:?}: root");
         assert_eq!(root.gid(), gid, "{backend:?}: root group");
@@ -698,7 +698,7 @@ fn fs_group_owns_the_volume_and_tightens_the_root() {
         );
         let meta = fs::metadata(f.target.join("api-key")).unwrap();
         assert_eq!(meta.gid(), gid + 1);
-        f.volumes.unpublish_now(&f.target).unwrap();
+        f.volumes.unpublish(&f.target).unwrap();
     }
 }
 

@@ -4,8 +4,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::*;
 use crate::volume::payload::check;
-use crate::volume::tmpfs::page_size;
 use crate::volume::test_support::{MountGuard, file, file_with_mode, require_root};
+use crate::volume::tmpfs::page_size;
 use crate::volume::{mountinfo, tmpfs};
 
 const LIMIT: u64 = 1 << 20;
