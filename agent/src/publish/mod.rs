@@ -326,8 +326,9 @@ impl Publisher {
         Ok(published)
     }
 
-    /// Identity -> binding -> fetch -> files. No side effects beyond the backoff state.
-    /// Sets `retry` to the wait until the next allowed backend attempt when the (store, identity)
+    /// The files for `req`: binding (catalog) -> plan (resolve) -> fetch -> render (resolve, on
+    /// the compute pool). Each is a call down that returns here; none calls back into publish.
+    /// No side effects beyond the backoff state. Sets `retry` to the wait until the next allowed backend attempt when the (store, identity)
     /// is backing off.
     async fn resolve(
         &self,
