@@ -6,10 +6,11 @@
 //! against the node's volume budget and its namespace's share of it (`budget`): the kernel
 //! charges tmpfs pages to the agent's own memory cgroup.
 //!
-//! Three calls for the agent, [`publish`], [`unpublish`] and [`is_published`], and the blocking
-//! [`Volumes`] methods of the same names behind them. A publish goes through these steps, in
-//! this order ([`Volumes::publish_or_update`] takes 1-2, then `mount_and_fill` or `refresh`
-//! 3-5):
+//! Three async calls for the agent, [`publish`], [`unpublish`] and [`is_published`], over the
+//! blocking [`Volumes::publish_or_update`], [`Volumes::unpublish`] and [`Volumes::is_published`]
+//! ([`Volumes::publish`] is a first publish only, for the benchmark's floor and tests). A
+//! publish goes through these steps, in this order (`publish_or_update` takes 1-2, then
+//! `mount_and_fill` or `refresh` 3-5):
 //!
 //! 1. check what needs no disk: the target path (`target`) and the files (`payload`);
 //! 2. prepare the target: the volume already there, or an empty directory (`target`, `dirs`);
