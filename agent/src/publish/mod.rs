@@ -32,7 +32,7 @@ use crate::fetch::{FetchError, Fetcher};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
-use crate::volume::{Published, Unpublished, VolumeError, VolumeFile, Volumes};
+use crate::volume::{self, Published, Unpublished, VolumeError, VolumeFile, Volumes};
 use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 
 /// A validated NodePublishVolume call.
@@ -145,7 +145,7 @@ enum Attempt {
 /// Serves publish and unpublish for one node.
 pub struct Publisher {
     catalog: Arc<dyn Catalog>,
-    volumes: Arc<Volumes>,
+    volumes: Volumes,
     events: Arc<dyn PodEvents>,
     locks: locks::TargetLocks,
     schedule: Schedule,
@@ -167,7 +167,7 @@ impl Publisher {
     ) -> Self {
         Self {
             catalog,
-            volumes: Arc::new(volumes),
+            volumes,
             events,
             locks: locks::TargetLocks::default(),
             schedule: Schedule::default(),
@@ -196,11 +196,10 @@ impl Publisher {
             // starts from nothing (a panic must not leave a mount behind).
             Err(_) => {
                 if mounted_here.load(Ordering::SeqCst) {
-                    let unmounted = self
-                        .blocking(&req.target, None, |v, t| v.unpublish(t))
-                        .await;
+                    let unmounted = volume::unpublish(&self.volumes, &req.target).await;
                     self.schedule.remove(&req.target);
-                    if let Err(error) = unmounted {
+                    if let Err(source) = unmounted {
+                        let error = volume_error(None, &req.target, source);
                         tracing::error!(target_path = %req.target.display(), %error,
                             "cannot unmount after a failed publish");
                     }
@@ -213,8 +212,8 @@ impl Publisher {
         }
     }
 
-    /// [`Self::publish`] with the target's lock held; sets `mounted_here` once it has mounted a
-    /// fresh volume.
+    /// [`Self::publish`] with the target's lock held, in its order: due? -> resolve -> volume
+    /// -> schedule and Events. Sets `mounted_here` once it has mounted a fresh volume.
     async fn publish_locked(
         &self,
         req: &PublishRequest,
@@ -228,7 +227,6 @@ impl Publisher {
                 store: None,
             });
         }
-        let group = req.group;
         // Set when the backend is backing off: how long until the next allowed attempt.
         let mut retry = None;
         // Boxed: resolution nests many futures (cache, single-flight, providers); keeping them
@@ -243,23 +241,19 @@ impl Publisher {
             .ok()
             .map(|(ctx, _, _)| format!("{}/{}", ctx.store_kind, ctx.store_name));
         let attempt = match resolved {
-            // One volume operation on the hot path: mount a fresh volume, or swap the content of
-            // a mounted one.
+            // One volume call on the hot path: it mounts a fresh volume or swaps the content of
+            // a mounted one, and says which it did.
             Ok((ctx, files, _)) => {
-                let written = if crate::volume::is_light(&files) {
-                    // A few small files: ~0.1 ms of system calls, less than the blocking pool's
-                    // two thread hand-offs cost (docs/benchmarks.md), so it runs right here.
-                    self.volumes
-                        .publish_or_update(&req.pod.namespace, &req.target, &files, group)
-                        .map_err(|source| volume_error(Some(&ctx), &req.target, source))?
-                } else {
-                    let namespace = req.pod.namespace.clone();
-                    self.blocking(&req.target, Some(&ctx), move |v, t| {
-                        v.publish_or_update(&namespace, t, &files, group)
-                    })
-                    .await?
-                };
                 let failed = |source| volume_error(Some(&ctx), &req.target, source);
+                let written = volume::publish(
+                    &self.volumes,
+                    &req.pod.namespace,
+                    &req.target,
+                    files,
+                    req.group,
+                )
+                .await
+                .map_err(failed)?;
                 match written {
                     Published::Mounted(r) => {
                         mounted_here.store(r.is_ok(), Ordering::SeqCst);
@@ -270,10 +264,8 @@ impl Publisher {
             }
             // Whether the volume is already there decides what a failure means.
             Err(e) => {
-                if self
-                    .blocking(&req.target, None, |v, t| v.is_published(t))
-                    .await?
-                {
+                let published = volume::is_published(&self.volumes, &req.target).await;
+                if published.map_err(|source| volume_error(None, &req.target, source))? {
                     Attempt::Refresh(Err(e))
                 } else {
                     Attempt::Mount(Err(e))
@@ -327,14 +319,16 @@ impl Publisher {
     /// published volume was removed.
     pub async fn unpublish(&self, target: &Path) -> Result<bool, PublishError> {
         let _lock = self.locks.lock(target).await;
-        let published =
-            self.blocking(target, None, |v, t| v.unpublish(t)).await? == Unpublished::Removed;
+        let unpublished = volume::unpublish(&self.volumes, target).await;
+        let published = unpublished.map_err(|source| volume_error(None, target, source))?
+            == Unpublished::Removed;
         self.schedule.remove(target);
         Ok(published)
     }
 
-    /// Identity -> binding -> fetch -> files. No side effects beyond the backoff state.
-    /// Sets `retry` to the wait until the next allowed backend attempt when the (store, identity)
+    /// The files for `req`: binding (catalog) -> plan (resolve) -> fetch -> render (resolve, on
+    /// the compute pool). Each is a call down that returns here; none calls back into publish.
+    /// No side effects beyond the backoff state. Sets `retry` to the wait until the next allowed backend attempt when the (store, identity)
     /// is backing off.
     async fn resolve(
         &self,
@@ -408,21 +402,6 @@ impl Publisher {
     /// The byte budget of one publish's fetched values: 4x the volume size limit.
     fn fetch_budget(&self) -> u64 {
         self.volumes.config().size_limit.saturating_mul(4)
-    }
-
-    /// Runs a blocking volume operation off the async runtime.
-    async fn blocking<T: Send + 'static>(
-        &self,
-        target: &Path,
-        ctx: Option<&Context>,
-        op: impl FnOnce(&Volumes, &Path) -> Result<T, VolumeError> + Send + 'static,
-    ) -> Result<T, PublishError> {
-        let volumes = Arc::clone(&self.volumes);
-        let path = target.to_path_buf();
-        tokio::task::spawn_blocking(move || op(&volumes, &path))
-            .await
-            .map_err(|e| PublishError::Internal(format!("volume worker failed: {e}")))?
-            .map_err(|source| volume_error(ctx, target, source))
     }
 }
 

@@ -2,12 +2,14 @@
 //! directories it created, and removal must never follow a link or descend into another
 //! filesystem (a foreign mount below the target, e.g. a host path bind-mounted there by mistake).
 //!
-//! Not for deciding whether something is *our* mount (that needs mountinfo, see `Volumes`).
+//! Entered from one place per step of a publish: preparing the target (`target`), undoing a
+//! failed first publish (`mount`), and removing the emptied target on unpublish (`Volumes`).
+//! Not for deciding whether something is *our* mount (that needs mountinfo, see `target`).
 
 use std::fs::{self, DirBuilder};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use super::error::VolumeError;
 
@@ -15,53 +17,6 @@ use super::error::VolumeError;
 const TARGET_MODE: u32 = 0o755;
 /// Mode of missing parents we create, as kubelet creates its own volume directories.
 const PARENT_MODE: u32 = 0o750;
-
-/// Gives a plain-directory volume root the ownership tmpfs would get from its mount options:
-/// group `group` and mode 0750. Without a group the root keeps the mode it was created with.
-pub(crate) fn set_root_group(target: &Path, group: Option<u32>) -> Result<(), VolumeError> {
-    let Some(gid) = group else {
-        return Ok(());
-    };
-    nix::unistd::chown(target, None, Some(nix::unistd::Gid::from_raw(gid)))
-        .map_err(|e| io("setting the group of", target, e.into()))?;
-    std::fs::set_permissions(target, std::os::unix::fs::PermissionsExt::from_mode(0o750))
-        .map_err(|e| io("setting the mode of", target, e))
-}
-
-/// Checks that `target` is an absolute path naming a directory entry (no `.`/`..`, not `/`).
-pub(crate) fn check_target(target: &Path) -> Result<(), VolumeError> {
-    let reason = if !target.is_absolute() {
-        Some("it must be absolute")
-    } else if target
-        .components()
-        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
-    {
-        Some("it must not contain '.' or '..'")
-    } else if target.file_name().is_none() {
-        Some("it must not be the root directory")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(VolumeError::InvalidTarget {
-            target: target.to_path_buf(),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// `target` as the kernel prints it in mountinfo: symlinks in its parents resolved. The target
-/// itself is never a link (publish refuses those), so only the parent is canonicalised.
-pub(crate) fn resolved(target: &Path) -> PathBuf {
-    match (target.parent(), target.file_name()) {
-        (Some(parent), Some(name)) => parent
-            .canonicalize()
-            .map(|p| p.join(name))
-            .unwrap_or_else(|_| target.to_path_buf()),
-        _ => target.to_path_buf(),
-    }
-}
 
 /// The directories [`create_target`] made, outermost first.
 #[derive(Debug, Default)]
@@ -319,17 +274,6 @@ mod tests {
 
     use super::*;
     use crate::volume::test_support::{MountGuard, require_root};
-
-    #[test]
-    fn target_must_be_absolute_and_plain() {
-        assert!(check_target(Path::new("/var/lib/x/mount")).is_ok());
-        for bad in ["relative/x", "/a/../b", "/", "./a", ""] {
-            match check_target(Path::new(bad)) {
-                Err(VolumeError::InvalidTarget { .. }) => {}
-                other => panic!("{bad}: {other:?}"),
-            }
-        }
-    }
 
     #[test]
     fn creates_missing_parents_and_removes_only_those() {

@@ -162,6 +162,13 @@ pub enum VolumeError {
         reason: &'static str,
     },
 
+    /// The blocking-pool thread doing the work stopped (a bug: it panicked).
+    #[error("the volume worker failed: {reason}")]
+    Worker {
+        /// What the runtime said.
+        reason: String,
+    },
+
     /// Any other filesystem operation failed.
     #[error("{op} {path}: {source}")]
     Io {

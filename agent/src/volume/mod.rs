@@ -6,19 +6,38 @@
 //! against the node's volume budget and its namespace's share of it (`budget`): the kernel
 //! charges tmpfs pages to the agent's own memory cgroup.
 //!
+//! Three async calls for the agent, [`publish`], [`unpublish`] and [`is_published`], over the
+//! blocking [`Volumes::publish_or_update`], [`Volumes::unpublish`] and [`Volumes::is_published`]
+//! ([`Volumes::publish`] is a first publish only, for the benchmark's floor and tests). A
+//! publish goes through these steps, in this order (`publish_or_update` takes 1-2, then
+//! `mount_and_fill` or `refresh` 3-5):
+//!
+//! 1. check what needs no disk: the target path (`target`) and the files (`payload`);
+//! 2. prepare the target: the volume already there, or an empty directory (`target`, `dirs`);
+//! 3. mount a fresh tmpfs, its memory set aside first (`mount`, `tmpfs`, `budget`);
+//!    a refresh instead makes sure the volume is counted for its namespace;
+//! 4. fill it with the files (`writer`), or swap them into the volume already there;
+//! 5. record what the volume holds (`budget`).
+//!
+//! A first publish that fails at any step leaves nothing behind; a refresh that fails keeps the
+//! old content.
+//!
 //! Not for deciding *what* goes into a volume or *when* to refresh it (the publish
 //! orchestration does that), and not for CSI types: errors carry an [`ErrorClass`] and the CSI
-//! edge maps it to a gRPC code. Every function blocks; async callers use `spawn_blocking`, except
-//! for payloads [`is_light`] calls light.
+//! edge maps it to a gRPC code. The work blocks: the async calls run it on the blocking pool,
+//! except a publish of a payload small enough (`is_light`) to cost less than the trip there.
 //! Operations on one target must be serialised by the caller; different targets are independent.
 
 mod budget;
 mod dirs;
 mod error;
 mod modes;
+mod mount;
 pub mod mountinfo;
 pub mod path;
+mod payload;
 mod probe;
+mod target;
 mod tmpfs;
 mod writer;
 
@@ -27,18 +46,21 @@ mod test_support;
 #[cfg(test)]
 mod tests;
 
-use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
 pub use budget::{BudgetLimits, INODE_BYTES};
 pub use error::{ErrorClass, VolumeError};
 pub use path::FilePath;
+pub use payload::{DEFAULT_FILE_MODE, VolumeFile, untrusted_file_mode};
 pub use tmpfs::SOURCE as MOUNT_SOURCE;
-pub use writer::{DEFAULT_FILE_MODE, VolumeFile, untrusted_file_mode};
 
 use budget::Budget;
-use probe::{OurMounts, Seen};
+use dirs::Created;
+use mount::Fresh;
+use payload::Payload;
+use probe::OurMounts;
+use target::{Found, Prepared};
 use writer::AtomicWriter;
 
 /// How many of our tmpfs mounts stacked on one target `unpublish` will peel off before giving up.
@@ -71,7 +93,7 @@ const LIGHT_BYTES: usize = 64 * 1024;
 /// Whether publishing or refreshing `files` is light enough to run on an async worker without
 /// holding it long: a few dozen system calls on a tmpfs, about 0.1 ms, cheaper than the two
 /// thread hand-offs of a trip to the blocking pool. Anything bigger belongs on a blocking thread.
-pub fn is_light(files: &[VolumeFile]) -> bool {
+fn is_light(files: &[VolumeFile]) -> bool {
     files.len() <= LIGHT_FILES
         && files.iter().map(|f| f.contents.len()).sum::<usize>() <= LIGHT_BYTES
 }
@@ -89,21 +111,6 @@ pub struct Volumes {
     budget: Arc<Budget>,
 }
 
-/// What a target path holds, as far as volumes are concerned.
-#[derive(Debug)]
-enum Target {
-    /// Nothing.
-    Absent,
-    /// Something that is not a directory (a file or a link).
-    NotADirectory,
-    /// A directory that is not a mount point.
-    Directory,
-    /// One of our tmpfs mounts (possibly stacked on more of ours).
-    OurMount,
-    /// Somebody else's mount.
-    ForeignMount(mountinfo::MountEntry),
-}
-
 /// What [`Volumes::publish_or_update`] chose to do, and how it went.
 #[derive(Debug)]
 pub enum Published {
@@ -113,7 +120,7 @@ pub enum Published {
     Updated(Result<bool, VolumeError>),
 }
 
-/// What `unpublish` found and did.
+/// What [`Volumes::unpublish`] found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unpublished {
     /// A volume was unmounted (or, for plain directories, removed) and the target removed.
@@ -180,17 +187,10 @@ impl Volumes {
         self.config
     }
 
-    /// True when `target` is a mount point of a Latchkey tmpfs (Tmpfs backend), or an existing
-    /// directory containing our `..data` link (PlainDirectory backend).
-    pub fn is_published(&self, target: &Path) -> Result<bool, VolumeError> {
-        dirs::check_target(target)?;
-        let found = self.inspect(target)?;
-        Ok(self.holds_volume(target, &found))
-    }
-
-    /// [`Self::update`] when `target` is published, else [`Self::publish`], looking at the
-    /// target once for both the choice and the work (the publish hot path). Fails before
-    /// choosing only when the target is invalid or cannot be inspected.
+    /// A publish, step by step: mounts and fills a fresh volume, or refreshes the one already
+    /// there, and says which. Fails before choosing only when the target is invalid or cannot
+    /// be looked at; after that a failure belongs to the one chosen, and leaves the volume with
+    /// its old content, or no fresh volume at all. Blocks; async callers use [`publish`].
     pub fn publish_or_update(
         &self,
         namespace: &str,
@@ -198,31 +198,38 @@ impl Volumes {
         files: &[VolumeFile],
         group: Option<u32>,
     ) -> Result<Published, VolumeError> {
-        dirs::check_target(target)?;
-        // A payload that does not fit fails the refresh or the mount, whichever it is.
-        let payload = writer::check(files, self.config.size_limit);
-        if let Ok(p) = &payload
-            && let Some(created) = dirs::create_missing_target(target)?
-        {
-            return Ok(Published::Mounted(
-                self.mount_and_fill(namespace, target, p, group, created),
-            ));
-        }
-        let found = self.inspect(target)?;
-        Ok(if self.holds_volume(target, &found) {
-            Published::Updated(payload.and_then(|p| self.refresh(namespace, target, &p, group)))
-        } else {
-            Published::Mounted(
-                payload.and_then(|p| self.publish_found(namespace, target, &p, group, found)),
-            )
+        // 1. Check what needs no disk: the target path, then the files (modes, conflicts, size).
+        target::check(target)?;
+        let payload = match payload::check(files, self.config.size_limit) {
+            Ok(payload) => payload,
+            // Refused: it fails the refresh or the mount, whichever the target calls for.
+            Err(refused) => {
+                let found = self.look(target)?;
+                return Ok(if self.holds_volume(target, &found) {
+                    Published::Updated(Err(refused))
+                } else {
+                    Published::Mounted(Err(refused))
+                });
+            }
+        };
+        // 2. Prepare the target: the volume already there, or an empty directory to mount on.
+        Ok(match self.prepare(target)? {
+            Prepared::Volume => {
+                Published::Updated(self.refresh(namespace, target, &payload, group))
+            }
+            Prepared::Empty(created) => {
+                Published::Mounted(self.mount_and_fill(namespace, target, &payload, group, created))
+            }
+            Prepared::Refused(error) => Published::Mounted(Err(error)),
         })
     }
 
-    /// First publish: creates `target` if needed, mounts a fresh tmpfs there and writes `files`
-    /// atomically. With a `group` (the pod's fsGroup) the root is 0750 and everything is
-    /// group-owned by it. Refuses a target that is not an empty directory or missing, as kubelet
-    /// always hands over an empty one: mounting over content would hide it. On any failure
-    /// nothing is left behind: no mount, no files, and no directories that this call created.
+    /// A first publish only, through the same steps: refuses a target that already holds a
+    /// volume ([`VolumeError::AlreadyPublished`]). With a `group` (the pod's fsGroup) the root
+    /// is 0750 and everything is group-owned by it. Refuses a target that is not an empty
+    /// directory or missing, as kubelet always hands over an empty one: mounting over content
+    /// would hide it. On any failure nothing is left behind: no mount, no files, and no
+    /// directories that this call created. Blocks.
     pub fn publish(
         &self,
         namespace: &str,
@@ -230,146 +237,51 @@ impl Volumes {
         files: &[VolumeFile],
         group: Option<u32>,
     ) -> Result<(), VolumeError> {
-        dirs::check_target(target)?;
+        target::check(target)?;
         // Everything that can be rejected without touching the disk is rejected first.
-        let payload = writer::check(files, self.config.size_limit)?;
-        if let Some(created) = dirs::create_missing_target(target)? {
-            return self.mount_and_fill(namespace, target, &payload, group, created);
-        }
-        let found = self.inspect(target)?;
-        self.publish_found(namespace, target, &payload, group, found)
-    }
-
-    /// [`Self::publish`] of a checked payload onto a target that was just found to hold `found`.
-    fn publish_found(
-        &self,
-        namespace: &str,
-        target: &Path,
-        payload: &writer::Payload<'_>,
-        group: Option<u32>,
-        found: Target,
-    ) -> Result<(), VolumeError> {
-        let created = match found {
-            // `create_missing_target`'s one mkdir has failed (most likely no parent).
-            Target::Absent => dirs::create_target(target)?,
-            Target::NotADirectory => return Err(not_a_directory(target)),
-            Target::OurMount => return Err(already_published(target)),
-            Target::ForeignMount(entry) => return Err(not_ours(entry)),
-            Target::Directory => {
-                if self.config.backend == Backend::PlainDirectory && has_data_link(target) {
-                    return Err(already_published(target));
-                }
-                dirs::require_empty(target)?;
-                // Somebody else's (kubelet's) directory: never ours to remove on failure.
-                dirs::Created::default()
+        let payload = payload::check(files, self.config.size_limit)?;
+        match self.prepare(target)? {
+            Prepared::Volume => Err(VolumeError::AlreadyPublished {
+                target: target.to_path_buf(),
+            }),
+            Prepared::Empty(created) => {
+                self.mount_and_fill(namespace, target, &payload, group, created)
             }
-        };
-        self.mount_and_fill(namespace, target, payload, group, created)
+            Prepared::Refused(error) => Err(error),
+        }
     }
 
-    /// [`Self::publish`] onto the empty directory `target`, of which this call `created` what
-    /// it lists (removed again on failure).
+    /// Steps 3-5 of a first publish onto the empty directory `target`, of which the publish
+    /// `created` what it lists. Any failure undoes all of them (see [`Fresh`]).
     fn mount_and_fill(
         &self,
         namespace: &str,
         target: &Path,
-        payload: &writer::Payload<'_>,
+        payload: &Payload<'_>,
         group: Option<u32>,
-        created: dirs::Created,
+        created: Created,
     ) -> Result<(), VolumeError> {
-        // Refused before anything is mounted; the root directory is the one inode beyond the
-        // payload's own.
-        let reserved = match self
-            .budget
-            .reserve(namespace, payload.charge() + INODE_BYTES)
-        {
-            Ok(reserved) => reserved,
-            Err(err) => {
-                created.remove(target);
-                return Err(err);
-            }
-        };
-        let mounted = match self.config.backend {
-            Backend::Tmpfs => {
-                let Some(source) = tmpfs::source(namespace) else {
-                    created.remove(target);
-                    return Err(VolumeError::InvalidTarget {
-                        target: target.to_path_buf(),
-                        reason: "the pod's namespace is not an RFC 1123 label",
-                    });
-                };
-                if let Err(err) = tmpfs::mount(target, &source, self.tmpfs_size, group) {
-                    created.remove(target);
-                    return Err(err);
-                }
-                self.remember_mount(target);
-                true
-            }
-            Backend::PlainDirectory => false,
-        };
-        // Should writing panic (a bug), the unwinding still unmounts: no mount is ever left
-        // behind by a failed first publish.
-        let on_panic = UnmountOnPanic { target, mounted };
-        let written = match self.config.backend {
-            // tmpfs applied the root's group and mode at mount time.
-            Backend::Tmpfs => Ok(()),
-            Backend::PlainDirectory => dirs::set_root_group(target, group),
-        }
-        .and_then(|()| AtomicWriter::new(target, group).write_fresh(payload));
-        drop(on_panic);
-        match written {
-            Ok(()) => {
-                reserved.commit(target, self.measure(target, payload));
-                Ok(())
-            }
-            Err(err) => {
-                // The writer has already removed its own partial work; what is left is ours.
-                if mounted {
-                    if let Err(unmount) = tmpfs::unmount_fresh(target) {
-                        tracing::error!(target = %target.display(), error = %unmount,
-                            "cannot unmount after a failed publish; the tmpfs stays mounted");
-                        return Err(err);
-                    }
-                    self.ours.forget(target);
-                }
-                created.remove(target);
-                Err(err)
-            }
-        }
+        // 3. Mount: the volume's memory is set aside in the budget, then the tmpfs mounted.
+        let fresh = Fresh::mount(self, namespace, target, payload, group, created)?;
+        // 4. Fill: the files are written into the empty root.
+        fresh.fill(payload)?;
+        // 5. Record: what the volume holds replaces what was set aside.
+        fresh.record(payload);
+        Ok(())
     }
 
-    /// Later publish of an already-published target: swaps in `files` only if they differ from
-    /// what is there (paths, bytes, modes and group); returns whether it wrote. On failure the
-    /// old content stays fully intact.
-    pub fn update(
-        &self,
-        namespace: &str,
-        target: &Path,
-        files: &[VolumeFile],
-        group: Option<u32>,
-    ) -> Result<bool, VolumeError> {
-        dirs::check_target(target)?;
-        let payload = writer::check(files, self.config.size_limit)?;
-        // Without this check an update after an unexpected unmount would write secrets onto
-        // the node's disk, below the now empty mount point.
-        if !self.is_published(target)? {
-            return Err(VolumeError::NotPublished {
-                target: target.to_path_buf(),
-            });
-        }
-        self.refresh(namespace, target, &payload, group)
-    }
-
-    /// Swaps `payload` into the published volume at `target` when it differs, within the
-    /// budget: old and new content both exist until the swap, so the new payload's whole charge
-    /// must fit beside what the volume holds. On any failure the old content stays.
+    /// Steps 3-5 of a refresh of the volume at `target`: swaps `payload` in when it differs
+    /// and returns whether it did. Old and new content both exist until the swap, so the new
+    /// payload's whole charge must fit beside what the volume holds. On any failure the old
+    /// content stays.
     fn refresh(
         &self,
         namespace: &str,
         target: &Path,
-        payload: &writer::Payload<'_>,
+        payload: &Payload<'_>,
         group: Option<u32>,
     ) -> Result<bool, VolumeError> {
+        // 3. Count the volume for its namespace, if it is not yet.
         let namespace: Arc<str> = match self.budget.namespace_of(target) {
             Some(counted) if !counted.is_empty() => counted,
             // Counted at start under its mount point (the target's parents resolved), or not
@@ -382,9 +294,12 @@ impl Volumes {
                 Arc::from(namespace)
             }
         };
+        // 4. Fill: swap the new files in, setting their memory aside first, unless the volume
+        //    already holds exactly them.
         let written = AtomicWriter::new(target, group).write_reserving(payload, || {
             self.budget.reserve(&namespace, payload.charge())
         })?;
+        // 5. Record what the volume holds now.
         Ok(match written {
             Some(reserved) => {
                 reserved.commit(target, self.measure(target, payload));
@@ -394,51 +309,30 @@ impl Volumes {
         })
     }
 
-    /// Takes `target` out of the budget, whether counted under its path or (found at start)
-    /// under its mount point.
-    fn forget_counted(&self, target: &Path) {
-        if !self.budget.release(target) {
-            self.budget.release(&dirs::resolved(target));
-        }
-    }
-
-    /// What the volume at `target` holds now: measured on a tmpfs; a plain directory shares
-    /// its filesystem, so it is counted as the payload's charge.
-    fn measure(&self, target: &Path, payload: &writer::Payload<'_>) -> u64 {
-        match self.config.backend {
-            Backend::Tmpfs => tmpfs::measure(target).unwrap_or_else(|error| {
-                tracing::warn!(target = %target.display(), %error,
-                    "cannot measure a volume; counting what it was predicted to hold");
-                payload.charge()
-            }),
-            Backend::PlainDirectory => payload.charge(),
-        }
-    }
-
     /// Unmounts our tmpfs (if mounted) and removes the target directory, which must then be
     /// empty: unpublish never deletes anything it did not write. Succeeds when the target does
     /// not exist. Refuses, touching nothing, when the target is not a directory or is a mount
     /// that Latchkey did not create; leaves a directory with somebody else's content in place
-    /// and says so ([`VolumeError::NotEmpty`]).
+    /// and says so ([`VolumeError::NotEmpty`]). Blocks; async callers use [`unpublish`].
     pub fn unpublish(&self, target: &Path) -> Result<Unpublished, VolumeError> {
-        dirs::check_target(target)?;
+        target::check(target)?;
         let mut removed = false;
         for _ in 0..MAX_STACKED_MOUNTS {
-            match self.inspect(target)? {
-                Target::Absent => {
+            match self.look(target)? {
+                Found::Absent => {
                     self.ours.forget(target);
                     self.forget_counted(target);
                     return Ok(outcome(removed));
                 }
-                Target::NotADirectory => return Err(not_a_directory(target)),
-                Target::ForeignMount(entry) => return Err(not_ours(entry)),
-                Target::OurMount => {
+                Found::NotADirectory => return Err(target::not_a_directory(target)),
+                Found::ForeignMount(entry) => return Err(target::not_ours(entry)),
+                Found::OurMount => {
                     self.unmount_ours(target)?;
                     self.ours.forget(target);
                     removed = true;
                 }
-                Target::Directory => {
-                    if self.config.backend == Backend::PlainDirectory && has_data_link(target) {
+                Found::Directory => {
+                    if self.has_plain_volume(target) {
                         AtomicWriter::new(target, None).remove_all()?;
                         removed = true;
                     }
@@ -455,74 +349,33 @@ impl Volumes {
         })
     }
 
-    /// Whether what [`Self::inspect`] found at `target` is a published volume.
-    fn holds_volume(&self, target: &Path, found: &Target) -> bool {
-        match found {
-            Target::OurMount => true,
-            Target::Directory => {
-                self.config.backend == Backend::PlainDirectory && has_data_link(target)
-            }
-            Target::Absent | Target::NotADirectory | Target::ForeignMount(_) => false,
+    /// True when `target` is a mount point of a Latchkey tmpfs (Tmpfs backend), or an existing
+    /// directory containing our `..data` link (PlainDirectory backend). Blocks; async callers
+    /// use [`is_published`].
+    pub fn is_published(&self, target: &Path) -> Result<bool, VolumeError> {
+        target::check(target)?;
+        let found = self.look(target)?;
+        Ok(self.holds_volume(target, &found))
+    }
+
+    /// Takes `target` out of the budget, whether counted under its path or (found at start)
+    /// under its mount point.
+    fn forget_counted(&self, target: &Path) {
+        if !self.budget.release(target) {
+            self.budget.release(&mountinfo::resolved(target));
         }
     }
 
-    /// What `target` holds. One `statx` answers for plain directories and for mounts recorded
-    /// in [`OurMounts`]; anything else is looked up in mountinfo.
-    fn inspect(&self, target: &Path) -> Result<Target, VolumeError> {
-        let mount = match probe::look(target)? {
-            Seen::Absent => return Ok(Target::Absent),
-            Seen::NotADirectory => return Ok(Target::NotADirectory),
-            Seen::Directory {
-                mount_root: Some(false),
-                ..
-            } => return Ok(Target::Directory),
-            Seen::Directory { mount, .. } => mount,
-        };
-        if let Some(key) = mount
-            && self.ours.holds(target, key)
-        {
-            return Ok(Target::OurMount);
-        }
-        Ok(match mountinfo::find(&dirs::resolved(target))? {
-            None => Target::Directory,
-            Some(entry) if tmpfs::is_ours(&entry) => {
-                // Recognised (e.g. mounted before a restart): remember it for next time.
-                if let Some(key) = mount {
-                    self.ours.record(target, key);
-                }
-                Target::OurMount
-            }
-            Some(entry) => Target::ForeignMount(entry),
-        })
-    }
-
-    /// Records the mount just made at `target` as ours.
-    fn remember_mount(&self, target: &Path) {
-        if let Ok(Seen::Directory {
-            mount: Some(key), ..
-        }) = probe::look(target)
-        {
-            self.ours.record(target, key);
-        }
-    }
-
-    /// Unmounts our tmpfs at `target`. A busy one is detached lazily, unless the reason it is
-    /// busy is a mount below it: a detach would take that foreign mount with it.
-    fn unmount_ours(&self, target: &Path) -> Result<(), VolumeError> {
-        match tmpfs::unmount(target) {
-            Err(VolumeError::Unmount {
-                source: nix::errno::Errno::EBUSY,
-                ..
-            }) => {
-                if let Some(inner) = mountinfo::below(&dirs::resolved(target))?
-                    .into_iter()
-                    .next()
-                {
-                    return Err(not_ours(inner));
-                }
-                tmpfs::detach(target)
-            }
-            other => other,
+    /// What the volume at `target` holds now: measured on a tmpfs; a plain directory shares
+    /// its filesystem, so it is counted as the payload's charge.
+    fn measure(&self, target: &Path, payload: &Payload<'_>) -> u64 {
+        match self.config.backend {
+            Backend::Tmpfs => tmpfs::measure(target).unwrap_or_else(|error| {
+                tracing::warn!(target = %target.display(), %error,
+                    "cannot measure a volume; counting what it was predicted to hold");
+                payload.charge()
+            }),
+            Backend::PlainDirectory => payload.charge(),
         }
     }
 
@@ -542,40 +395,49 @@ fn outcome(removed: bool) -> Unpublished {
     }
 }
 
-fn not_a_directory(target: &Path) -> VolumeError {
-    VolumeError::NotADirectory {
-        target: target.to_path_buf(),
+/// [`Volumes::publish_or_update`] from async code: on the calling worker when the payload is
+/// light (`is_light`), else on the blocking pool.
+pub async fn publish(
+    volumes: &Volumes,
+    namespace: &str,
+    target: &Path,
+    files: Vec<VolumeFile>,
+    group: Option<u32>,
+) -> Result<Published, VolumeError> {
+    if is_light(&files) {
+        // A few small files: ~0.1 ms of system calls, less than the blocking pool's two thread
+        // hand-offs cost (docs/benchmarks.md), so it runs right here.
+        return volumes.publish_or_update(namespace, target, &files, group);
     }
+    let namespace = namespace.to_owned();
+    off_runtime(volumes, target, move |v, t| {
+        v.publish_or_update(&namespace, t, &files, group)
+    })
+    .await
 }
 
-fn already_published(target: &Path) -> VolumeError {
-    VolumeError::AlreadyPublished {
-        target: target.to_path_buf(),
-    }
+/// [`Volumes::unpublish`] from async code, on the blocking pool.
+pub async fn unpublish(volumes: &Volumes, target: &Path) -> Result<Unpublished, VolumeError> {
+    off_runtime(volumes, target, |v, t| v.unpublish(t)).await
 }
 
-fn has_data_link(target: &Path) -> bool {
-    fs::symlink_metadata(target.join("..data")).is_ok_and(|m| m.file_type().is_symlink())
+/// [`Volumes::is_published`] from async code, on the blocking pool.
+pub async fn is_published(volumes: &Volumes, target: &Path) -> Result<bool, VolumeError> {
+    off_runtime(volumes, target, |v, t| v.is_published(t)).await
 }
 
-fn not_ours(entry: mountinfo::MountEntry) -> VolumeError {
-    VolumeError::NotOurMount {
-        target: entry.mount_point,
-        fstype: entry.fstype,
-        mount_source: entry.source,
-    }
-}
-
-/// Unmounts a just-mounted target when dropped during a panic.
-struct UnmountOnPanic<'a> {
-    target: &'a Path,
-    mounted: bool,
-}
-
-impl Drop for UnmountOnPanic<'_> {
-    fn drop(&mut self) {
-        if self.mounted && std::thread::panicking() {
-            let _ = tmpfs::unmount_fresh(self.target);
-        }
-    }
+/// Runs the blocking `op` on the blocking pool, with a clone of `volumes` (cheap: the shared
+/// parts are behind `Arc`s).
+async fn off_runtime<T: Send + 'static>(
+    volumes: &Volumes,
+    target: &Path,
+    op: impl FnOnce(&Volumes, &Path) -> Result<T, VolumeError> + Send + 'static,
+) -> Result<T, VolumeError> {
+    let volumes = volumes.clone();
+    let path = target.to_path_buf();
+    tokio::task::spawn_blocking(move || op(&volumes, &path))
+        .await
+        .map_err(|e| VolumeError::Worker {
+            reason: e.to_string(),
+        })?
 }

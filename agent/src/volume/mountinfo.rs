@@ -11,6 +11,18 @@ use std::path::{Path, PathBuf};
 
 use super::error::VolumeError;
 
+/// `target` as the kernel prints it in mountinfo: symlinks in its parents resolved. The target
+/// itself is never a link (publish refuses those), so only the parent is canonicalised.
+pub(crate) fn resolved(target: &Path) -> PathBuf {
+    match (target.parent(), target.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map(|p| p.join(name))
+            .unwrap_or_else(|_| target.to_path_buf()),
+        _ => target.to_path_buf(),
+    }
+}
+
 /// Where the kernel exposes the mount table of the calling process's mount namespace.
 const MOUNTINFO: &str = "/proc/self/mountinfo";
 

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, umount2};
 
-use super::{FilePath, VolumeFile, dirs, mountinfo};
+use super::target;
+use super::{FilePath, VolumeError, VolumeFile, Volumes, mountinfo, payload};
 use crate::secret::SecretBytes;
 
 /// Panics with an explanation unless the tests run as root (they mount real tmpfs).
@@ -28,7 +29,7 @@ impl MountGuard {
     /// Guards the mount point `path`.
     pub(crate) fn new(path: &Path) -> Self {
         Self {
-            path: dirs::resolved(path),
+            path: mountinfo::resolved(path),
         }
     }
 }
@@ -59,5 +60,27 @@ pub(crate) fn file_with_mode(path: &str, contents: &str, mode: u32) -> VolumeFil
     VolumeFile {
         mode,
         ..file(path, contents)
+    }
+}
+
+/// The refresh half of [`Volumes::publish_or_update`], so a test can say it expects one.
+impl Volumes {
+    /// A refresh only: refuses a target that holds no volume ([`VolumeError::NotPublished`]),
+    /// else swaps `files` in when they differ and returns whether it did.
+    pub(crate) fn update(
+        &self,
+        namespace: &str,
+        target: &Path,
+        files: &[VolumeFile],
+        group: Option<u32>,
+    ) -> Result<bool, VolumeError> {
+        target::check(target)?;
+        let payload = payload::check(files, self.config.size_limit)?;
+        if !self.is_published(target)? {
+            return Err(VolumeError::NotPublished {
+                target: target.to_path_buf(),
+            });
+        }
+        self.refresh(namespace, target, &payload, group)
     }
 }

@@ -13,14 +13,13 @@
 //!
 //! A new payload is written into a new timestamped directory, then `..data` is replaced by
 //! renaming a temporary link over it: that rename is the single moment the new set becomes
-//! visible. Names starting with `..` are ours alone ([`FilePath`] rejects them).
+//! visible. Names starting with `..` are ours alone ([`super::FilePath`] rejects them).
 //!
-//! Not for mounting (see `tmpfs`), not for deciding between publish and update, and not for
-//! validating single paths (see `path`).
+//! Not for mounting (see `tmpfs`), not for deciding between a first write and a refresh, and not
+//! for checking what is written (see `payload`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
-use std::fmt;
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -32,25 +31,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use zeroize::Zeroizing;
 
-use super::budget::INODE_BYTES;
 use super::error::VolumeError;
-use super::path::{FilePath, check_set};
-use super::tmpfs::{page_size, round_up_to_pages};
-use crate::secret::SecretBytes;
-
-/// The mode callers use for files unless a request says otherwise: anyone in the pod may read.
-pub const DEFAULT_FILE_MODE: u32 = 0o444;
-
-/// The bits a mode from outside the pod's spec (a provider's file mode) may keep: read and
-/// execute. Setuid, setgid and sticky have no place in a secret volume, and the volume is
-/// read-only, so a write bit would only claim what the pod cannot do.
-const UNTRUSTED_MODE_BITS: u32 = 0o555;
-
-/// A mode from outside the pod's spec, made safe: only read and execute bits are kept (0o4755
-/// becomes 0o555, 0o600 becomes 0o400).
-pub fn untrusted_file_mode(mode: u32) -> u32 {
-    mode & UNTRUSTED_MODE_BITS
-}
+use super::payload::{Payload, VolumeFile};
 
 /// Mode of the directories we create inside a payload.
 const DIR_MODE: u32 = 0o755;
@@ -64,101 +46,6 @@ const DATA_TMP: &str = "..data_tmp";
 const LINK_TMP: &str = "..link_tmp";
 /// How many names to try when a timestamped directory name is already taken (clock went back).
 const NAME_ATTEMPTS: u32 = 16;
-
-/// One file to put into a volume.
-#[derive(Clone, PartialEq, Eq)]
-pub struct VolumeFile {
-    /// Where the file goes, relative to the volume root.
-    pub path: FilePath,
-    /// The bytes to write.
-    pub contents: SecretBytes,
-    /// Permission bits (0o000..=0o777); [`DEFAULT_FILE_MODE`] unless the request says otherwise.
-    pub mode: u32,
-}
-
-impl VolumeFile {
-    /// A file with the default mode 0444.
-    pub fn new(path: FilePath, contents: SecretBytes) -> Self {
-        Self {
-            path,
-            contents,
-            mode: DEFAULT_FILE_MODE,
-        }
-    }
-}
-
-impl fmt::Debug for VolumeFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VolumeFile")
-            .field("path", &self.path.as_str())
-            .field("len", &self.contents.len())
-            .field("mode", &format_args!("{:#o}", self.mode))
-            .finish()
-    }
-}
-
-/// A request that passed every check that needs no disk access: paths, modes and budget.
-pub(crate) struct Payload<'a> {
-    /// Sorted by path, so writes and comparisons happen in a stable order.
-    files: Vec<&'a VolumeFile>,
-    /// Names that get a link in the volume root.
-    top_level: BTreeSet<&'a str>,
-    /// What writing it costs in memory at most: see [`Payload::charge`].
-    charge: u64,
-}
-
-impl Payload<'_> {
-    /// The most memory writing this payload takes in a tmpfs: the pages [`check`] counts, plus
-    /// [`INODE_BYTES`] for every file, directory and link it creates (the payload directory and
-    /// `..data` included). Never less than what `statvfs` measures once it is written.
-    pub(crate) fn charge(&self) -> u64 {
-        self.charge
-    }
-}
-
-/// Checks modes, path conflicts and the size budget of `files` against `size_limit`.
-///
-/// The budget counts what tmpfs will charge: every file rounded up to whole pages, plus one page
-/// per top-level link (a long link target takes a page). Directories cost no pages in tmpfs.
-pub(crate) fn check(files: &[VolumeFile], size_limit: u64) -> Result<Payload<'_>, VolumeError> {
-    if let Some(bad) = files.iter().find(|f| f.mode & !0o777 != 0) {
-        return Err(VolumeError::InvalidMode {
-            path: bad.path.as_str().to_owned(),
-            mode: bad.mode,
-        });
-    }
-    check_set(files.iter().map(|f| &f.path))?;
-    let mut sorted: Vec<&VolumeFile> = files.iter().collect();
-    sorted.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    let top_level: BTreeSet<&str> = sorted.iter().map(|f| f.path.top_level()).collect();
-    let needed = sorted
-        .iter()
-        .map(|f| round_up_to_pages(f.contents.len() as u64))
-        .fold(0u64, u64::saturating_add)
-        .saturating_add((top_level.len() as u64).saturating_mul(page_size()));
-    if needed > size_limit {
-        return Err(VolumeError::TooLarge {
-            needed,
-            limit: size_limit,
-        });
-    }
-    // Directories inside the payload: every proper prefix of a path, counted once.
-    let dirs: HashSet<&str> = sorted
-        .iter()
-        .flat_map(|f| {
-            let path = f.path.as_str();
-            path.match_indices('/').map(move |(at, _)| &path[..at])
-        })
-        .collect();
-    // The payload directory and `..data` are the two inodes beyond files, dirs and links.
-    let inodes = (sorted.len() + dirs.len() + top_level.len() + 2) as u64;
-    let charge = needed.saturating_add(inodes.saturating_mul(INODE_BYTES));
-    Ok(Payload {
-        files: sorted,
-        top_level,
-        charge,
-    })
-}
 
 /// Writes payloads into one volume root. Callers serialise writers of the same root.
 pub(crate) struct AtomicWriter<'a> {
