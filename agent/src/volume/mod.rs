@@ -31,9 +31,10 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use budget::{BudgetLimits, INODE_BYTES};
+pub use budget::BudgetLimits;
 pub use error::{ErrorClass, VolumeError};
 pub use path::FilePath;
+pub use tmpfs::INODE_BYTES;
 pub use tmpfs::SOURCE as MOUNT_SOURCE;
 pub use writer::{DEFAULT_FILE_MODE, VolumeFile, untrusted_file_mode};
 

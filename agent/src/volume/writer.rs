@@ -32,9 +32,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use zeroize::Zeroizing;
 
-use super::budget::INODE_BYTES;
 use super::error::VolumeError;
 use super::path::{FilePath, check_set};
+use super::tmpfs::INODE_BYTES;
 use super::tmpfs::{page_size, round_up_to_pages};
 use crate::secret::SecretBytes;
 

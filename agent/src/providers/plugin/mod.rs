@@ -46,6 +46,10 @@ use crate::api::validate;
 use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
 
+/// How long a TCP connection (and a TLS handshake) to a plugin may take to establish; shared by
+/// the plain channels (`socket`) and the TLS ones (`tls`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Attempts after the first one, for transport failures only.
 const RETRIES: u32 = 2;
 /// Pause before the first retry; doubled for each further one.
