@@ -51,7 +51,7 @@ pub fn convert(
         audiences: Vec::new(),
         timeout: None,
     };
-    crate::api::validate::secrets_store_csi(&csi).map_err(|e| e.to_string())?;
+    crate::api::validate::plugin::secrets_store_csi(&csi).map_err(|e| e.to_string())?;
     notes.warn(
         "spec.provider",
         format!(

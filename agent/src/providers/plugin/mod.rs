@@ -42,7 +42,7 @@ use super::{
     BuildContext, FindQuery, MAX_FIND_RESULTS, Provider, ProviderError, RemoteKey, grpc_answer,
 };
 use crate::api::store::{PluginConfigRef, PluginProvider};
-use crate::api::validate;
+use crate::api::validate::plugin as validate;
 use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
 

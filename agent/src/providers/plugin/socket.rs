@@ -21,7 +21,7 @@ use tower::service_fn;
 use super::super::ProviderError;
 use super::CONNECT_TIMEOUT;
 use super::tls::Material;
-use crate::api::validate::PluginEndpoint;
+use crate::api::validate::plugin::PluginEndpoint;
 
 /// Default of `--plugin-socket-dir`.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/latchkey/plugins";
