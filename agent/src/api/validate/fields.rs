@@ -3,7 +3,7 @@
 use std::fmt::Display;
 
 use super::Invalid;
-use super::rules::{self, Pattern};
+use crate::api::rules::{self, Pattern};
 use crate::api::store::SecretKeySelector;
 
 /// The `name` of the credential Secret `selector` (at `path`) points at.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::Invalid;
 use super::fields::{name, not_empty, shaped};
-use super::rules;
+use crate::api::rules;
 use crate::api::store::{PluginProvider, SecretsStoreCsiProvider};
 
 /// Default of `spec.provider.plugin.timeout`.

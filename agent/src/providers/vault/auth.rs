@@ -1,5 +1,5 @@
 //! Logging in to Vault for one store and one pod: the store's token as is, or a kubernetes, jwt
-//! or AppRole login through the shared [`TokenCache`].
+//! or AppRole login through the shared [`super::tokens::TokenCache`].
 
 use vaultrs::api::auth::approle::requests::LoginWithApproleRequest;
 use vaultrs::api::auth::kubernetes::requests::LoginWithKubernetesRequest;
