@@ -41,6 +41,11 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# --- 2b. Module layers (issue #39): no import cycle between files, no import back up -----------
+echo "==> scripts/layers.py"
+python3 scripts/layers.py --self-test
+python3 scripts/layers.py
+
 # --- 3. Tests -------------------------------------------------------------------------------
 echo "==> cargo test"
 TEST_LOG="$(mktemp)"

@@ -580,7 +580,7 @@ fn check_typed(doc: &Value, origin: &str) {
             strict::<CustomResourceDefinition>(doc)
         }
         // The agent's own loader, which refuses unknown fields (see also
-        // every_example_document_loads_strictly in agent/src/catalog/manifests.rs).
+        // every_example_document_loads_strictly in agent/src/catalog/manifests/tests.rs).
         ("latchkey.dev/v1alpha1", _) => latchkey::catalog::ManifestCatalog::default()
             .add_documents(Path::new(origin), &serde_norway::to_string(doc).unwrap())
             .map_err(|e| e.to_string()),

@@ -21,3 +21,7 @@ pub use store::{ClusterSecretStore, SecretStore, StoreProvider};
 pub const GROUP: &str = "latchkey.dev";
 /// The served API version.
 pub const VERSION: &str = "v1alpha1";
+/// The CSI driver name kubelet knows Latchkey by (pods name it in their volumes).
+pub const DRIVER_NAME: &str = "csi.latchkey.dev";
+/// The volume attribute naming the ExternalSecret.
+pub const ATTR_EXTERNAL_SECRET: &str = "externalSecret";

@@ -16,6 +16,8 @@ mod output;
 mod spc;
 mod spc_aws;
 mod spc_csi;
+mod spc_entries;
+mod spc_objects;
 mod spc_vault;
 mod template;
 

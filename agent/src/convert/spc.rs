@@ -10,45 +10,13 @@ use serde_norway::Mapping;
 use super::fields::Fields;
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
+use super::spc_entries::{Entry, Group};
+use super::spc_objects::{Converted, class_external_secret, class_store, volume_snippet};
 use super::{spc_aws, spc_csi, spc_vault};
+use crate::api::ExternalSecret;
 use crate::api::external_secret::{
-    CreationPolicy, DataFrom, ExternalSecretData, FileItem, Files, SecretStoreRef, Target,
-    Template, TemplateMetadata,
+    CreationPolicy, ExternalSecretData, FileItem, Files, Target, Template, TemplateMetadata,
 };
-use crate::api::store::{SecretStoreSpec, StoreProvider};
-use crate::api::{ExternalSecret, ExternalSecretSpec, RemoteRef, SecretStore, StoreKind};
-
-/// One file of the class: its name in the volume and where its value comes from.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    /// File name in the volume (`secretKey`).
-    pub secret_key: String,
-    /// The remote value.
-    pub remote_ref: RemoteRef,
-    /// File mode from `filePermission`, if any.
-    pub mode: Option<i32>,
-    /// Where the entry was defined, for notes.
-    pub path: String,
-}
-
-/// The entries one store serves (AWS: all of them; Vault: those of one KV mount).
-#[derive(Debug)]
-pub struct Group {
-    /// Appended to the class name for every group but the first (`db-kv`).
-    pub suffix: String,
-    /// The store's provider block.
-    pub provider: StoreProvider,
-    /// The files.
-    pub entries: Vec<Entry>,
-}
-
-/// What a SecretProviderClass becomes.
-pub struct Converted {
-    /// Stores and ExternalSecrets.
-    pub documents: Vec<Document>,
-    /// The commented pod volume to use instead of the CSI driver's.
-    pub trailer: Vec<String>,
-}
 
 /// Converts the SecretProviderClass whose top-level fields are `top`.
 pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<Converted, String> {
@@ -192,42 +160,6 @@ fn external_secret(meta: &Meta, name: &str, group: &Group) -> ExternalSecret {
             ..Default::default()
         });
     class_external_secret(meta, name, name, data, Vec::new(), target)
-}
-
-/// A SecretStore `name` converted from a class, labelled as the class was.
-pub(super) fn class_store(meta: &Meta, name: &str, provider: StoreProvider) -> SecretStore {
-    let mut store = SecretStore::new(name, SecretStoreSpec { provider });
-    store.metadata = meta.object_meta(name, true);
-    store
-}
-
-/// An ExternalSecret `name` converted from a class, reading SecretStore `store`, labelled as the
-/// class was.
-pub(super) fn class_external_secret(
-    meta: &Meta,
-    name: &str,
-    store: &str,
-    data: Vec<ExternalSecretData>,
-    data_from: Vec<DataFrom>,
-    target: Option<Target>,
-) -> ExternalSecret {
-    let mut es = ExternalSecret::new(
-        name,
-        ExternalSecretSpec {
-            secret_store_ref: SecretStoreRef {
-                name: store.to_string(),
-                kind: StoreKind::SecretStore,
-            },
-            refresh_interval: None,
-            data,
-            data_from,
-            target,
-            service_account_name: None,
-            refresh_policy: None,
-        },
-    );
-    es.metadata = meta.object_meta(name, true);
-    es
 }
 
 /// One `secretObjects` item, read.
@@ -401,94 +333,9 @@ fn synced_secret(
     })
 }
 
-/// The commented pod volume(s) replacing `csi: {driver: secrets-store.csi.k8s.io, ...}`.
-pub fn volume_snippet(class: &str, names: &[String]) -> Vec<String> {
-    let c = super::output::COMMENT;
-    let mut lines = vec![
-        format!(
-            "{c}in pods, replace the CSI volume with volumeAttributes.secretProviderClass: {class} by:"
-        ),
-        "#   volumes:".to_string(),
-    ];
-    for (i, name) in names.iter().enumerate() {
-        let volume = if i == 0 {
-            "secrets-store          # keep your volume's name and volumeMounts".to_string()
-        } else {
-            format!(
-                "secrets-store-{}        # mount this one at its own path too",
-                i + 1
-            )
-        };
-        lines.extend([
-            format!("#   - name: {volume}"),
-            "#     csi:".to_string(),
-            format!("#       driver: {}", crate::csi::DRIVER_NAME),
-            "#       readOnly: true                 # required: Latchkey volumes are read-only"
-                .to_string(),
-            "#       volumeAttributes:".to_string(),
-            format!("#         {}: {name}", crate::csi::ATTR_EXTERNAL_SECRET),
-        ]);
-    }
-    lines.push(
-        "#   (no nodePublishSecretRef: Latchkey authenticates with the pod's service account)"
-            .to_string(),
-    );
-    lines
-}
-
-/// Parses a CSI `filePermission` (octal text such as `0640`).
-pub fn file_mode(text: &str) -> Option<i32> {
-    let digits = text.trim_start_matches("0o");
-    i32::from_str_radix(digits, 8)
-        .ok()
-        .filter(|m| (0..=0o777).contains(m))
-}
-
-/// Reads an object's `filePermission`; notes (and ignores) one that is not an octal mode.
-pub fn read_mode(f: &mut Fields<'_>, notes: &mut Notes) -> Option<i32> {
-    let path = f.at("filePermission");
-    let text = f.string("filePermission", notes)?;
-    let mode = file_mode(&text);
-    if mode.is_none() {
-        notes.warn(
-            path,
-            format!(
-                "{} is not an octal file mode (e.g. 0640); not carried over",
-                quoted(&text)
-            ),
-        );
-    }
-    mode
-}
-
-/// Checks an entry's file name against Latchkey's rules; notes a name that breaks them.
-pub fn file_name_ok(path: &str, name: &str, notes: &mut Notes) -> bool {
-    let ok = crate::api::rules::FILE_PATH.is_match(name)
-        && name.chars().count() <= crate::api::rules::MAX_SECRET_KEY_LEN;
-    if !ok {
-        notes.warn(
-            path,
-            format!(
-                "file name {} {}; object not carried over",
-                quoted(name),
-                crate::api::rules::FILE_PATH.message
-            ),
-        );
-    }
-    ok
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_modes_are_octal() {
-        assert_eq!(file_mode("0640"), Some(0o640));
-        assert_eq!(file_mode("644"), Some(0o644));
-        assert_eq!(file_mode("0999"), None);
-        assert_eq!(file_mode("1777"), None);
-    }
 
     #[test]
     fn extra_groups_get_a_suffix() {

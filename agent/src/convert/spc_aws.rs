@@ -6,7 +6,7 @@ use serde_norway::Value;
 use super::fields::Fields;
 use super::notes::{Notes, quoted};
 use super::output::Meta;
-use super::spc::{Entry, Group, file_name_ok, read_mode};
+use super::spc_entries::{Entry, Group, file_name_ok, read_mode};
 use crate::api::RemoteRef;
 use crate::api::store::{AwsAuth, AwsJwtAuth, AwsProvider, StoreProvider};
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use super::fields::Fields;
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
-use super::spc::{Converted, class_external_secret, class_store, volume_snippet};
+use super::spc_objects::{Converted, class_external_secret, class_store, volume_snippet};
 use crate::api::external_secret::{DataFrom, FindName, FindRef};
 use crate::api::store::{SecretsStoreCsiProvider, StoreProvider};
 
@@ -51,7 +51,7 @@ pub fn convert(
         audiences: Vec::new(),
         timeout: None,
     };
-    crate::api::validate::secrets_store_csi(&csi).map_err(|e| e.to_string())?;
+    crate::api::validate::plugin::secrets_store_csi(&csi).map_err(|e| e.to_string())?;
     notes.warn(
         "spec.provider",
         format!(

@@ -11,7 +11,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tower::service_fn;
 
-use super::ATTR_EXTERNAL_SECRET;
+use crate::api::ATTR_EXTERNAL_SECRET;
 
 /// Opens a gRPC channel to the agent's socket.
 pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {

@@ -9,7 +9,8 @@ use csi_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::{DRIVER_NAME, DRIVER_VERSION};
+use super::DRIVER_VERSION;
+use crate::api::DRIVER_NAME;
 use crate::publish::Publisher;
 
 /// Serves Identity; ready when the catalog is synced.

@@ -11,9 +11,5 @@ pub mod request;
 pub mod server;
 pub mod status;
 
-/// The CSI driver name kubelet knows Latchkey by.
-pub const DRIVER_NAME: &str = "csi.latchkey.dev";
 /// The driver version reported to kubelet.
 pub const DRIVER_VERSION: &str = env!("CARGO_PKG_VERSION");
-/// The volume attribute naming the ExternalSecret.
-pub const ATTR_EXTERNAL_SECRET: &str = "externalSecret";

@@ -105,7 +105,7 @@ impl NodeService {
             Ok(Outcome::Refreshed { changed: false }) => ("success", "unchanged"),
             Ok(Outcome::RefreshFailed) => ("success", "refresh_failed"),
             Ok(Outcome::NotDue) => ("success", "not_due"),
-            Err(s) => ("error", status::code_label(s.code())),
+            Err(s) => ("error", crate::grpc_code::label(s.code())),
         };
         m.publish_duration
             .get_or_create(&PublishLabels { result, reason })

@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use csi_proto::v1::volume_capability::AccessType;
 use csi_proto::v1::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest};
 
-use super::ATTR_EXTERNAL_SECRET;
+use crate::api::ATTR_EXTERNAL_SECRET;
 use crate::identity::{IdentityError, POD_INFO_PREFIX, PodInfo, is_dns_subdomain};
 use crate::publish::PublishRequest;
 

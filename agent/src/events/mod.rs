@@ -265,10 +265,10 @@ fn object_event(
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
         action: Some(action.into()),
-        reporting_component: Some(crate::csi::DRIVER_NAME.into()),
+        reporting_component: Some(crate::api::DRIVER_NAME.into()),
         reporting_instance: Some(instance.into()),
         source: Some(EventSource {
-            component: Some(crate::csi::DRIVER_NAME.into()),
+            component: Some(crate::api::DRIVER_NAME.into()),
             host: Some(instance.into()),
         }),
         ..Default::default()

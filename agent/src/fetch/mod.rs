@@ -7,7 +7,8 @@
 //! Shared by every caller that needs an ExternalSecret's values: the publish path, and a caller
 //! with no pod (the mirror controller) that brings its own identity. Not for binding (see
 //! [`crate::catalog`]), not for deciding *whether* or *when* to call a backend (backoff and
-//! refresh schedules are the caller's, keyed by [`Source::store`] and [`Source::identity`]), and
+//! refresh schedules are the caller's, keyed by [`Source::store`] and [`Source::identity`]; they
+//! keep them with [`backoff`] and [`schedule`], which live here so both callers share them), and
 //! not for turning values into entries or files (see [`crate::resolve`]). No CSI, no volumes, no
 //! Events.
 
@@ -29,6 +30,7 @@ use crate::resolve::{Context, Fetched, Plan};
 use backoff::Gate;
 
 pub mod backoff;
+pub mod schedule;
 
 /// Why values could not be fetched. Messages name namespace, ExternalSecret, store and remote key
 /// where they apply, and never contain values or tokens.

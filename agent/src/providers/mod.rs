@@ -182,7 +182,7 @@ pub struct Env {
     /// AWS STS sessions and SDK clients, shared across publishes.
     pub aws_sessions: Arc<aws::SessionCache>,
     /// Vault login tokens, shared by every publish (one login per identity per token lifetime).
-    pub vault_tokens: Arc<vault::TokenCache>,
+    pub vault_tokens: Arc<vault::tokens::TokenCache>,
     /// Secret-store plugins: the allowed socket directory and one channel per endpoint.
     pub plugins: Arc<plugin::Plugins>,
     /// Secrets Store CSI Driver providers: their socket directory, channels and the object

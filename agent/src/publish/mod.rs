@@ -1,7 +1,7 @@
 //! Publishing: what a NodePublishVolume or NodeUnpublishVolume call does, gRPC-free. [`Publisher`]
 //! strings the steps together for one target: pod identity -> catalog binding -> fetch
 //! ([`crate::fetch`]) -> resolve -> volume, and owns the orchestration around them: one operation
-//! per target at a time (`locks`), when a mounted volume is next due ([`schedule`]), leaving a
+//! per target at a time (`locks`), when a mounted volume is next due ([`crate::fetch::schedule`]), leaving a
 //! failing backend alone ([`crate::fetch::backoff`]), rendering on the compute pool, cleaning up after a panic,
 //! and Events on the pod.
 //!
@@ -11,7 +11,6 @@
 //! status code.
 
 mod locks;
-pub mod schedule;
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -28,12 +27,12 @@ use crate::catalog::{BindingError, Catalog, bind};
 use crate::compute::{ComputeError, Pool};
 use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
 use crate::fetch::backoff::{Backoff, Gate};
+use crate::fetch::schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 use crate::fetch::{FetchError, Fetcher};
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
 use crate::volume::{self, Published, Unpublished, VolumeError, VolumeFile, Volumes};
-use schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 
 /// A validated NodePublishVolume call.
 #[derive(Debug, Clone)]

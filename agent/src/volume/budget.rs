@@ -21,11 +21,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::error::VolumeError;
 use super::tmpfs::round_up_to_pages;
 
-/// What one inode (file, directory or link) of a tmpfs costs in kernel memory, beyond its pages:
-/// `shmem_inode_cache` and the dentry take ~0.9 KiB, and both are charged to the writer's
-/// memory cgroup like the pages are. Rounded up, so many tiny files cannot slip past the budget.
-pub const INODE_BYTES: u64 = 1024;
-
 /// How much memory volumes may hold on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetLimits {
@@ -233,16 +228,11 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// `bytes` as MiB with one decimal, for messages (`3.0 MiB`).
-pub(crate) fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::volume::test_support::{file, require_root};
-    use crate::volume::tmpfs::page_size;
+    use crate::volume::tmpfs::{INODE_BYTES, page_size};
 
     const MIB: u64 = 1 << 20;
 

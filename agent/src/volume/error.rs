@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use nix::errno::Errno;
 use thiserror::Error;
 
-use super::budget::mib;
 use super::path::{PathConflict, PathError};
 
 /// Everything that can go wrong while publishing, updating or removing a volume.
@@ -233,6 +232,11 @@ impl VolumeError {
             },
         }
     }
+}
+
+/// `bytes` as MiB with one decimal, for messages (`3.0 MiB`).
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
 #[cfg(test)]

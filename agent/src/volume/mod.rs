@@ -49,10 +49,11 @@ mod tests;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use budget::{BudgetLimits, INODE_BYTES};
+pub use budget::BudgetLimits;
 pub use error::{ErrorClass, VolumeError};
 pub use path::FilePath;
 pub use payload::{DEFAULT_FILE_MODE, VolumeFile, untrusted_file_mode};
+pub use tmpfs::INODE_BYTES;
 pub use tmpfs::SOURCE as MOUNT_SOURCE;
 
 use budget::Budget;

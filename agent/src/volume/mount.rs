@@ -10,12 +10,13 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use super::budget::{INODE_BYTES, Reservation};
+use super::budget::Reservation;
 use super::dirs::Created;
 use super::error::VolumeError;
 use super::payload::Payload;
 use super::probe::{self, Seen};
 use super::target::not_ours;
+use super::tmpfs::INODE_BYTES;
 use super::writer::AtomicWriter;
 use super::{Backend, Volumes, mountinfo, tmpfs};
 

@@ -8,9 +8,9 @@
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 
-use super::budget::INODE_BYTES;
 use super::error::VolumeError;
 use super::path::{FilePath, check_set};
+use super::tmpfs::INODE_BYTES;
 use super::tmpfs::{page_size, round_up_to_pages};
 use crate::secret::SecretBytes;
 

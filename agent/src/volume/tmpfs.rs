@@ -11,9 +11,13 @@ use std::sync::OnceLock;
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 
-use super::budget::INODE_BYTES;
 use super::error::VolumeError;
 use super::mountinfo::MountEntry;
+
+/// What one inode (file, directory or link) of a tmpfs costs in kernel memory, beyond its pages:
+/// `shmem_inode_cache` and the dentry take ~0.9 KiB, and both are charged to the writer's
+/// memory cgroup like the pages are. Rounded up, so many tiny files cannot slip past the budget.
+pub const INODE_BYTES: u64 = 1024;
 
 /// The mount source of every Latchkey tmpfs; how mountinfo tells us a mount is ours. A volume's
 /// source is `latchkey/<namespace>` (see [`source`]); a bare `latchkey` is a volume mounted by an

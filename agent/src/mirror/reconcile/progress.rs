@@ -8,8 +8,8 @@ use super::{REFRESH_JITTER, RETRY_FLOOR, Reconciler, Written};
 use crate::api::ExternalSecret;
 use crate::api::external_secret::RefreshPolicy;
 use crate::fetch::backoff;
+use crate::fetch::schedule::Refresh;
 use crate::mirror::status::{Outcome, Reason};
-use crate::publish::schedule::Refresh;
 
 impl Reconciler {
     /// When to reconcile again, and the bookkeeping of failures and refreshes.

@@ -42,9 +42,13 @@ use super::{
     BuildContext, FindQuery, MAX_FIND_RESULTS, Provider, ProviderError, RemoteKey, grpc_answer,
 };
 use crate::api::store::{PluginConfigRef, PluginProvider};
-use crate::api::validate;
+use crate::api::validate::plugin as validate;
 use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
+
+/// How long a TCP connection (and a TLS handshake) to a plugin may take to establish; shared by
+/// the plain channels (`socket`) and the TLS ones (`tls`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Attempts after the first one, for transport failures only.
 const RETRIES: u32 = 2;

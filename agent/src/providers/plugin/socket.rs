@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use rustix::fs::{FileType, Mode, OFlags};
@@ -20,8 +19,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tower::service_fn;
 
 use super::super::ProviderError;
+use super::CONNECT_TIMEOUT;
 use super::tls::Material;
-use crate::api::validate::PluginEndpoint;
+use crate::api::validate::plugin::PluginEndpoint;
 
 /// Default of `--plugin-socket-dir`.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/latchkey/plugins";
@@ -29,9 +29,6 @@ pub const DEFAULT_SOCKET_DIR: &str = "/var/run/latchkey/plugins";
 /// Most plugin endpoints with a kept channel; past it the map starts over (channels of stores
 /// still in use are re-created lazily on their next call).
 const MAX_CHANNELS: usize = 256;
-
-/// How long a TCP connection (and a TLS handshake) to a plugin may take to establish.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which protocol a plugin serves, as its `Version` answer told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

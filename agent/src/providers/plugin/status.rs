@@ -8,6 +8,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 
 use super::super::{MAX_RESPONSE_BYTES, ProviderError};
+use crate::grpc_code::name;
 use crate::telemetry::escape::printable;
 
 /// Longest part of a plugin's message that reaches an error.
@@ -202,11 +203,6 @@ fn chain(error: &(dyn Error + 'static)) -> String {
         next = e.source();
     }
     printable(&text, MAX_MESSAGE_CHARS)
-}
-
-/// The gRPC name of a code (`PERMISSION_DENIED`).
-fn name(code: Code) -> String {
-    crate::csi::status::code_label(code).to_ascii_uppercase()
 }
 
 #[cfg(test)]

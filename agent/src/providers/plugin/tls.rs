@@ -16,6 +16,7 @@ use tokio_rustls::TlsConnector;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use super::super::{BuildContext, ProviderError, credentials};
+use super::CONNECT_TIMEOUT;
 use crate::api::store::{PluginTls, SecretKeySelector};
 use crate::secret::SecretString;
 
@@ -88,7 +89,7 @@ impl Material {
         let mut config = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
             .domain_name(domain)
-            .timeout(super::socket::CONNECT_TIMEOUT);
+            .timeout(CONNECT_TIMEOUT);
         if let Some((cert, key)) = &self.client {
             config = config.identity(Identity::from_pem(cert, key.expose()));
         }
@@ -135,14 +136,14 @@ impl Material {
         let domain = host.trim_start_matches('[').trim_end_matches(']');
         let name = ServerName::try_from(domain.to_owned()).ok()?;
         let tcp = tokio::time::timeout(
-            super::socket::CONNECT_TIMEOUT,
+            CONNECT_TIMEOUT,
             tokio::net::TcpStream::connect((domain, port)),
         )
         .await
         .ok()?
         .ok()?;
         let connect = TlsConnector::from(config).connect(name, tcp);
-        let mut stream = match tokio::time::timeout(super::socket::CONNECT_TIMEOUT, connect).await {
+        let mut stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Err(_) => return None,
             Ok(Err(e)) => return Some(e.to_string()),
             Ok(Ok(stream)) => stream,

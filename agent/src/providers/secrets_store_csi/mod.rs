@@ -36,7 +36,7 @@ pub use request::TARGET_PATH;
 use super::plugin::status::{self, Callee};
 use super::{BuildContext, FindQuery, Provider, ProviderError, RemoteKey, grpc_answer};
 use crate::api::store::SecretsStoreCsiProvider;
-use crate::api::validate;
+use crate::api::validate::plugin as validate;
 use crate::secret::{SecretBytes, SecretString};
 
 /// The RPC called, for an UNIMPLEMENTED answer.
