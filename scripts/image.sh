@@ -28,19 +28,20 @@
 # Runs as root (podman stores images in /var/lib/containers). Installs podman from Debian's
 # packages when neither podman nor buildah is there: a missing builder fails, it never skips.
 set -euo pipefail
+caller_dir=$PWD
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
+usage() { sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0" >&2; exit "$1"; }
 
 targets=() binary="" tag="" context_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --target) targets+=("${2:?--target needs a triple}"); shift 2 ;;
-    --binary) binary="${2:?--binary needs a path}"; shift 2 ;;
+    --binary) binary=$(cd "$caller_dir" && realpath -e "${2:?--binary needs a path}"); shift 2 ;;
     --tag) tag="${2:?--tag needs a name}"; shift 2 ;;
     --context-only) context_only=1; shift ;;
-    -h|--help) usage ;;
-    *) echo "scripts/image.sh: unknown argument $1" >&2; usage ;;
+    -h|--help) usage 0 ;;
+    *) echo "scripts/image.sh: unknown argument $1" >&2; usage 2 ;;
   esac
 done
 [ ${#targets[@]} -gt 0 ] || targets=("$(uname -m)-unknown-linux-gnu")
