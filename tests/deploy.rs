@@ -596,6 +596,22 @@ fn every_changed_value_lands_where_it_belongs() {
         container(ds_off, "latchkey")["livenessProbe"]["httpGet"]["port"],
         "healthz"
     );
+
+    // podAnnotations beside the scrape annotations, when both are on.
+    let both = chart.render(
+        "lk",
+        ns,
+        &json!({"controller": {"enabled": true, "podAnnotations": {"b": "2"}},
+                "node": {"podAnnotations": {"a": "1"}}}),
+    );
+    for (kind, name, own, port) in [
+        ("DaemonSet", "latchkey-node", ("a", "1"), "9808"),
+        ("Deployment", "latchkey-controller", ("b", "2"), "9809"),
+    ] {
+        let annotations = &find(&both, kind, name)["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations[own.0], own.1, "{kind}");
+        assert_eq!(annotations["prometheus.io/port"], port, "{kind}");
+    }
 }
 
 /// A value no template reads is a knob that does nothing.
