@@ -64,6 +64,31 @@ LATCHKEY_BENCH_QUICK=1 LATCHKEY_BENCH_ONLY=warm LATCHKEY_BENCH_PIN=1 \
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench template
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench mirror
 
+# --- 5. The image (scripts/image.sh) ----------------------------------------------------------
+# The Dockerfile built as users build it (FROM scratch, podman), and the binary run inside it. Not
+# from a release build (~11 min): `cargo rustc` gives +crt-static to the binary's link alone, so
+# it reuses the debug dependencies built above, except those a build without the
+# dev-dependencies compiles with other features.
+echo "==> image: static debug binary, scripts/image.sh, latchkey --version and demo --help inside"
+image_start=$SECONDS
+cargo rustc -p latchkey --bin latchkey --locked -- -C target-feature=+crt-static -C strip=symbols
+mkdir -p target/image-ci
+cp target/debug/latchkey target/image-ci/latchkey
+scripts/image.sh --binary target/image-ci/latchkey --tag localhost/latchkey:ci
+# runc, not Debian's default crun, which refuses hosts with cgroup v1 and v2 mounted side by side
+# (this machine). Low ulimits: podman's defaults raise hard limits, which needs CAP_SYS_RESOURCE.
+if ! command -v runc >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc >/dev/null
+fi
+in_image=(podman --runtime runc run --rm --network=none
+          --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 localhost/latchkey:ci)
+# Whole outputs, then grep: grep -q would close the pipe on podman's attached stdout.
+version_out=$("${in_image[@]}" --version)
+demo_help=$("${in_image[@]}" demo --help)
+grep -q '^latchkey [0-9]' <<<"$version_out"
+grep -q 'Usage: latchkey demo' <<<"$demo_help"
+echo "==> image: built and run in $((SECONDS - image_start)) s"
+
 # --- Summary ----------------------------------------------------------------------------------
 # cargo prints one "test result" line per test binary, the last one for doc-tests (often 0):
 # add them up so the run ends with the real totals.

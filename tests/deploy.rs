@@ -11,11 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde_json::{Value, json};
 
 use helm::{Chart, yaml_documents};
@@ -196,7 +198,11 @@ fn changed_values() -> Value {
         "logLevel": "info,latchkey=debug",
         "logFormat": "text",
         "metrics": {"enabled": true, "port": 19808, "controllerPort": 19809,
-                    "scrapeAnnotations": false},
+                    "scrapeAnnotations": false,
+                    "serviceMonitor": {"enabled": true, "interval": "15s",
+                                       "labels": {"release": "prom"}},
+                    "podMonitor": {"enabled": true, "interval": "20s",
+                                   "labels": {"release": "prom-pods"}}},
         "tokenRequests": [{"audience": "vault", "expirationSeconds": 3600}],
         "node": {
             "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
@@ -214,6 +220,10 @@ fn changed_values() -> Value {
             "resources": {"requests": {"cpu": "21m", "memory": "41Mi"},
                           "limits": {"memory": "201Mi"}},
             "extraArgs": ["--volume-size-limit=8Mi"],
+            "podAnnotations": {"example.com/owner": "node-team"},
+            "podLabels": {"team": "node"},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+            "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
         },
         "sidecars": {
             "nodeDriverRegistrar": {
@@ -245,6 +255,10 @@ fn changed_values() -> Value {
             "resources": {"requests": {"cpu": "22m", "memory": "42Mi"},
                           "limits": {"memory": "202Mi"}},
             "extraArgs": ["--dry-run"],
+            "podAnnotations": {"example.com/owner": "ctrl-team"},
+            "podLabels": {"team": "ctrl"},
+            "updateStrategy": {"type": "Recreate"},
+            "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
         },
     })
 }
@@ -345,13 +359,71 @@ fn every_changed_value_lands_where_it_belongs() {
         assert_eq!(env(c, "RUST_LOG"), "info,latchkey=debug");
         assert!(args(c).contains(&"--log-format=text"), "{:?}", args(c));
     }
-    for pod in [ds_pod, deploy_pod] {
+    for (pod, part) in [(ds_pod, "node"), (deploy_pod, "controller")] {
         assert_eq!(
             pod["spec"]["imagePullSecrets"],
             json!([{"name": "regcred"}])
         );
-        // metrics.scrapeAnnotations=false
-        assert!(pod["metadata"].get("annotations").is_none(), "{pod}");
+        // metrics.scrapeAnnotations=false: no prometheus.io/* annotation, only the pod's own.
+        assert_eq!(
+            pod["metadata"]["annotations"], v[part]["podAnnotations"],
+            "{pod}"
+        );
+        // podLabels beside the selector's label, which stays.
+        let mut labels = v[part]["podLabels"].clone();
+        labels["app.kubernetes.io/name"] = json!(format!("latchkey-{part}"));
+        assert_eq!(pod["metadata"]["labels"], labels, "{part}.podLabels");
+    }
+    // extraEnv: after the chart's own variables, which stay.
+    for (c, part) in [(agent, "node"), (controller, "controller")] {
+        let extra = &v[part]["extraEnv"][0];
+        assert_eq!(
+            c["env"].as_array().unwrap().last(),
+            Some(extra),
+            "{part}.extraEnv"
+        );
+        assert_eq!(env(c, "RUST_LOG"), "info,latchkey=debug");
+    }
+    // updateStrategy: the DaemonSet's updateStrategy, the Deployment's strategy.
+    assert_eq!(ds["spec"]["updateStrategy"], v["node"]["updateStrategy"]);
+    assert_eq!(
+        deploy["spec"]["strategy"],
+        v["controller"]["updateStrategy"]
+    );
+
+    // metrics.serviceMonitor and .podMonitor: one headless Service per workload, and monitors
+    // that select both pods' `metrics` port.
+    for (name, port) in [
+        ("latchkey-node-metrics", 19808),
+        ("latchkey-controller-metrics", 19809),
+    ] {
+        let svc = find(&docs, "Service", name);
+        assert_eq!(svc["spec"]["clusterIP"], "None", "{name}");
+        assert_eq!(svc["spec"]["ports"][0]["port"], port, "{name}");
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], "metrics", "{name}");
+        let selected = &svc["spec"]["selector"]["app.kubernetes.io/name"];
+        assert_eq!(
+            &svc["metadata"]["labels"]["app.kubernetes.io/name"],
+            selected
+        );
+    }
+    for (kind, part, endpoints) in [
+        ("ServiceMonitor", "serviceMonitor", "endpoints"),
+        ("PodMonitor", "podMonitor", "podMetricsEndpoints"),
+    ] {
+        let m = find(&docs, kind, "latchkey");
+        assert_eq!(
+            m["metadata"]["labels"], v["metrics"][part]["labels"],
+            "{kind}"
+        );
+        let e = &m["spec"][endpoints][0];
+        assert_eq!(e["port"], "metrics", "{kind}");
+        assert_eq!(e["interval"], v["metrics"][part]["interval"], "{kind}");
+        assert_eq!(
+            m["spec"]["selector"]["matchExpressions"][0]["values"],
+            json!(["latchkey-node", "latchkey-controller"]),
+            "{kind}"
+        );
     }
 
     // metrics ports
@@ -494,8 +566,15 @@ fn every_changed_value_lands_where_it_belongs() {
         "lk",
         ns,
         &json!({"controller": {"enabled": true},
-                                              "metrics": {"enabled": false}}),
+                "metrics": {"enabled": false, "serviceMonitor": {"enabled": true},
+                            "podMonitor": {"enabled": true}}}),
     );
+    for kind in ["Service", "ServiceMonitor", "PodMonitor"] {
+        assert!(
+            off.iter().all(|d| d["kind"] != kind),
+            "{kind} without metrics"
+        );
+    }
     for (kind, name) in [
         ("DaemonSet", "latchkey-node"),
         ("Deployment", "latchkey-controller"),
@@ -517,6 +596,22 @@ fn every_changed_value_lands_where_it_belongs() {
         container(ds_off, "latchkey")["livenessProbe"]["httpGet"]["port"],
         "healthz"
     );
+
+    // podAnnotations beside the scrape annotations, when both are on.
+    let both = chart.render(
+        "lk",
+        ns,
+        &json!({"controller": {"enabled": true, "podAnnotations": {"b": "2"}},
+                "node": {"podAnnotations": {"a": "1"}}}),
+    );
+    for (kind, name, own, port) in [
+        ("DaemonSet", "latchkey-node", ("a", "1"), "9808"),
+        ("Deployment", "latchkey-controller", ("b", "2"), "9809"),
+    ] {
+        let annotations = &find(&both, kind, name)["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations[own.0], own.1, "{kind}");
+        assert_eq!(annotations["prometheus.io/port"], port, "{kind}");
+    }
 }
 
 /// A value no template reads is a knob that does nothing.
@@ -541,6 +636,89 @@ fn every_value_is_used_by_a_template() {
         let used = (1..=parts.len()).any(|n| used_whole(&parts[..n].join(".")));
         assert!(used, "values.yaml: {leaf} is used by no template");
     }
+}
+
+/// The DaemonSet is privileged: a namespace where Pod Security Admission enforces baseline (a
+/// common cluster default) refuses its pods, so the Namespace kustomize creates admits them.
+#[test]
+fn the_namespace_admits_the_privileged_agent() {
+    for dir in [".", "with-mirror"] {
+        let docs = kustomize(dir);
+        let ns = find(&docs, "Namespace", "latchkey");
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged",
+            "daemonset/{dir}"
+        );
+        let ds = find(&docs, "DaemonSet", "latchkey-node");
+        assert_eq!(ds["metadata"]["namespace"], "latchkey", "daemonset/{dir}");
+        assert_eq!(
+            container(ds, "latchkey")["securityContext"]["privileged"],
+            true
+        );
+    }
+}
+
+/// By default the controller's replicas prefer different nodes, so losing one node does not
+/// take both; preferred, not required, so a one-node cluster still runs two.
+#[test]
+fn controller_replicas_prefer_different_nodes() {
+    let rendered = chart().render("lk", "lk", &json!({"controller": {"enabled": true}}));
+    for (docs, what) in [
+        (kustomize("with-mirror"), "daemonset/with-mirror"),
+        (rendered, "the chart"),
+    ] {
+        let pod = &find(&docs, "Deployment", "latchkey-controller")["spec"]["template"];
+        let anti = &pod["spec"]["affinity"]["podAntiAffinity"];
+        assert!(
+            anti.get("requiredDuringSchedulingIgnoredDuringExecution")
+                .is_none(),
+            "{what}"
+        );
+        let terms = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: no preferred anti-affinity"));
+        assert_eq!(terms.len(), 1, "{what}");
+        let term = &terms[0]["podAffinityTerm"];
+        assert_eq!(term["topologyKey"], "kubernetes.io/hostname", "{what}");
+        // It selects the replicas themselves.
+        assert_eq!(
+            term["labelSelector"]["matchLabels"], pod["metadata"]["labels"],
+            "{what}"
+        );
+    }
+}
+
+/// The egress example selects the controller's pods and only them, in their namespace, and lets
+/// DNS through: a policy that selected nothing would look applied and do nothing, and one
+/// without DNS would cut the controller off everything.
+#[test]
+fn the_egress_example_applies_to_the_controller() {
+    let policies = kustomize("components/controller-egress");
+    let policy = find(&policies, "NetworkPolicy", "latchkey-controller-egress");
+    let docs = kustomize("with-mirror");
+    let controller = find(&docs, "Deployment", "latchkey-controller");
+    let node = find(&docs, "DaemonSet", "latchkey-node");
+    let selector = policy["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let selects = |w: &Value| {
+        selector
+            .iter()
+            .all(|(k, v)| w["spec"]["template"]["metadata"]["labels"][k] == *v)
+    };
+    assert!(selects(controller) && !selects(node));
+    assert_eq!(
+        policy["metadata"]["namespace"],
+        controller["metadata"]["namespace"]
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Egress"]));
+    let dns = policy["spec"]["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| rule["ports"].as_array().into_iter().flatten())
+        .any(|p| p["port"] == 53 && p["protocol"] == "UDP");
+    assert!(dns, "no DNS egress: {policy}");
 }
 
 // ---- every manifest is a valid object of its type ----
@@ -570,6 +748,20 @@ fn check_typed(doc: &Value, origin: &str) {
         ("v1", "Namespace") => strict::<Namespace>(doc),
         ("v1", "Pod") => strict::<Pod>(doc),
         ("v1", "Secret") => strict::<Secret>(doc),
+        ("v1", "Service") => strict::<Service>(doc),
+        ("networking.k8s.io/v1", "NetworkPolicy") => strict::<NetworkPolicy>(doc),
+        ("monitoring.coreos.com/v1", "ServiceMonitor" | "PodMonitor") => strict::<Monitor>(doc)
+            .and_then(|()| {
+                let field = match kind {
+                    "ServiceMonitor" => "endpoints",
+                    _ => "podMetricsEndpoints",
+                };
+                doc["spec"][field]
+                    .as_array()
+                    .is_some_and(|e| !e.is_empty())
+                    .then_some(())
+                    .ok_or(format!("a {kind} without spec.{field}"))
+            }),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => strict::<ClusterRole>(doc),
         ("rbac.authorization.k8s.io/v1", "Role") => strict::<Role>(doc),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => strict::<ClusterRoleBinding>(doc),
@@ -591,6 +783,35 @@ fn check_typed(doc: &Value, origin: &str) {
     }
 }
 
+/// The fields of the Prometheus Operator's ServiceMonitor and PodMonitor the chart uses (there is
+/// no typed crate for them here): any other is a typo.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // read by serde only
+struct Monitor {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: MonitorSpec,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct MonitorSpec {
+    selector: LabelSelector,
+    endpoints: Option<Vec<MetricsEndpoint>>,
+    pod_metrics_endpoints: Option<Vec<MetricsEndpoint>>,
+}
+
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct MetricsEndpoint {
+    port: String,
+    path: Option<String>,
+    interval: Option<String>,
+}
+
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -605,6 +826,39 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every directory of daemonset/ holding a kustomization.yaml, relative to daemonset/.
+fn kustomize_dirs() -> Vec<String> {
+    let mut files = Vec::new();
+    yaml_files(&repo().join("daemonset"), &mut files);
+    let root = repo().join("daemonset");
+    let mut dirs: Vec<String> = files
+        .iter()
+        .filter(|p| p.file_name().unwrap() == "kustomization.yaml")
+        .map(|p| {
+            let dir = p.parent().unwrap().strip_prefix(&root).unwrap();
+            let dir = dir.to_str().unwrap();
+            if dir.is_empty() {
+                ".".into()
+            } else {
+                dir.into()
+            }
+        })
+        .collect();
+    dirs.sort();
+    for want in [
+        ".",
+        "with-mirror",
+        "components/mirror",
+        "components/controller-egress",
+    ] {
+        assert!(
+            dirs.iter().any(|d| d == want),
+            "no daemonset/{want}: {dirs:?}"
+        );
+    }
+    dirs
+}
+
 #[test]
 fn every_manifest_is_a_valid_kubernetes_object() {
     let mut checked = 0;
@@ -616,9 +870,10 @@ fn every_manifest_is_a_valid_kubernetes_object() {
         }
     };
     // daemonset/ as applied: its files are kustomize inputs, the outputs are what must be valid.
-    for dir in [".", "with-mirror"] {
+    // Every overlay and component renders on its own.
+    for dir in kustomize_dirs() {
         check_all(
-            &kustomize(dir),
+            &kustomize(&dir),
             &format!("kubectl kustomize daemonset/{dir}"),
         );
     }

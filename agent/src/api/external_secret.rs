@@ -301,7 +301,7 @@ pub enum TemplateMergePolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Files {
-    /// Mode of every file without its own (default 0444), at most 0777.
+    /// Mode of every file without its own (default 0444), at most 0777; write bits are dropped.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -326,7 +326,7 @@ pub struct FileItem {
         regex(pattern = crate::api::rules::FILE_PATH.regex)
     )]
     pub path: String,
-    /// File mode (e.g. 0400), at most 0777.
+    /// File mode (e.g. 0400), at most 0777; write bits are dropped (the volume is read-only).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

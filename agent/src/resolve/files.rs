@@ -3,7 +3,8 @@
 //!
 //! A file's mode, first match wins: its item's `mode`, then `defaultMode` (the pod author's
 //! choice always wins), then the mode the backend gave the value (only providers that return
-//! files give one, already made safe), then 0444.
+//! files give one, already made safe), then 0444. The volume is read-only, so write bits are
+//! dropped from the pod author's modes as from the backend's: `defaultMode: 0777` gives 0555.
 
 use std::collections::BTreeMap;
 
@@ -67,8 +68,13 @@ pub fn files(
         .collect()
 }
 
+/// Bits a mode in the spec cannot give: the volume is mounted read-only, so `-rwxrwxrwx` would
+/// claim a write that no one in the pod can do.
+const WRITE_BITS: u32 = 0o222;
+
+/// A mode from the ExternalSecret (validated to 0..=0o777), without its write bits.
 fn mode(m: i32) -> Option<u32> {
-    u32::try_from(m).ok()
+    u32::try_from(m).ok().map(|m| m & !WRITE_BITS)
 }
 
 #[cfg(test)]
@@ -113,6 +119,41 @@ mod tests {
         let f = files(&super::super::tests::ctx(), Some(&target), entries()).unwrap();
         let got: Vec<_> = f.iter().map(|f| (f.path.as_str(), f.mode)).collect();
         assert_eq!(got, [("db/url", 0o400), ("b.txt", 0o440)]);
+    }
+
+    #[test]
+    fn user_set_modes_lose_their_write_bits() {
+        let target = Target {
+            files: Some(Files {
+                default_mode: Some(0o777),
+                items: vec![
+                    FileItem {
+                        key: "a".into(),
+                        path: "a".into(),
+                        mode: Some(0o640),
+                    },
+                    FileItem {
+                        key: "b".into(),
+                        path: "b".into(),
+                        mode: None,
+                    },
+                ],
+            }),
+            ..Default::default()
+        };
+        let f = files(&super::super::tests::ctx(), Some(&target), entries()).unwrap();
+        let got: Vec<_> = f.iter().map(|f| (f.path.as_str(), f.mode)).collect();
+        assert_eq!(got, [("a", 0o440), ("b", 0o555)]);
+        // Without items, defaultMode applies to every entry; write-only leaves nothing.
+        let write_only = Target {
+            files: Some(Files {
+                default_mode: Some(0o222),
+                items: vec![],
+            }),
+            ..Default::default()
+        };
+        let f = files(&super::super::tests::ctx(), Some(&write_only), entries()).unwrap();
+        assert!(f.iter().all(|f| f.mode == 0), "{f:?}");
     }
 
     #[test]
