@@ -30,32 +30,46 @@ use crate::telemetry::metrics::KindLabel;
 
 /// The label the API server sets on every Namespace.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
-/// How many reflectors must have listed once before the catalog counts as synced.
-const REFLECTORS: usize = 4;
 
 /// Objects from the API server, cached by watches.
 pub struct KubernetesCatalog {
     client: Client,
-    external_secrets: Store<Lenient<ExternalSecret>>,
+    /// `None` in the mirror controller, whose own watch holds the ExternalSecrets.
+    external_secrets: Option<Store<Lenient<ExternalSecret>>>,
     secret_stores: Store<Lenient<SecretStore>>,
     cluster_secret_stores: Store<Lenient<ClusterSecretStore>>,
     namespaces: Store<Lenient<Namespace>>,
     synced: Arc<AtomicUsize>,
+    /// How many reflectors must have listed once before the catalog counts as synced.
+    reflectors: usize,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl KubernetesCatalog {
     /// Starts the watches; lookups work at once (falling back to GETs until the caches fill).
     pub fn start(client: Client, metrics: &Metrics) -> Self {
+        Self::start_watching(client, metrics, true)
+    }
+
+    /// As [`Self::start`], without caching ExternalSecrets: for the mirror controller, which
+    /// holds them in its own watch and would otherwise keep each twice; an ExternalSecret asked
+    /// for here is read with a GET.
+    pub fn start_without_external_secrets(client: Client, metrics: &Metrics) -> Self {
+        Self::start_watching(client, metrics, false)
+    }
+
+    fn start_watching(client: Client, metrics: &Metrics, external_secrets: bool) -> Self {
         let synced = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
         let unusable = |kind| Unusable::new(kind, metrics);
-        let external_secrets = reflect(
-            Api::all(client.clone()),
-            unusable("ExternalSecret"),
-            &synced,
-            &mut tasks,
-        );
+        let external_secrets = external_secrets.then(|| {
+            reflect(
+                Api::all(client.clone()),
+                unusable("ExternalSecret"),
+                &synced,
+                &mut tasks,
+            )
+        });
         let secret_stores = reflect(
             Api::all(client.clone()),
             unusable("SecretStore"),
@@ -75,6 +89,7 @@ impl KubernetesCatalog {
             &mut tasks,
         );
         Self {
+            reflectors: 3 + usize::from(external_secrets.is_some()),
             client,
             external_secrets,
             secret_stores,
@@ -199,10 +214,10 @@ fn key<K: Resource>(object: &K) -> String {
     }
 }
 
-/// The cached object, or a GET when the cache does not have it (yet); an unusable one is an
-/// error naming the object and what is wrong with it.
+/// The cached object, or a GET when the cache does not have it (yet) or there is none; an
+/// unusable one is an error naming the object and what is wrong with it.
 async fn usable_or_get<K>(
-    store: &Store<Lenient<K>>,
+    store: Option<&Store<Lenient<K>>>,
     api: Api<Lenient<K>>,
     namespace: Option<&str>,
     name: &str,
@@ -226,9 +241,9 @@ where
     }
 }
 
-/// The cached object, or a GET when the cache does not have it (yet).
+/// The cached object, or a GET when the cache does not have it (yet) or there is none.
 async fn cached_or_get<K>(
-    store: &Store<K>,
+    store: Option<&Store<K>>,
     api: Api<K>,
     namespace: Option<&str>,
     name: &str,
@@ -241,7 +256,7 @@ where
     if let Some(ns) = namespace {
         key = key.within(ns);
     }
-    if let Some(found) = store.get(&key) {
+    if let Some(found) = store.and_then(|s| s.get(&key)) {
         return Ok(Some(found));
     }
     api.get_opt(name)
@@ -275,7 +290,7 @@ impl Catalog for KubernetesCatalog {
         name: &str,
     ) -> Result<Option<Arc<ExternalSecret>>, CatalogError> {
         let api = Api::namespaced(self.client.clone(), namespace);
-        usable_or_get(&self.external_secrets, api, Some(namespace), name).await
+        usable_or_get(self.external_secrets.as_ref(), api, Some(namespace), name).await
     }
 
     async fn secret_store(
@@ -284,7 +299,7 @@ impl Catalog for KubernetesCatalog {
         name: &str,
     ) -> Result<Option<Arc<SecretStore>>, CatalogError> {
         let api = Api::namespaced(self.client.clone(), namespace);
-        usable_or_get(&self.secret_stores, api, Some(namespace), name).await
+        usable_or_get(Some(&self.secret_stores), api, Some(namespace), name).await
     }
 
     async fn cluster_secret_store(
@@ -292,7 +307,7 @@ impl Catalog for KubernetesCatalog {
         name: &str,
     ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError> {
         let api = Api::all(self.client.clone());
-        usable_or_get(&self.cluster_secret_stores, api, None, name).await
+        usable_or_get(Some(&self.cluster_secret_stores), api, None, name).await
     }
 
     async fn secret(
@@ -312,7 +327,7 @@ impl Catalog for KubernetesCatalog {
         namespace: &str,
     ) -> Result<BTreeMap<String, String>, CatalogError> {
         let api = Api::all(self.client.clone());
-        let ns = usable_or_get(&self.namespaces, api, None, namespace).await?;
+        let ns = usable_or_get(Some(&self.namespaces), api, None, namespace).await?;
         let mut labels = ns
             .and_then(|n| n.metadata.labels.clone())
             .unwrap_or_default();
@@ -323,6 +338,6 @@ impl Catalog for KubernetesCatalog {
     }
 
     fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire) >= REFLECTORS
+        self.synced.load(Ordering::Acquire) >= self.reflectors
     }
 }

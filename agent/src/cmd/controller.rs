@@ -90,7 +90,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .context("finding the Kubernetes API (in-cluster or KUBECONFIG)")?;
     let client =
         kube::Client::try_from(config.clone()).context("connecting to the Kubernetes API")?;
-    let catalog: Arc<dyn Catalog> = Arc::new(KubernetesCatalog::start(client.clone(), &metrics));
+    // The mirror keeps the ExternalSecrets in its own watch (mirror::catalog).
+    let catalog: Arc<dyn Catalog> = Arc::new(KubernetesCatalog::start_without_external_secrets(
+        client.clone(),
+        &metrics,
+    ));
     let identity = args
         .identity
         .clone()

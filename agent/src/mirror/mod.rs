@@ -8,6 +8,7 @@
 //! Secret value of the cluster is held in its memory. Only the replica holding the Lease
 //! ([`leader`]) runs the controllers, and every write checks that it still does.
 
+pub mod catalog;
 pub mod consent;
 pub mod desired;
 pub mod leader;
@@ -21,12 +22,13 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{
     Action, Config as ControllerConfig, Controller, Error as ControllerError,
 };
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tracing::{debug, warn};
 
@@ -182,7 +184,14 @@ fn controller(
         selected = selected.labels(selector);
     }
     let managed = watcher::Config::default().labels(&format!("{}=true", desired::MANAGED_LABEL));
-    Controller::new(externals, selected)
+    // The store keeps every ExternalSecret for as long as it exists: only what a reconcile
+    // reads goes in (see `compact`).
+    let (reader, writer) = reflector::store();
+    let watched = watcher(externals, selected)
+        .modify(compact)
+        .reflect(writer)
+        .applied_objects();
+    Controller::for_stream(watched, reader)
         .with_config(ControllerConfig::default().concurrency(scope.concurrency))
         // `PartialObjectMeta` makes the watch metadata-only: no Secret value is ever sent here.
         .watches(secrets, managed, |secret| {
@@ -198,6 +207,27 @@ fn controller(
         })
 }
 
+/// Drops what no reconcile reads from an ExternalSecret before the controller stores it: of the
+/// metadata, all but its identity, generation and resourceVersion. `managedFields` (one entry
+/// per writer, the controller's own status writes among them, each parsed into a tree of JSON
+/// maps), labels and annotations (`kubectl`'s last applied configuration repeats the whole
+/// object) are read by no reconcile; the label selector is applied by the server.
+fn compact(object: &mut Lenient<ExternalSecret>) {
+    let metadata = match object {
+        // Just deserialized, so not shared: `make_mut` does not copy.
+        Lenient::Usable(es) => &mut Arc::make_mut(es).metadata,
+        Lenient::Unusable { metadata, .. } => &mut **metadata,
+    };
+    *metadata = ObjectMeta {
+        name: metadata.name.take(),
+        namespace: metadata.namespace.take(),
+        uid: metadata.uid.take(),
+        generation: metadata.generation,
+        resource_version: metadata.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+}
+
 /// A reconcile that failed outright (the API server did not answer): retried after a pause; the
 /// Secret and status are as they were.
 fn error_policy(
@@ -208,4 +238,78 @@ fn error_policy(
     let name = kube::ResourceExt::name_any(&*es);
     warn!(external_secret = %name, %error, "reconcile failed; retrying");
     Action::requeue(reconcile::RETRY_FLOOR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ExternalSecret as a real API server sends it after `kubectl apply --server-side` and
+    /// one status write by the controller.
+    fn as_listed() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {
+                "name": "creds", "namespace": "shop", "uid": "uid-1", "generation": 2,
+                "resourceVersion": "42", "creationTimestamp": "2026-11-28T20:00:00Z",
+                "labels": {"team": "shop"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                "managedFields": [
+                    {"manager": "kubectl", "operation": "Apply", "apiVersion": "latchkey.dev/v1alpha1",
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:refreshInterval": {}}}},
+                    {"manager": "", "operation": "Update", "subresource": "status",
+                     "apiVersion": "latchkey.dev/v1alpha1", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:status": {"f:conditions": {}}}}
+                ]
+            },
+            "spec": {"secretStoreRef": {"name": "vault"}, "refreshInterval": "1h",
+                     "data": [{"secretKey": "password", "remoteRef": {"key": "shop/db"}}],
+                     "target": {"creationPolicy": "Owner"}},
+            "status": {"syncedResourceVersion": "2",
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "SecretSynced"}]}
+        })
+    }
+
+    #[test]
+    fn the_store_keeps_what_a_reconcile_reads() {
+        let mut object: Lenient<ExternalSecret> = serde_json::from_value(as_listed()).unwrap();
+        compact(&mut object);
+        let Lenient::Usable(es) = &object else {
+            panic!("compact changed the variant");
+        };
+        let meta = &es.metadata;
+        assert_eq!(meta.name.as_deref(), Some("creds"));
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        assert_eq!(meta.uid.as_deref(), Some("uid-1"));
+        assert_eq!(meta.generation, Some(2));
+        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        assert!(meta.managed_fields.is_none());
+        assert!(meta.annotations.is_none() && meta.labels.is_none());
+        assert!(meta.creation_timestamp.is_none());
+        // Spec and status are untouched.
+        let full: ExternalSecret = serde_json::from_value(as_listed()).unwrap();
+        assert_eq!(
+            serde_json::to_value(&es.spec).unwrap(),
+            serde_json::to_value(&full.spec).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_value(&es.status).unwrap(),
+            serde_json::to_value(&full.status).unwrap()
+        );
+    }
+
+    #[test]
+    fn an_unusable_object_keeps_its_identity_only() {
+        let mut listed = as_listed();
+        listed["spec"]["refreshInterval"] = serde_json::json!({"not": "a string"});
+        let mut object: Lenient<ExternalSecret> = serde_json::from_value(listed).unwrap();
+        compact(&mut object);
+        let Lenient::Unusable { metadata, reason } = &object else {
+            panic!("expected an unusable object");
+        };
+        assert!(reason.contains("refreshInterval"), "{reason}");
+        assert_eq!(metadata.name.as_deref(), Some("creds"));
+        assert_eq!(metadata.resource_version.as_deref(), Some("42"));
+        assert!(metadata.managed_fields.is_none() && metadata.annotations.is_none());
+    }
 }

@@ -20,6 +20,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use tracing::{debug, info, warn};
 
+use super::catalog::AtHand;
 use super::consent;
 use super::desired::{self, DesiredError};
 use super::leader::Leadership;
@@ -108,7 +109,8 @@ pub struct Reconciler {
 pub struct Parts {
     /// API client (the controller's own identity: Secrets, status, Events, TokenRequests).
     pub client: Client,
-    /// Stores, ExternalSecrets and Namespaces, as the node agent reads them.
+    /// Stores, Namespaces and credential Secrets, as the node agent reads them (ExternalSecrets
+    /// come from the controller's own watch; see [`super::catalog`]).
     pub catalog: Arc<dyn Catalog>,
     /// The shared value cache and providers.
     pub fetcher: Fetcher,
@@ -220,7 +222,7 @@ impl Reconciler {
     /// Brings the Secret in line; the outcome and a short result label for metrics.
     async fn sync(
         &self,
-        es: &ExternalSecret,
+        es: &Arc<ExternalSecret>,
         policy: CreationPolicy,
         namespace: &str,
         name: &str,
@@ -304,7 +306,11 @@ impl Reconciler {
         // Not due: only the Secret drifted, and any cached value will do to repair it.
         let max_age = if due { refresh.max_age() } else { None };
 
-        let binding = match bind(&*self.catalog, namespace, name).await {
+        let catalog = AtHand {
+            external_secret: es,
+            catalog: &*self.catalog,
+        };
+        let binding = match bind(&catalog, namespace, name).await {
             Ok(b) => b,
             Err(e) => return Ok(fail(Reason::SecretSyncedError, e.to_string())),
         };
