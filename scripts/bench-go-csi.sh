@@ -14,9 +14,12 @@
 # atomic: it writes them in kubelet's ..data layout, the same volume system calls as Latchkey's),
 # BENCH_CONNECTION (shared: every call of the benchmark on one connection per server; per-call:
 # each timed call dials a connection of its own and closes it after the answer, as kubelet does
-# for every operation), BENCH_ROUNDS (10), BENCH_PER_ROUND (200), BENCH_WARMUP (50), BENCH_JSON (default
-# target/bench/go-csi.json), TMPDIR (where the scratch directory and the targets go; the build
-# directory is below /var/tmp, on disk, so the binaries are file pages whatever TMPDIR says).
+# for every operation), BENCH_VOLUMES (1000: volumes each server then keeps mounted while its RSS
+# is read; 0 skips it), BENCH_ROUNDS (10), BENCH_PER_ROUND (200), BENCH_WARMUP (50), BENCH_JSON (default
+# target/bench/go-csi.json), BENCH_LAYOUT_CHECK (1: fail when the binary's code layout list is
+# stale, see agent/build.rs; 0: run anyway), TMPDIR (where the scratch directory and the targets
+# go; the build directory is below /var/tmp, on disk, so the binaries are file pages whatever
+# TMPDIR says).
 #
 # Installs the Debian packages it needs if they are missing (Go, grpc-go, golang/protobuf,
 # protoc, protoc-gen-go, protoc-gen-go-grpc), generates the CSI Go bindings from
@@ -33,7 +36,7 @@ for arg in "$@"; do
   case "$arg" in
     --go-only) GO_ONLY=1 ;;
     --strace) STRACE=1 ;;
-    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-go-csi.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -65,6 +68,30 @@ if [ "$GO_ONLY" = 0 ] && [ ! -x "$LATCHKEY_BIN" ]; then
 fi
 
 say() { echo "==> $*" >&2; }
+
+# --- Code layout -----------------------------------------------------------------------------------
+# Idle RSS depends on the listed functions being packed together (agent/build.rs): a list whose
+# names no longer match most of the code (moved or renamed modules) costs MiBs and nothing else
+# says so. The size of .text.hot against what the list packed when recorded tells.
+if [ "$GO_ONLY" = 0 ] && [ "${BENCH_LAYOUT_CHECK:-1}" = 1 ]; then
+  ORDER="$REPO/agent/link/hot-functions.order"
+  recorded=$(awk '/^# hot-bytes: / {print $3}' "$ORDER")
+  packed=$(readelf -SW "$LATCHKEY_BIN" | awk '$2 == ".text.hot" {print $6}')
+  [ -n "$packed" ] && packed=$((16#$packed))
+  if [ -z "$packed" ] || [ -z "$recorded" ]; then
+    echo "bench-go-csi.sh: $LATCHKEY_BIN has no .text.hot (built with LATCHKEY_SYMBOL_ORDER=off, or not by lld?); idle RSS would not compare. BENCH_LAYOUT_CHECK=0 runs anyway" >&2
+    exit 1
+  fi
+  say "code layout: .text.hot $((packed / 1024)) KiB, $((packed * 100 / recorded))% of the $((recorded / 1024)) KiB recorded"
+  # A fresh list packs ~100%. Names kept with their hash fit only the recorded build (`cargo
+  # build --release`), and a list without the agent crate's own names packed 83%.
+  if [ $((packed * 100 / recorded)) -lt 75 ]; then
+    echo "bench-go-csi.sh: the code layout list is stale (most listed functions are gone): run scripts/symbol-order.sh, rebuild; BENCH_LAYOUT_CHECK=0 runs anyway" >&2
+    exit 1
+  elif [ $((packed * 100 / recorded)) -lt 90 ]; then
+    echo "bench-go-csi.sh: WARNING: the code layout list is going stale (or this is not a cargo build --release binary); idle RSS may be higher than with a fresh list (scripts/symbol-order.sh)" >&2
+  fi
+fi
 
 # --- Debian packages -----------------------------------------------------------------------------
 GOCODE=/usr/share/gocode/src
@@ -233,6 +260,29 @@ done
 say "running the client (TMPDIR=${TMPDIR:-/tmp})"
 client -go-socket "$GO_SOCK" -go-pid "$GO_PID" -go-label "$GO_LABEL" "${LK_ARGS[@]}" -targets "$TARGETS" \
   -rounds "$ROUNDS" -per-round "$PER_ROUND" -warmup "$WARMUP" -connection "$CONNECTION" -json "$JSON"
+
+# --- RSS at 1,000 volumes ------------------------------------------------------------------------
+# Each server then publishes BENCH_VOLUMES new volumes (untimed) and keeps them mounted while its
+# VmRSS is read: what a node full of pods costs, beside the idle figure above. 0: skipped.
+VOLUMES="${BENCH_VOLUMES:-1000}"
+rss_line() { # <label> <pid>
+  awk -v label="$1" '/^(VmRSS|RssAnon|RssFile):/ { v[$1] = sprintf("%.1f", $2 / 1024) }
+    END { printf "%s: VmRSS %s MiB (RssAnon %s, RssFile %s)\n", label, v["VmRSS:"], v["RssAnon:"], v["RssFile:"] }' "/proc/$2/status"
+}
+if [ "$VOLUMES" -gt 0 ]; then
+  say "publishing $VOLUMES volumes on each server and reading its RSS with them mounted"
+  echo
+  client -go-socket "$GO_SOCK" -go-pid "$GO_PID" -go-label "$GO_LABEL" -targets "$TARGETS" \
+    -connection "$CONNECTION" -mode publish -count "$VOLUMES" -prefix many >/dev/null
+  sleep 1
+  rss_line "$GO_LABEL, $VOLUMES volumes mounted" "$GO_PID"
+  if [ "$GO_ONLY" = 0 ]; then
+    client -latchkey-socket "$LK_SOCK" -latchkey-pid "$LK_PID" -targets "$TARGETS" \
+      -connection "$CONNECTION" -mode publish -count "$VOLUMES" -prefix many >/dev/null
+    sleep 1
+    rss_line "latchkey, $VOLUMES volumes mounted" "$LK_PID"
+  fi
+fi
 
 # --- System calls (optional) ---------------------------------------------------------------------
 # strace -f -c attached to a running server, over 200 publishes and then over their 200

@@ -1,36 +1,30 @@
 #!/usr/bin/env bash
 # Records which functions of the release `latchkey` binary run while the agent starts and serves
-# publishes, and writes them to agent/link/hot-functions.order; agent/build.rs hands that list to
-# lld, which places those functions first and together. Idle RSS is mostly code pages mapped in
-# 64 KiB windows, so packing the code that runs into few windows is what lowers it
-# (docs/benchmarks.md, "Memory").
+# publishes, and writes them to agent/link/hot-functions.order; agent/build.rs turns that list
+# into a linker script that places those functions first and together. Idle RSS is mostly code
+# pages mapped in 64 KiB windows, so packing the code that runs into few windows is what lowers
+# it (docs/benchmarks.md, "Memory").
 #
-# Run it after a change of dependencies or of the toolchain, or after any change that adds or
-# removes functions in the agent, on the publish path or not (the list goes stale then: names it
-# no longer finds are skipped, the layout degrades, nothing breaks), then rebuild. About 90 names
-# are copies LTO made local, numbered in the order it met them (`...notify.14000`): a new
-# function anywhere renumbers most of them. The cache sweep (27 Nov 2026) changed 131 names of
-# the list, 65 of them such numbers, and until the list was recorded again the idle agent mapped
-# 0.4-0.9 MiB more of its code.
+# The names are kept without what changes from build to build (agent/build.rs says which parts),
+# so one recording serves `cargo build --release`, `cargo bench` and the image's static build, and
+# a dependency or toolchain bump leaves the list valid. What does make it stale is code that moves
+# or is renamed (a module path is part of every name): scripts/bench-go-csi.sh compares the
+# packed code with the size recorded here and fails when most of it no longer matches. Then:
 #
-#   scripts/symbol-order.sh            # as root (it mounts tmpfs), ~30-40 min on 2 cores
+#   scripts/symbol-order.sh            # as root (it mounts tmpfs); one release build + ~3 min
 #
-# Three builds are recorded, since a symbol's mangled name carries a hash of how its crate was
-# built: `cargo build --release` (a source install), `cargo bench`'s (built with the
-# dev-dependencies' features) and the image's (static glibc with `--target`, as in the
-# Dockerfile). Each keeps its symbols
-# (LATCHKEY_KEEP_SYMBOLS=1: the same profile, so the same names as the stripped one) and runs
-# under valgrind's callgrind, in manifest mode on fake-provider stores. Callgrind's first dump
-# holds what starting the agent ran (until /readyz answers) and what an idle agent runs (probes,
-# metric scrapes, a second of idling); the second what publishing ran: first and repeated
-# publishes with and without a template, a refresh that is due, unpublishes, a refused request;
-# the third what a mount storm adds: 40 pods at once on a store with a backend latency (the
-# shared fetch, the blocking pool, the concurrent unpublish) and the quiet period after it (the
-# pool's threads exiting, the heap trim). What only start-up runs comes first, then what
+# The build keeps its symbols (LATCHKEY_KEEP_SYMBOLS=1: the same code, only not stripped) and
+# runs under valgrind's callgrind, in manifest mode on fake-provider stores. Callgrind's first
+# dump holds what starting the agent ran (until /readyz answers) and what an idle agent runs
+# (probes, metric scrapes, a second of idling); the second what publishing ran: first and
+# repeated publishes with and without a template, a refresh that is due, unpublishes, a refused
+# request; the third what a mount storm adds: 40 pods at once on a store with a backend latency
+# (the shared fetch, the blocking pool, the concurrent unpublish) and the quiet period after it
+# (the pool's threads exiting, the heap trim). What only start-up runs comes first, then what
 # start-up and publishing both run (the gRPC stack, the runtime, logging), then what only
-# publishing runs, then what only the storm runs (a few dozen functions: most of a storm's code is
-# the publish path's). So start-up's code is one stretch, which an idle agent maps in few windows,
-# and the publish path's is one stretch too, overlapping it in the middle.
+# publishing runs, then what only the storm runs. So start-up's code is one stretch, which an
+# idle agent maps in few windows, and the publish path's is one stretch too, overlapping it in
+# the middle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -210,36 +204,52 @@ record() {
 
 echo "==> cargo build --release, symbols kept"
 LATCHKEY_KEEP_SYMBOLS=1 cargo build --release --locked -p latchkey
-record "$TARGET_DIR/release/latchkey" host
-echo "==> cargo bench's build of the binary, symbols kept"
-# Other names: built beside the benchmarks, its dependencies get the dev-dependencies' features
-# too (tokio's test-util, ...), and a crate's features are hashed into its names.
-LATCHKEY_KEEP_SYMBOLS=1 cargo bench --no-run --locked -p latchkey --bench publish
-record "$TARGET_DIR/release/latchkey" bench
-echo "==> the image's build (Dockerfile), symbols kept"
-# Its dependencies are built again (other flags); IMAGE_TARGET_DIR can point at a directory
-# that already holds them.
-IMAGE_TARGET_DIR="${IMAGE_TARGET_DIR:-$TARGET_DIR}"
-LATCHKEY_KEEP_SYMBOLS=1 RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$IMAGE_TARGET_DIR" \
-  cargo build --release --locked -p latchkey --target x86_64-unknown-linux-gnu
-record "$IMAGE_TARGET_DIR/x86_64-unknown-linux-gnu/release/latchkey" image
+BIN="$TARGET_DIR/release/latchkey"
+record "$BIN" host
 
 # Start-up only, then what start-up and publishing share, then publishing only: start-up's code
 # and the publish path's are each one stretch (they overlap in the middle), so an idle agent maps
 # few windows and a warm publish runs through one stretch of code.
+cat "$WORK/host.start" "$WORK/host.shared" "$WORK/host.publish" "$WORK/host.storm" > "$WORK/ran"
+nm --defined-only -S "$BIN" | awk 'NF == 4 && $3 ~ /^[tTwW]$/ {print $2, $4}' > "$WORK/sizes"
+# Each name without what changes from build to build (agent/build.rs): a legacy name's hash and
+# any suffix after it, the crate hashes of a v0 name, LTO's numbered copies of any other name.
+# Such a name stands for every instance of a generic function, and the hot code of most generic
+# ones is one or two instances among dozens (`<&T as Debug>::fmt` has 1,370, 0.7 MB): with all
+# of them packed, idle RSS was 13 MiB instead of 8. So a name that stands for more than
+# SHARED_AT_MOST functions of this build is kept whole, hash and all: exact, but only for this
+# build, and stale after a dependency change, when scripts/bench-go-csi.sh says so.
+python3 - "$WORK/ran" "$WORK/sizes" "$WORK/hot-bytes" > "$WORK/list" <<'PY'
+import collections, re, sys
+SHARED_AT_MOST = 3
+def pattern(name):
+    m = re.match(r"(_ZN.*17h)[0-9a-f]{16}E", name)
+    if m:
+        return m.group(1) + "*"
+    if name.startswith("_R"):
+        name = re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", name)
+    return re.sub(r"\.(llvm\.)?[0-9]+$", "", name)
+sizes = [(int(size, 16), name) for size, name in (l.split() for l in open(sys.argv[2]))]
+shared = collections.Counter(pattern(name) for _, name in sizes)
+listed, seen = [], set()
+for name in open(sys.argv[1]).read().split():
+    entry = pattern(name) if shared[pattern(name)] <= SHARED_AT_MOST else name
+    if entry not in seen:
+        seen.add(entry)
+        listed.append(entry)
+print("\n".join(listed))
+# What the list packs in this build, for scripts/bench-go-csi.sh to tell a stale list by.
+hot = sum(size for size, name in sizes if name in seen or pattern(name) in seen)
+open(sys.argv[3], "w").write(str(hot))
+PY
+HOT_BYTES=$(cat "$WORK/hot-bytes")
 {
   echo "# Functions of the release latchkey binary that run at start-up only, at start-up and on the"
-  echo "# publish path, on the publish path only, then in a mount storm only, for cargo build"
-  echo "# --release, cargo bench and the image's static build (their names differ)."
-  echo "# Written by scripts/symbol-order.sh on $(date -u +%F) with $(rustc --version); read by agent/build.rs."
-  echo "# start-up only"
-  cat "$WORK/host.start" "$WORK/bench.start" "$WORK/image.start"
-  echo "# start-up and publish"
-  cat "$WORK/host.shared" "$WORK/bench.shared" "$WORK/image.shared"
-  echo "# publish only"
-  cat "$WORK/host.publish" "$WORK/bench.publish" "$WORK/image.publish"
-  echo "# storm"
-  cat "$WORK/host.storm" "$WORK/bench.storm" "$WORK/image.storm"
-} | awk '/^#/ || !seen[$0]++' > "$ORDER.tmp"
+  echo "# publish path, on the publish path only, then in a mount storm only; most names without"
+  echo "# their hashes (agent/build.rs). Written by scripts/symbol-order.sh on $(date -u +%F) with"
+  echo "# $(rustc --version); read by agent/build.rs."
+  echo "# hot-bytes: $HOT_BYTES"
+  cat "$WORK/list"
+} > "$ORDER.tmp"
 mv "$ORDER.tmp" "$ORDER"
-echo "==> $ORDER: $(grep -vc '^#' "$ORDER") functions; rebuild to use it (cargo build --release -p latchkey)"
+echo "==> $ORDER: $(grep -vc '^#' "$ORDER") names ($(grep -c '\*$' "$ORDER") without hash), $((HOT_BYTES / 1024)) KiB of code; rebuild to use it (cargo build --release -p latchkey)"

@@ -58,9 +58,6 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$TEST_LOG"
 # rot; measurements come from `cargo bench -p latchkey --bench publish` (docs/benchmarks.md).
 echo "==> benchmark harness (LATCHKEY_BENCH_QUICK=1)"
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench publish
-# The pinned mode for comparing builds (agent and benchmark on CPUs of their own), warm only.
-LATCHKEY_BENCH_QUICK=1 LATCHKEY_BENCH_ONLY=warm LATCHKEY_BENCH_PIN=1 \
-    cargo test -p latchkey --locked --bench publish
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench template
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench mirror
 

@@ -605,6 +605,27 @@ async fn a_publish_is_logged_before_the_agent_says_it_stopped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_unpublish_lines_are_written_before_the_answer_and_survive_sigkill() {
+    let mut agent = agent().await;
+    let mut node = agent.node().await;
+    let req = publish_req(&agent, "killed", "app");
+    node.node_publish_volume(req.clone()).await.unwrap();
+    let target = agent.target("killed");
+    node.node_unpublish_volume(unpublish_request(&req.volume_id, &target))
+        .await
+        .unwrap();
+    drop(node);
+    // At once, as the OOM killer would: no time for anything still to be written.
+    agent.kill9();
+    let log = std::fs::read_to_string(&agent.log).unwrap();
+    assert!(log.contains("published"), "no publish line:\n{log}");
+    assert!(
+        log.contains("volume unmounted"),
+        "no unpublish line:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_still_running_at_sigterm_gets_the_grace_period_and_no_more() {
     let slow = "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {name: stuck, namespace: shop}\n\
                 spec: {provider: {fake: {latency: 120s, data: [{key: k, value: v}]}}}\n---\n\

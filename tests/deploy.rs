@@ -163,18 +163,14 @@ fn chart_renders_what_kustomize_builds() {
     );
 }
 
-/// The agent's allocator settings in a deployment are the ones it was measured with
-/// (`memory::GLIBC_TUNABLES`, which the benchmark applies), in daemonset/ and the chart alike.
+/// The agent runs with glibc's allocator defaults, as it is benchmarked (scripts/bench-go-csi.sh):
+/// a malloc tunable in daemonset/ or the chart would make the deployment differ from the numbers.
 #[test]
 fn the_agent_runs_with_the_allocator_settings_it_was_measured_with() {
     let rendered = chart().render("latchkey", "latchkey", &helm::no_overrides());
     for (docs, what) in [(kustomize("."), "daemonset/"), (rendered, "the chart")] {
         let agent = container(find(&docs, "DaemonSet", "latchkey-node"), "latchkey");
-        assert_eq!(
-            env(agent, "GLIBC_TUNABLES"),
-            latchkey::memory::GLIBC_TUNABLES,
-            "{what}"
-        );
+        assert_eq!(env(agent, "GLIBC_TUNABLES"), Value::Null, "{what}");
     }
 }
 

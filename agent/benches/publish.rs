@@ -28,8 +28,6 @@
 //! cargo bench -p latchkey --bench publish                          # full counts, release build
 //! LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --bench publish    # small counts (CI)
 //! LATCHKEY_BENCH_ONLY=warm cargo bench -p latchkey --bench publish # 5,000 warm publishes only
-//! LATCHKEY_BENCH_AGENT_TUNABLES= cargo bench -p latchkey --bench publish # glibc's malloc defaults
-//! LATCHKEY_BENCH_PIN=1 cargo bench -p latchkey --bench publish     # agent and benchmark pinned
 //! ```
 //!
 //! `LATCHKEY_BENCH_ONLY=warm` is for profiling the agent (docs/benchmarks.md says how): it prints
@@ -84,12 +82,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
 fn agent_binary() -> PathBuf {
     std::env::var_os("LATCHKEY_BENCH_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
 }
-/// The agent's `GLIBC_TUNABLES`: the DaemonSet's unless `LATCHKEY_BENCH_AGENT_TUNABLES` says
-/// otherwise (empty: glibc's defaults).
-fn agent_tunables() -> String {
-    std::env::var("LATCHKEY_BENCH_AGENT_TUNABLES")
-        .unwrap_or_else(|_| latchkey::memory::GLIBC_TUNABLES.to_owned())
-}
 /// Where the JSON report goes (the workspace's target directory).
 const REPORT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
 const NAMESPACE: &str = "bench";
@@ -134,12 +126,7 @@ fn run() -> Result<()> {
          (e.g. `sudo -E cargo bench -p latchkey --bench publish`)"
     );
     let counts = Counts::from_env();
-    // Detected before pinning, which narrows the CPUs it counts.
-    let machine = Machine::detect(Pinning::from_env()?);
-    if let Some(pinning) = &machine.pinning {
-        // Before any other thread starts: they all inherit this thread's CPUs.
-        pinning.pin_this_thread()?;
-    }
+    let machine = Machine::detect();
     println!("{}", machine.header(&counts));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -151,7 +138,7 @@ fn run() -> Result<()> {
         // Ctrl-C or `pkill` ends the run through the same drops as an error does: the agent is
         // stopped and no volume stays mounted.
         tokio::select! {
-            measured = measure_all(&counts, machine.pinning.as_ref(), &mut report) => measured,
+            measured = measure_all(&counts, &mut report) => measured,
             () = latchkey::cmd::node::shutdown_signal() => bail!("interrupted; the agent was stopped"),
         }
     })?;
@@ -167,12 +154,8 @@ fn run() -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // What is measured, in order.
 
-async fn measure_all(
-    counts: &Counts,
-    pinning: Option<&Pinning>,
-    report: &mut Report,
-) -> Result<()> {
-    let agent = Agent::start(pinning).await?;
+async fn measure_all(counts: &Counts, report: &mut Report) -> Result<()> {
+    let agent = Agent::start().await?;
     let node = NodeClient::new(agent.channel().await?);
     if counts.warm_only {
         return measure_warm_only(&agent, &node, counts, report).await;
@@ -1147,93 +1130,8 @@ fn stop_with_this_process(command: &mut Command) {
     }
 }
 
-/// `LATCHKEY_BENCH_PIN=1`: the agent's threads on one CPU, the benchmark's on the others. Left
-/// to the scheduler (the default, as on a node), one 2-vCPU VM ran the agent and its gRPC client
-/// on the same CPU, where the client's wake-ups preempt the agent mid-call: warm / floor was
-/// 1.53-1.62x there over 7 runs unpinned and 1.39-1.47x over 9 pinned (docs/benchmarks.md).
-/// Pinned, the agent has one CPU for everything, so the storm's numbers are not comparable with
-/// an unpinned run's.
-#[derive(Debug)]
-struct Pinning {
-    agent: usize,
-    benchmark: Vec<usize>,
-}
-
-impl Pinning {
-    /// What `LATCHKEY_BENCH_PIN` asks for: the last CPU this process may run on for the agent,
-    /// the others for the benchmark (None: not asked).
-    fn from_env() -> Result<Option<Self>> {
-        if !env_flag("LATCHKEY_BENCH_PIN") {
-            return Ok(None);
-        }
-        let mut benchmark = allowed_cpus()?;
-        match benchmark.pop() {
-            Some(agent) if !benchmark.is_empty() => Ok(Some(Self { agent, benchmark })),
-            _ => bail!("LATCHKEY_BENCH_PIN needs at least 2 CPUs this process may run on"),
-        }
-    }
-
-    /// Pins the calling thread, and so every thread it starts later, to the benchmark's CPUs.
-    fn pin_this_thread(&self) -> Result<()> {
-        set_affinity(&cpu_set(&self.benchmark))
-            .with_context(|| format!("pinning the benchmark to CPUs {:?}", self.benchmark))
-    }
-
-    /// Has the agent start on its CPU: every thread it starts inherits it. A failed pin fails
-    /// the spawn, so a run that starts is pinned.
-    fn pin_agent(&self, command: &mut Command) {
-        // Made here: the child may not allocate between fork and exec.
-        let set = cpu_set(&[self.agent]);
-        // SAFETY: the closure makes one system call (sched_setaffinity) and no allocation.
-        unsafe {
-            command.pre_exec(move || set_affinity(&set));
-        }
-    }
-}
-
-/// The CPUs this thread may run on.
-fn allowed_cpus() -> Result<Vec<usize>> {
-    let mut set = cpu_set(&[]);
-    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; pid 0 is this thread.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    ensure!(
-        rc == 0,
-        "sched_getaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    let size = usize::try_from(libc::CPU_SETSIZE)?;
-    // SAFETY: `CPU_ISSET` reads one bit of `set`, and every CPU asked for is within its size.
-    Ok((0..size)
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect())
-}
-
-/// A CPU set holding `cpus` (each below `CPU_SETSIZE`).
-fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
-    // SAFETY: `cpu_set_t` is a bit array, for which all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus {
-        // SAFETY: `CPU_SET` sets one bit of `set`; the CPUs come from `sched_getaffinity`, which
-        // reports none beyond the set's size.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    set
-}
-
-/// Restricts the calling thread to the CPUs in `set`.
-fn set_affinity(set: &libc::cpu_set_t) -> std::io::Result<()> {
-    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 impl Agent {
-    async fn start(pinning: Option<&Pinning>) -> Result<Self> {
+    async fn start() -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("latchkey-bench-")
             .tempdir()
@@ -1248,23 +1146,17 @@ impl Agent {
             metrics_addr: free_local_addr()?,
             dir,
         };
-        agent.spawn(&manifest_dir, pinning)?;
+        agent.spawn(&manifest_dir)?;
         agent.wait_ready().await?;
         Ok(agent)
     }
 
-    fn spawn(&mut self, manifest_dir: &Path, pinning: Option<&Pinning>) -> Result<()> {
+    fn spawn(&mut self, manifest_dir: &Path) -> Result<()> {
         let mut log = std::fs::File::create(&self.log)?;
         let bin = agent_binary();
         evict_from_page_cache(&bin)?;
         let mut command = Command::new(&bin);
-        // The allocator settings the DaemonSet gives the agent, and the agent alone: the floor's
-        // allocations are this process's.
-        command.env("GLIBC_TUNABLES", agent_tunables());
         stop_with_this_process(&mut command);
-        if let Some(pinning) = pinning {
-            pinning.pin_agent(&mut command);
-        }
         let mut child = command
             .arg("node")
             .arg("--endpoint")
@@ -1681,12 +1573,10 @@ struct Machine {
     binary_readahead_kb: Option<u64>,
     /// How an idle CPU waits for the next wake-up (see [`CpuIdle`]).
     cpu_idle: CpuIdle,
-    /// Which CPUs the agent and the benchmark run on (None: wherever the scheduler puts them).
-    pinning: Option<Pinning>,
 }
 
 impl Machine {
-    fn detect(pinning: Option<Pinning>) -> Self {
+    fn detect() -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
@@ -1706,15 +1596,13 @@ impl Machine {
             scratch_fs: scratch_filesystem(),
             binary_readahead_kb: binary_readahead_kb(),
             cpu_idle: CpuIdle::detect(),
-            pinning,
         }
     }
 
     fn header(&self, counts: &Counts) -> String {
         format!(
             "Latchkey publish benchmark: {} mode, {} build, {}\nmachine: {}, {} CPUs, Linux {}, \
-             idle CPUs: {}; targets on {} ({})\nagent: {} (GLIBC_TUNABLES={}; its device's \
-             readahead {})\nthreads: {}\n",
+             idle CPUs: {}; targets on {} ({})\nagent: {} (its device's readahead {})\n",
             counts.mode(),
             self.build,
             self.date,
@@ -1725,16 +1613,8 @@ impl Machine {
             std::env::temp_dir().display(),
             self.scratch_fs,
             agent_binary().display(),
-            agent_tunables(),
             self.binary_readahead_kb
                 .map_or_else(|| "unknown".into(), |kb| format!("{kb} KiB")),
-            self.pinning.as_ref().map_or_else(
-                || "where the scheduler puts them (LATCHKEY_BENCH_PIN unset)".into(),
-                |p| format!(
-                    "pinned, the agent on CPU {}, the benchmark on CPUs {:?}",
-                    p.agent, p.benchmark
-                ),
-            ),
         )
     }
 }
@@ -2001,12 +1881,8 @@ impl Report {
                 "scratch_dir": std::env::temp_dir(), "scratch_fs": machine.scratch_fs,
                 "cpuidle_driver": machine.cpu_idle.driver,
                 "cpuidle_halt_poll_ns": machine.cpu_idle.halt_poll_ns,
-                "pinned": machine.pinning.as_ref().map(|p| json!({
-                    "agent_cpu": p.agent, "benchmark_cpus": p.benchmark,
-                })),
             },
             "counts": counts.json(),
-            "agent_glibc_tunables": agent_tunables(),
             "agent_binary_readahead_kb": machine.binary_readahead_kb,
             "results": results,
         })

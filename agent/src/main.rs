@@ -51,10 +51,6 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .max_blocking_threads(MAX_BLOCKING_THREADS)
         .thread_keep_alive(latchkey::memory::BLOCKING_KEEP_ALIVE)
-        // A worker's log lines wait until it has no more work: after the answer they describe.
-        // Dropping the runtime waits for its threads to stop, so none is held at exit.
-        .on_thread_park(latchkey::telemetry::held::write_held)
-        .on_thread_stop(latchkey::telemetry::held::flush)
         .build()
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(on_a_worker(run(Cli::parse()))));

@@ -129,18 +129,6 @@ pub fn one_arena() {
     }
 }
 
-/// What the DaemonSet sets as `GLIBC_TUNABLES` for the agent, and the benchmark runs it with:
-/// one free chunk per size in each thread's cache (tcache) instead of 7.
-///
-/// Chunks a thread keeps in its tcache are in use as far as the arena knows, so `malloc_trim`
-/// cannot return their pages, and the runtime's worker threads refill theirs during every
-/// burst. With one chunk per size the settled heap was 0.6 MiB smaller and storms whose values
-/// expire stopped adding up, at no cost to a warm publish the benchmark can show
-/// (docs/benchmarks.md, 27 Nov 2026, 21:50 UTC). glibc has no `mallopt` for it and reads
-/// tunables only from the environment at start, so the deployment sets it; the image's static
-/// glibc honours it too (checked with gdb on `mp_.tcache_count`).
-pub const GLIBC_TUNABLES: &str = "glibc.malloc.tcache_count=1";
-
 /// Below this many entries a map keeps its table: not worth reallocating.
 const KEEP_ENTRIES: usize = 64;
 

@@ -442,9 +442,8 @@ pub fn read_pairs_until_stopped(target: PathBuf, stop: &std::sync::atomic::Atomi
     pairs
 }
 
-/// The text of a log file once it has stopped growing for 20 ms (at most 5 s). The agent logs a
-/// publish or unpublish up to 5 ms after its answer (`held::LOG_AFTER`,
-/// agent/src/telemetry/held.rs), so a line may land a moment after the RPC returned.
+/// The text of a log file once it has stopped growing for 20 ms (at most 5 s): lines of work
+/// the agent does on its own (refreshes, the controller's reconciles) land at any moment.
 pub fn settled_log(path: &std::path::Path) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let mut text = std::fs::read_to_string(path).unwrap_or_default();

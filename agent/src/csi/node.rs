@@ -19,7 +19,6 @@ use super::{request, status};
 use crate::memory::Bursts;
 use crate::publish::{Outcome, PublishError, PublishRequest, Publisher, Report};
 use crate::telemetry::Metrics;
-use crate::telemetry::held;
 use crate::telemetry::metrics::{NamespaceLabel, PublishLabels, ResultLabel};
 
 /// Serves the Node service.
@@ -91,9 +90,8 @@ impl NodeService {
             Ok(report) => Ok(report.outcome),
             Err(e) => Err(status::from_publish(e)),
         };
-        // The line is formatted once the answer is out (held::after_answer): its span and
-        // fields were a tenth of the agent's own work on a warm publish.
-        held::after_answer(move || log_publish(&parsed, &result));
+        // Written before the answer: a line about a mount must survive a SIGKILL right after it.
+        log_publish(&parsed, &result);
         answer
     }
 
@@ -168,17 +166,13 @@ impl Node for NodeService {
             }
             Err(e) => Err(status::from_publish(e)),
         };
-        // Formatted after the answer, as for publish.
-        let volume_id = req.volume_id;
-        held::after_answer(move || {
-            // After the work, as for publish: no registry slot held across the unmount.
-            let span = info_span!(parent: None, "unpublish", volume_id = %volume_id);
-            let _entered = span.enter();
-            match result {
-                Ok(true) => info!(target_path = %target.display(), "volume unmounted"),
-                Ok(false) => {}
-                Err(e) => warn!(error = %e, "unpublish failed"),
-            }
+        // Before the answer, as for publish; the span is made after the work, as for publish:
+        // no registry slot held across the unmount.
+        let span = info_span!(parent: None, "unpublish", volume_id = %req.volume_id);
+        span.in_scope(|| match &result {
+            Ok(true) => info!(target_path = %target.display(), "volume unmounted"),
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "unpublish failed"),
         });
         answer
     }

@@ -2,7 +2,6 @@
 //! health checks. Log lines and metrics carry names and paths, never secret values or tokens.
 
 pub mod escape;
-pub mod held;
 pub mod http;
 pub mod metrics;
 
@@ -47,8 +46,9 @@ const QUIET_DEPENDENCIES: &[&str] = &[
 /// silenced, as Latchkey reports every failure itself, escaped (see [`escape`]).
 const MUTED_DEPENDENCIES: &[&str] = &["rustify", "vaultrs"];
 
-/// Logs on stderr, a runtime worker's lines held until it has answered (see [`held`]);
-/// `RUST_LOG` overrides `default_filter` (except for [`QUIET_DEPENDENCIES`]).
+/// Logs on stderr, each line in one `write(2)` before the code that logged it goes on, so no line
+/// is lost when the process is killed; `RUST_LOG` overrides `default_filter` (except for
+/// [`QUIET_DEPENDENCIES`]).
 pub fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = quiet_dependencies(
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
@@ -58,7 +58,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(held::HeldStderr);
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder
@@ -115,6 +115,46 @@ mod tests {
     use tracing_subscriber::EnvFilter;
 
     use super::LogBuffer;
+
+    /// Each write the subscriber makes, kept apart.
+    #[derive(Clone, Default)]
+    struct Writes(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl std::io::Write for Writes {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            let text = String::from_utf8_lossy(data).into_owned();
+            self.0.lock().unwrap().push(text);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_subscriber_writes_each_event_as_one_whole_line() {
+        // One write per line: on an unbuffered stderr, one `write(2)`, so lines from several
+        // threads never interleave and a line is out before the code that logged it goes on.
+        let writes = Writes::default();
+        let out = writes.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target_path = "/t", "volume mounted");
+            tracing::warn!("second");
+        });
+        let written = writes.0.lock().unwrap().clone();
+        assert_eq!(written.len(), 2, "{written:?}");
+        assert!(
+            written
+                .iter()
+                .all(|w| w.ends_with('\n') && w.lines().count() == 1)
+        );
+        assert!(written[0].contains("volume mounted") && written[0].contains("target_path=\"/t\""));
+        assert!(written[1].contains("second"));
+    }
 
     #[test]
     fn dependencies_never_log_below_info_even_when_asked() {
