@@ -171,17 +171,11 @@ fn demo_in_a_user_namespace_mounts_a_real_tmpfs_and_keep_says_what_stays() {
 #[test]
 fn node_without_manifests_or_kubeconfig_says_what_to_do_in_one_line() {
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(support::BIN)
-        .args(["node", "--node-id", "n", "--endpoint"])
-        .arg(format!("unix://{}/csi.sock", home.path().display()))
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", home.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    let endpoint = format!("unix://{}/csi.sock", home.path().display());
+    let stderr = one_line_failure_without_a_cluster(
+        &["node", "--node-id", "n", "--endpoint", &endpoint],
+        home.path(),
+    );
     assert!(
         stderr.contains("--manifests") && stderr.contains("KUBECONFIG"),
         "{stderr}"
@@ -192,18 +186,26 @@ fn node_without_manifests_or_kubeconfig_says_what_to_do_in_one_line() {
 #[test]
 fn controller_without_kubeconfig_says_what_to_do_without_a_flag_it_lacks() {
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(support::BIN)
-        .args(["controller", "--metrics-addr", "none"])
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env("HOME", home.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    let stderr =
+        one_line_failure_without_a_cluster(&["controller", "--metrics-addr", "none"], home.path());
     assert!(stderr.contains("KUBECONFIG"), "{stderr}");
     assert!(!stderr.contains("--manifests"), "{stderr}");
+}
+
+/// Runs `latchkey <args>` with no cluster configured (no KUBECONFIG, not in a pod, an empty
+/// HOME) and returns its stderr, after checking that it failed with exactly one line.
+fn one_line_failure_without_a_cluster(args: &[&str], home: &std::path::Path) -> String {
+    let out = Command::new(support::BIN)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    stderr
 }
 
 /// Every Latchkey object in examples/ parses and passes the agent's validation, so what the
