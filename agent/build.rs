@@ -2,7 +2,8 @@
 //!
 //! Idle RSS is mostly the binary's own code pages: the kernel maps file pages in 64 KiB
 //! "fault-around" windows, so what counts is how many windows the code that starts the agent and
-//! serves a publish is spread over, not how big the binary is (docs/benchmarks.md, "Memory").
+//! serves a publish is spread over, not how big the binary is (docs/benchmarks.md, "Against the
+//! Go plugin").
 //! `link/hot-functions.order` lists those functions, recorded by `scripts/symbol-order.sh`, most
 //! of them by name without what changes from build to build: the hash a legacy mangled name ends
 //! with (`17h<16 hex digits>E`, which covers the crate's `-C metadata`, so every dependency

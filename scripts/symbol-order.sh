@@ -3,7 +3,7 @@
 # publishes, and writes them to agent/link/hot-functions.order; agent/build.rs turns that list
 # into a linker script that places those functions first and together. Idle RSS is mostly code
 # pages mapped in 64 KiB windows, so packing the code that runs into few windows is what lowers
-# it (docs/benchmarks.md, "Memory").
+# it (docs/benchmarks.md, "Against the Go plugin").
 #
 # The names are kept without what changes from build to build (agent/build.rs says which parts),
 # so one recording serves `cargo build --release`, `cargo bench` and the image's static build, and

@@ -2,9 +2,9 @@
 //!
 //! Every call in flight holds its futures and buffers (~17 KiB for a publish); after a mount
 //! storm glibc's malloc keeps what the runtime's threads freed in their arenas, so RSS stayed
-//! 8-12 MiB above idle for good (docs/benchmarks.md, "Memory"). `malloc_trim` hands those free
-//! pages back: once per burst, once the agent has been quiet long enough for the burst's blocking
-//! threads to have exited. Event-driven: an idle agent runs nothing here.
+//! 8-12 MiB above idle for good (`git show c9d4b4e:docs/benchmarks.md`, "Memory").
+//! `malloc_trim` hands those free pages back: once per burst, once the agent has been quiet long
+//! enough for the burst's blocking threads to have exited. Event-driven: an idle agent runs nothing here.
 //!
 //! Live data made during a burst is what `malloc_trim` cannot return, and a page holding one
 //! small live allocation among the burst's garbage stays resident. Two things keep that small:
@@ -119,7 +119,7 @@ fn trim(_: &'static str) {}
 /// less `RssAnon` once settled, and a storm leaves 0.2-0.5 MiB instead of 0.4-1.0. The cost is a
 /// shared lock on allocations that miss the per-thread cache: a storm of 500 publishes took
 /// 53-79 ms instead of 41-49 ms; a warm publish, one at a time, does not contend
-/// (docs/benchmarks.md, "After a storm").
+/// (git show c9d4b4e:docs/benchmarks.md, "After a storm").
 pub fn one_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes no pointers; M_ARENA_MAX only bounds how many arenas glibc creates
