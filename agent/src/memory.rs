@@ -4,7 +4,8 @@
 //! storm glibc's malloc keeps what the runtime's threads freed in their arenas, so RSS stayed
 //! 8-12 MiB above idle for good (`git show c9d4b4e:docs/benchmarks.md`, "Memory").
 //! `malloc_trim` hands those free pages back: once per burst, once the agent has been quiet long
-//! enough for the burst's blocking threads to have exited. Event-driven: an idle agent runs nothing here.
+//! enough for the burst's blocking threads to have exited. Event-driven: an idle agent runs
+//! nothing here.
 //!
 //! Live data made during a burst is what `malloc_trim` cannot return, and a page holding one
 //! small live allocation among the burst's garbage stays resident. Two things keep that small:
