@@ -1294,17 +1294,6 @@ async fn tokens_only_for_opted_in_service_accounts_and_audiences_a_backend_check
     no_value_leaked(&s, &c);
 }
 
-/// The controller's peak resident memory so far (`VmHWM`), in MiB.
-fn peak_rss_mib(c: &ControllerProcess) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid())).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status");
-    kib / 1024
-}
-
 /// A tenant's ClusterSecretStore-admitted Vault answering 14 MB holding one million tiny keys
 /// (under the 16 MiB byte cap): the controller parsed it into a JSON tree (~185 MB) on every
 /// retry, in a 128Mi container. Now the keys are counted as the answer arrives: the
@@ -1329,7 +1318,7 @@ async fn a_hostile_answer_of_a_million_keys_is_refused_without_growing_the_contr
     );
     let mut c =
         ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
-    let baseline = peak_rss_mib(&c);
+    let baseline = c.peak_rss_mib();
     s.apply(
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
         "metadata": {"name": "flood", "namespace": "shop"},
@@ -1344,7 +1333,7 @@ async fn a_hostile_answer_of_a_million_keys_is_refused_without_growing_the_contr
         (hostile.requests() >= 3).then_some(())
     })
     .await;
-    let peak = peak_rss_mib(&c);
+    let peak = c.peak_rss_mib();
     eprintln!("peak RSS {peak} MiB (baseline {baseline} MiB)");
     assert!(
         peak.saturating_sub(baseline) < 32,

@@ -94,6 +94,11 @@ impl ControllerProcess {
         self.child.as_ref().expect("controller running").id()
     }
 
+    /// The controller's peak resident memory so far (`VmHWM`), in MiB.
+    pub fn peak_rss_mib(&self) -> u64 {
+        super::peak_rss_mib_of(self.pid())
+    }
+
     /// Everything logged so far, once the log has settled (see [`super::settled_log`]).
     pub fn log_text(&self) -> String {
         super::settled_log(&self.log)

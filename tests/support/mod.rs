@@ -250,13 +250,7 @@ impl Agent {
 
     /// The agent's peak resident memory so far (`VmHWM`), in MiB.
     pub fn peak_rss_mib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM in /proc/PID/status");
-        kib / 1024
+        peak_rss_mib_of(self.pid())
     }
 
     /// Everything the agent logged so far, once its log has settled (see [`settled_log`]).
@@ -455,4 +449,15 @@ pub fn settled_log(path: &std::path::Path) -> String {
         }
         text = now;
     }
+}
+
+/// A process's peak resident memory so far (`VmHWM`), in MiB.
+pub fn peak_rss_mib_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib / 1024
 }
