@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use super::{Context, ResolveError};
 use crate::api::external_secret::Target;
 use crate::secret::SecretBytes;
-use crate::volume::{DEFAULT_FILE_MODE, FilePath, VolumeFile};
+use crate::volume::{DEFAULT_FILE_MODE, FilePath, VolumeFile, untrusted_file_mode};
 
 /// Lays the entries out as files.
 pub fn files(
@@ -68,13 +68,10 @@ pub fn files(
         .collect()
 }
 
-/// Bits a mode in the spec cannot give: the volume is mounted read-only, so `-rwxrwxrwx` would
-/// claim a write that no one in the pod can do.
-const WRITE_BITS: u32 = 0o222;
-
-/// A mode from the ExternalSecret (validated to 0..=0o777), without its write bits.
+/// A mode from the ExternalSecret (validated to 0..=0o777), under the same rule as a provider's:
+/// the volume is mounted read-only, so `-rwxrwxrwx` would claim a write no one in the pod can do.
 fn mode(m: i32) -> Option<u32> {
-    u32::try_from(m).ok().map(|m| m & !WRITE_BITS)
+    u32::try_from(m).ok().map(untrusted_file_mode)
 }
 
 #[cfg(test)]

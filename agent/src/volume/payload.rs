@@ -17,12 +17,12 @@ use crate::secret::SecretBytes;
 /// The mode callers use for files unless a request says otherwise: anyone in the pod may read.
 pub const DEFAULT_FILE_MODE: u32 = 0o444;
 
-/// The bits a mode from outside the pod's spec (a provider's file mode) may keep: read and
-/// execute. Setuid, setgid and sticky have no place in a secret volume, and the volume is
+/// The bits a mode set outside Latchkey (a provider's file mode, or the ExternalSecret's) may
+/// keep: read and execute. Setuid, setgid and sticky have no place in a secret volume, and the volume is
 /// read-only, so a write bit would only claim what the pod cannot do.
 const UNTRUSTED_MODE_BITS: u32 = 0o555;
 
-/// A mode from outside the pod's spec, made safe: only read and execute bits are kept (0o4755
+/// A mode set outside Latchkey, made safe: only read and execute bits are kept (0o4755
 /// becomes 0o555, 0o600 becomes 0o400).
 pub fn untrusted_file_mode(mode: u32) -> u32 {
     mode & UNTRUSTED_MODE_BITS
