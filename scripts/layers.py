@@ -25,7 +25,7 @@ LAYERS = [
     ["api"],
     ["catalog", "events"],
     ["providers"],
-    ["cache", "resolve"],
+    ["cache", "resolve", "generators"],
     ["fetch"],
     ["publish"],
     ["csi", "mirror", "convert"],

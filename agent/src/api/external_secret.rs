@@ -34,8 +34,10 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = &crate::api::rules::DATA_OR_DATA_FROM)]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalSecretSpec {
-    /// The store the remote references are resolved against.
-    pub secret_store_ref: SecretStoreRef,
+    /// The store the remote references are resolved against; may be left out when every entry
+    /// names a generator (`sourceRef.generatorRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_store_ref: Option<SecretStoreRef>,
     /// How often mounted files and mirrors are refreshed (e.g. `1h`, at most `8760h`); `0`: once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
@@ -129,8 +131,12 @@ pub struct ExternalSecretData {
     )]
     #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub secret_key: String,
-    /// Where the value comes from.
+    /// Where the value comes from; with `sourceRef.generatorRef`, `key` picks one key of the
+    /// generated result.
     pub remote_ref: RemoteRef,
+    /// A generator instead of the ExternalSecret's store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ref: Option<SourceRef>,
 }
 
 /// A reference to a value in the backend.
@@ -166,7 +172,8 @@ pub enum DecodingStrategy {
     Auto,
 }
 
-/// A remote value that expands into several entries: exactly one of `extract`, `find`.
+/// A remote value that expands into several entries: exactly one of `extract`, `find`,
+/// `sourceRef.generatorRef`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[x_kube(validation = &crate::api::rules::EXTRACT_XOR_FIND)]
 #[serde(rename_all = "camelCase")]
@@ -177,6 +184,9 @@ pub struct DataFrom {
     /// Every remote secret whose name matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub find: Option<FindRef>,
+    /// A generator: every key of its result becomes an entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ref: Option<SourceRef>,
     /// Renames applied, in order, to the entry names this source produces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::api::rules::MAX_REWRITES))]
@@ -405,4 +415,44 @@ pub struct Condition {
     /// Last transition (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+}
+
+/// Points at a generator: a namespaced kind in the ExternalSecret's namespace, or a
+/// `ClusterGenerator`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GeneratorRef {
+    /// `generators.latchkey.dev/v1alpha1` (default).
+    #[serde(default = "default_generator_api_version")]
+    pub api_version: String,
+    /// `Password`, `VaultDynamicSecret`, `PluginGenerator` or `ClusterGenerator`.
+    #[schemars(regex(
+        pattern = r"^(Password|VaultDynamicSecret|PluginGenerator|ClusterGenerator)$"
+    ))]
+    pub kind: String,
+    /// Name of the generator.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
+    pub name: String,
+}
+
+fn default_generator_api_version() -> String {
+    crate::api::GENERATOR_API_VERSION.to_string()
+}
+
+impl std::fmt::Display for GeneratorRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} \"{}\"", self.kind, self.name)
+    }
+}
+
+/// Where a `data[]` or `dataFrom[]` entry comes from when it is not the ExternalSecret's store.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceRef {
+    /// A generator: the entry's values are made for this volume (or mirrored Secret) alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_ref: Option<GeneratorRef>,
 }

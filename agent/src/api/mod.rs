@@ -1,5 +1,5 @@
 //! The Latchkey API: CRD types for `latchkey.dev/v1alpha1` (SecretStore, ClusterSecretStore,
-//! ExternalSecret), the agent-side validation of objects it reads, and CRD YAML rendering.
+//! ExternalSecret) and `generators.latchkey.dev/v1alpha1` (see [`generator`]), the agent-side validation of objects it reads, and CRD YAML rendering.
 //!
 //! Field names follow the External Secrets Operator so an ESO manifest ports by changing
 //! `apiVersion`. Types only: nothing here talks to a backend or the API server.
@@ -7,6 +7,7 @@
 pub mod crd;
 pub mod duration;
 pub mod external_secret;
+pub mod generator;
 pub mod mode;
 pub mod rules;
 #[cfg(test)]
@@ -25,3 +26,9 @@ pub const VERSION: &str = "v1alpha1";
 pub const DRIVER_NAME: &str = "csi.latchkey.dev";
 /// The volume attribute naming the ExternalSecret.
 pub const ATTR_EXTERNAL_SECRET: &str = "externalSecret";
+/// The API group of the generator kinds.
+pub const GENERATOR_GROUP: &str = "generators.latchkey.dev";
+/// `apiVersion` of the generator kinds.
+pub const GENERATOR_API_VERSION: &str = "generators.latchkey.dev/v1alpha1";
+/// The finalizer on a GeneratorState: its credential is cleaned up before the object goes.
+pub const CLEANUP_FINALIZER: &str = "generators.latchkey.dev/cleanup";

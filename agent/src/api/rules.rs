@@ -92,8 +92,9 @@ pub const REFRESH_INTERVAL_MAX: CelRule = CelRule {
 /// On `spec.dataFrom[]` (ESO: "extract, find, or generatorRef cannot be set at the same time"
 /// and "either extract, find, or sourceRef must be set").
 pub const EXTRACT_XOR_FIND: CelRule = CelRule {
-    rule: "has(self.extract) != has(self.find)",
-    message: "must set exactly one of extract, find",
+    rule: "(has(self.extract) ? 1 : 0) + (has(self.find) ? 1 : 0) + \
+           (has(self.sourceRef) && has(self.sourceRef.generatorRef) ? 1 : 0) == 1",
+    message: "must set exactly one of extract, find, sourceRef.generatorRef",
 };
 
 /// On `spec.dataFrom[].find`: a find without criteria would list the whole backend.
@@ -164,6 +165,30 @@ pub const FILE_PATH: Pattern = Pattern {
     regex: concat!("^", path_segment!(), "(/", path_segment!(), "){0,15}$"),
     message: "must be a relative file path: at most 16 segments separated by '/', none of them \
               empty, '.' or starting with '..', and no backslash or control character",
+};
+
+// ---- Generators -----------------------------------------------------------------------------
+
+/// Longest generated password: far beyond any real use, and it bounds the work of one Generate.
+pub const MAX_PASSWORD_LENGTH: u32 = 1024;
+
+/// On a Password's `spec`: the digits and symbols asked for fit in the length.
+pub const PASSWORD_FITS: CelRule = CelRule {
+    rule: "(has(self.digits) ? self.digits : 0) + (has(self.symbols) ? self.symbols : 0) <= \
+           (has(self.length) ? self.length : 24)",
+    message: "digits + symbols must not exceed length",
+};
+
+/// On a ClusterGenerator's `spec`: `generator` holds exactly the block `kind` names.
+pub const CLUSTER_GENERATOR_KIND_MATCHES: CelRule = CelRule {
+    rule: "(has(self.generator.passwordSpec) ? 1 : 0) + \
+           (has(self.generator.vaultDynamicSecretSpec) ? 1 : 0) + \
+           (has(self.generator.pluginGeneratorSpec) ? 1 : 0) == 1 && \
+           (self.kind == 'Password' ? has(self.generator.passwordSpec) : \
+            self.kind == 'VaultDynamicSecret' ? has(self.generator.vaultDynamicSecretSpec) : \
+            has(self.generator.pluginGeneratorSpec))",
+    message: "generator must set exactly the block kind names (passwordSpec, \
+              vaultDynamicSecretSpec or pluginGeneratorSpec)",
 };
 
 // ---- Object names ---------------------------------------------------------------------------

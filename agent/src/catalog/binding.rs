@@ -42,7 +42,7 @@ impl Binding {
     /// Kind of the referenced store.
     pub fn store_kind(&self) -> StoreKind {
         match self.store {
-            BoundStore::Namespaced(_) => StoreKind::SecretStore,
+            BoundStore::Namespaced(_) | BoundStore::None => StoreKind::SecretStore,
             BoundStore::Cluster(_) => StoreKind::ClusterSecretStore,
         }
     }
@@ -55,7 +55,17 @@ pub enum BoundStore {
     Namespaced(Arc<SecretStore>),
     /// A ClusterSecretStore that admits the namespace.
     Cluster(Arc<ClusterSecretStore>),
+    /// No store: every entry of the ExternalSecret names a generator.
+    None,
 }
+
+/// The provider of [`BoundStore::None`]: an empty `fake` store, which a plan without store
+/// entries never calls.
+static NO_PROVIDER: std::sync::LazyLock<StoreProvider> =
+    std::sync::LazyLock::new(|| StoreProvider {
+        fake: Some(crate::api::store::FakeProvider::default()),
+        ..StoreProvider::default()
+    });
 
 impl BoundStore {
     /// The store's provider block.
@@ -63,6 +73,7 @@ impl BoundStore {
         match self {
             Self::Namespaced(store) => &store.spec.provider,
             Self::Cluster(store) => &store.spec.provider,
+            Self::None => &NO_PROVIDER,
         }
     }
 }
@@ -170,7 +181,15 @@ pub async fn bind(
         name: name.into(),
         reason,
     })?;
-    let store_ref = &es.spec.secret_store_ref;
+    let Some(store_ref) = &es.spec.secret_store_ref else {
+        // Validation admitted it: every entry names a generator, so no store is read.
+        return Ok(Binding {
+            namespace: namespace.into(),
+            store_name: String::new(),
+            external_secret: es,
+            store: BoundStore::None,
+        });
+    };
     // The name may reach an API request path (a GET on a cache miss).
     validate::object_name("spec.secretStoreRef.name", &store_ref.name).map_err(|reason| {
         BindingError::InvalidExternalSecret {

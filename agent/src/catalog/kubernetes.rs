@@ -24,6 +24,7 @@ use tracing::warn;
 
 use super::lenient::Lenient;
 use super::{Catalog, CatalogError};
+use crate::api::generator::GeneratorObject;
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::KindLabel;
@@ -308,6 +309,37 @@ impl Catalog for KubernetesCatalog {
     ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError> {
         let api = Api::all(self.client.clone());
         usable_or_get(Some(&self.cluster_secret_stores), api, None, name).await
+    }
+
+    async fn generator(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<GeneratorObject>, CatalogError> {
+        // A GET each time: generators are read on a first publish only, and watching four
+        // more kinds on every node would cost memory for the rare volume that uses one.
+        let client = &self.client;
+        let ns = Some(namespace);
+        Ok(match kind {
+            "Password" => usable_or_get(None, Api::namespaced(client.clone(), namespace), ns, name)
+                .await?
+                .map(GeneratorObject::Password),
+            "VaultDynamicSecret" => {
+                usable_or_get(None, Api::namespaced(client.clone(), namespace), ns, name)
+                    .await?
+                    .map(GeneratorObject::VaultDynamicSecret)
+            }
+            "PluginGenerator" => {
+                usable_or_get(None, Api::namespaced(client.clone(), namespace), ns, name)
+                    .await?
+                    .map(GeneratorObject::Plugin)
+            }
+            "ClusterGenerator" => usable_or_get(None, Api::all(client.clone()), None, name)
+                .await?
+                .map(GeneratorObject::Cluster),
+            _ => None,
+        })
     }
 
     async fn secret(

@@ -321,6 +321,16 @@ impl Catalog for ManifestCatalog {
         Ok(self.cluster_secret_stores.get(name).cloned())
     }
 
+    async fn generator(
+        &self,
+        _namespace: &str,
+        _kind: &str,
+        _name: &str,
+    ) -> Result<Option<crate::api::generator::GeneratorObject>, CatalogError> {
+        // TODO(#40): generators in manifest directories.
+        Ok(None)
+    }
+
     async fn secret(
         &self,
         namespace: &str,

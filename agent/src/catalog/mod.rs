@@ -15,6 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 
+use crate::api::generator::GeneratorObject;
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 pub use binding::{Binding, BindingError, BoundStore, bind};
@@ -64,6 +65,15 @@ pub trait Catalog: Send + Sync {
         &self,
         name: &str,
     ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError>;
+    /// The generator of `kind` (`Password`, `VaultDynamicSecret`, `PluginGenerator`) named
+    /// `namespace/name`, or the ClusterGenerator `name` (`kind` `ClusterGenerator`; `namespace`
+    /// is then not used). Generators are read when a volume is first published, not watched.
+    async fn generator(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<GeneratorObject>, CatalogError>;
     /// The `v1` Secret `namespace/name` (provider credentials).
     async fn secret(
         &self,

@@ -82,7 +82,7 @@ pub fn external_secret(
     let mut es = ExternalSecret::new(
         &meta.name,
         ExternalSecretSpec {
-            secret_store_ref,
+            secret_store_ref: Some(secret_store_ref),
             refresh_interval,
             data,
             data_from,
@@ -160,6 +160,7 @@ fn data_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<ExternalSecretDat
     let remote_ref = remote_ref(&mut r, notes)?;
     f.finish(notes);
     Some(ExternalSecretData {
+        source_ref: None,
         secret_key,
         remote_ref,
     })
@@ -294,6 +295,7 @@ fn data_from_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<DataFrom> {
     }
     f.finish(notes);
     Some(DataFrom {
+        source_ref: None,
         extract,
         find,
         rewrite,

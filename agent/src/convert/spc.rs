@@ -135,6 +135,7 @@ fn external_secret(meta: &Meta, name: &str, group: &Group) -> ExternalSecret {
         .entries
         .iter()
         .map(|e| ExternalSecretData {
+            source_ref: None,
             secret_key: e.secret_key.clone(),
             remote_ref: e.remote_ref.clone(),
         })
@@ -235,6 +236,7 @@ fn secret_objects(
             .keys
             .iter()
             .map(|(key, _, e)| ExternalSecretData {
+                source_ref: None,
                 secret_key: key.clone(),
                 remote_ref: e.remote_ref.clone(),
             })

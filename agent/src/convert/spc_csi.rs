@@ -80,6 +80,7 @@ pub fn convert(
         },
     );
     let every_file = DataFrom {
+        source_ref: None,
         find: Some(FindRef {
             name: Some(FindName {
                 regexp: EVERY_FILE.to_string(),

@@ -34,10 +34,10 @@ pub fn class_external_secret(
     let mut es = ExternalSecret::new(
         name,
         ExternalSecretSpec {
-            secret_store_ref: SecretStoreRef {
+            secret_store_ref: Some(SecretStoreRef {
                 name: store.to_string(),
                 kind: StoreKind::SecretStore,
-            },
+            }),
             refresh_interval: None,
             data,
             data_from,

@@ -292,6 +292,8 @@ struct StoreIdentities(Mutex<VecDeque<(RememberedStore, Arc<str>)>>);
 enum RememberedStore {
     Namespaced(Weak<SecretStore>),
     Cluster(Weak<ClusterSecretStore>),
+    /// No store (every entry is generated): all such bindings share one identity.
+    None,
 }
 
 impl RememberedStore {
@@ -299,6 +301,7 @@ impl RememberedStore {
         match store {
             BoundStore::Namespaced(s) => Self::Namespaced(Arc::downgrade(s)),
             BoundStore::Cluster(s) => Self::Cluster(Arc::downgrade(s)),
+            BoundStore::None => Self::None,
         }
     }
 
@@ -306,6 +309,7 @@ impl RememberedStore {
         match (self, store) {
             (Self::Namespaced(w), BoundStore::Namespaced(s)) => w.as_ptr() == Arc::as_ptr(s),
             (Self::Cluster(w), BoundStore::Cluster(s)) => w.as_ptr() == Arc::as_ptr(s),
+            (Self::None, BoundStore::None) => true,
             _ => false,
         }
     }

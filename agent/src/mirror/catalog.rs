@@ -56,6 +56,15 @@ impl Catalog for AtHand<'_> {
         self.catalog.cluster_secret_store(name).await
     }
 
+    async fn generator(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<crate::api::generator::GeneratorObject>, CatalogError> {
+        self.catalog.generator(namespace, kind, name).await
+    }
+
     async fn secret(
         &self,
         namespace: &str,

@@ -299,10 +299,10 @@ mod tests {
         let mut es = ExternalSecret::new(
             "db",
             ExternalSecretSpec {
-                secret_store_ref: SecretStoreRef {
+                secret_store_ref: Some(SecretStoreRef {
                     name: "s".into(),
                     kind: StoreKind::SecretStore,
-                },
+                }),
                 refresh_interval: None,
                 data: Vec::new(),
                 data_from: Vec::new(),

@@ -47,9 +47,14 @@ impl std::fmt::Display for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "namespace \"{}\", ExternalSecret \"{}\", {} \"{}\"",
-            self.namespace, self.external_secret, self.store_kind, self.store_name
-        )
+            "namespace \"{}\", ExternalSecret \"{}\"",
+            self.namespace, self.external_secret
+        )?;
+        // An ExternalSecret whose entries are all generated reads no store.
+        if self.store_name.is_empty() {
+            return Ok(());
+        }
+        write!(f, ", {} \"{}\"", self.store_kind, self.store_name)
     }
 }
 

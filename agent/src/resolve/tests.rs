@@ -17,14 +17,15 @@ pub(crate) fn ctx() -> Context {
 
 fn spec(data: Vec<(&str, &str, Option<&str>)>, data_from: Vec<DataFrom>) -> ExternalSecretSpec {
     ExternalSecretSpec {
-        secret_store_ref: SecretStoreRef {
+        secret_store_ref: Some(SecretStoreRef {
             name: "fake".into(),
             kind: StoreKind::SecretStore,
-        },
+        }),
         refresh_interval: None,
         data: data
             .into_iter()
             .map(|(secret_key, key, property)| ExternalSecretData {
+                source_ref: None,
                 secret_key: secret_key.into(),
                 remote_ref: RemoteRef {
                     key: key.into(),
@@ -42,6 +43,7 @@ fn spec(data: Vec<(&str, &str, Option<&str>)>, data_from: Vec<DataFrom>) -> Exte
 
 fn extract(key: &str, rewrite: Vec<(&str, &str)>) -> DataFrom {
     DataFrom {
+        source_ref: None,
         extract: Some(RemoteRef {
             key: key.into(),
             ..Default::default()
@@ -245,6 +247,7 @@ fn errors_name_namespace_external_secret_store_and_key_but_no_value() {
 
 fn find(regexp: &str, rewrite: Vec<(&str, &str)>) -> DataFrom {
     DataFrom {
+        source_ref: None,
         find: Some(FindRef {
             name: Some(FindName {
                 regexp: regexp.into(),

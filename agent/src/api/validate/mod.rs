@@ -18,6 +18,8 @@ use plugin::{plugin, secrets_store_csi};
 
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
+use super::external_secret::{GeneratorRef, SourceRef};
+use super::generator::GeneratorKind;
 use super::rules::{self, CelRule, Pattern};
 use super::store::{AwsProvider, StoreProvider, VaultProvider};
 
@@ -235,10 +237,54 @@ pub fn object_name(path: impl Display, name: &str) -> Result<(), Invalid> {
     )))
 }
 
+/// The generator a `sourceRef` names, if any.
+pub fn generator_of(source: Option<&SourceRef>) -> Option<&GeneratorRef> {
+    source.and_then(|s| s.generator_ref.as_ref())
+}
+
+/// Checks a `generatorRef`: a known kind of Latchkey's generator group and a valid name.
+fn generator_ref(path: impl Display, g: &GeneratorRef) -> Result<(), Invalid> {
+    if g.api_version != crate::api::GENERATOR_API_VERSION {
+        return Err(Invalid(format!(
+            "{path}.apiVersion: must be {} (got {:?})",
+            crate::api::GENERATOR_API_VERSION,
+            crate::telemetry::escape::printable(&g.api_version, 80)
+        )));
+    }
+    if g.kind != "ClusterGenerator" && GeneratorKind::parse(&g.kind).is_none() {
+        return Err(Invalid(format!(
+            "{path}.kind: must be Password, VaultDynamicSecret, PluginGenerator or \
+             ClusterGenerator (got {:?})",
+            crate::telemetry::escape::printable(&g.kind, 80)
+        )));
+    }
+    name(format_args!("{path}.name"), &g.name)
+}
+
 /// Checks an ExternalSecret spec for the rules the CRD schema also enforces.
 pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
-    not_empty("spec.secretStoreRef.name", &spec.secret_store_ref.name)?;
-    name("spec.secretStoreRef.name", &spec.secret_store_ref.name)?;
+    match &spec.secret_store_ref {
+        Some(store) => {
+            not_empty("spec.secretStoreRef.name", &store.name)?;
+            name("spec.secretStoreRef.name", &store.name)?;
+        }
+        // Agent-only: the CRD cannot say it without a rule iterating both lists.
+        None if spec
+            .data
+            .iter()
+            .all(|d| generator_of(d.source_ref.as_ref()).is_some())
+            && spec
+                .data_from
+                .iter()
+                .all(|d| generator_of(d.source_ref.as_ref()).is_some()) => {}
+        None => {
+            return Err(Invalid(
+                "spec.secretStoreRef: must be set unless every entry names a generator \
+                 (sourceRef.generatorRef)"
+                    .into(),
+            ));
+        }
+    }
     if spec.data.is_empty() && spec.data_from.is_empty() {
         return Err(Invalid::rule("spec", &rules::DATA_OR_DATA_FROM));
     }
@@ -276,9 +322,17 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
             format_args!("spec.data[{i}].remoteRef.key"),
             &d.remote_ref.key,
         )?;
+        if let Some(g) = generator_of(d.source_ref.as_ref()) {
+            generator_ref(format_args!("spec.data[{i}].sourceRef.generatorRef"), g)?;
+        }
     }
     for (i, d) in spec.data_from.iter().enumerate() {
-        if d.extract.is_some() == d.find.is_some() {
+        let generator = generator_of(d.source_ref.as_ref());
+        if usize::from(d.extract.is_some())
+            + usize::from(d.find.is_some())
+            + usize::from(generator.is_some())
+            != 1
+        {
             return Err(Invalid::rule(
                 format_args!("spec.dataFrom[{i}]"),
                 &rules::EXTRACT_XOR_FIND,
@@ -286,6 +340,9 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
         }
         if let Some(e) = &d.extract {
             not_empty(format_args!("spec.dataFrom[{i}].extract.key"), &e.key)?;
+        }
+        if let Some(g) = generator {
+            generator_ref(format_args!("spec.dataFrom[{i}].sourceRef.generatorRef"), g)?;
         }
         max_items(
             format_args!("spec.dataFrom[{i}].rewrite"),

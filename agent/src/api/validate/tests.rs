@@ -7,12 +7,13 @@ use crate::api::store::*;
 
 fn es() -> ExternalSecretSpec {
     ExternalSecretSpec {
-        secret_store_ref: SecretStoreRef {
+        secret_store_ref: Some(SecretStoreRef {
             name: "s".into(),
             kind: StoreKind::SecretStore,
-        },
+        }),
         refresh_interval: None,
         data: vec![ExternalSecretData {
+            source_ref: None,
             secret_key: "k".into(),
             remote_ref: RemoteRef {
                 key: "r".into(),
@@ -48,6 +49,7 @@ fn rejects_each_broken_rule() {
 
     let mut s = es();
     s.data_from.push(DataFrom {
+        source_ref: None,
         extract: Some(RemoteRef {
             key: "a".into(),
             ..Default::default()

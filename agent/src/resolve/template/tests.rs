@@ -703,12 +703,13 @@ fn entries_applies_templates_end_to_end() {
     use crate::providers::RemoteKey;
 
     let spec = ExternalSecretSpec {
-        secret_store_ref: SecretStoreRef {
+        secret_store_ref: Some(SecretStoreRef {
             name: "fake".into(),
             kind: StoreKind::SecretStore,
-        },
+        }),
         refresh_interval: None,
         data: vec![ExternalSecretData {
+            source_ref: None,
             secret_key: "password".into(),
             remote_ref: RemoteRef {
                 key: "prod/db".into(),
@@ -717,6 +718,7 @@ fn entries_applies_templates_end_to_end() {
             },
         }],
         data_from: vec![DataFrom {
+            source_ref: None,
             extract: Some(RemoteRef {
                 key: "prod/app".into(),
                 ..Default::default()
