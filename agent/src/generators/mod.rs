@@ -8,6 +8,8 @@
 //! `GeneratorState` object so that Cleanup can run later, by this process or another. A state
 //! never holds a generated value.
 
+pub mod states;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
