@@ -26,8 +26,12 @@ fn code(e: &PublishError) -> Code {
             BindingError::ExternalSecretNotFound { .. }
             | BindingError::InvalidExternalSecret { .. }
             | BindingError::StoreNotFound { .. }
-            | BindingError::InvalidStore { .. } => Code::FailedPrecondition,
-            BindingError::NotAdmitted { .. } => Code::PermissionDenied,
+            | BindingError::InvalidStore { .. }
+            | BindingError::GeneratorNotFound { .. }
+            | BindingError::InvalidGenerator { .. } => Code::FailedPrecondition,
+            BindingError::NotAdmitted { .. } | BindingError::GeneratorNotAdmitted { .. } => {
+                Code::PermissionDenied
+            }
             BindingError::Catalog {
                 source: CatalogError::Unusable { .. },
                 ..
@@ -56,6 +60,7 @@ fn code(e: &PublishError) -> Code {
             | ResolveError::Decode { .. }
             | ResolveError::BadRewrite { .. }
             | ResolveError::BadFind { .. }
+            | ResolveError::NotGenerated { .. }
             | ResolveError::Unsupported { .. } => Code::FailedPrecondition,
         },
         PublishError::Volume { source, .. } => volume_code(source),
