@@ -67,6 +67,11 @@ impl<'a> GeneratorSpec<'a> {
         }
     }
 
+    /// Whether what it makes needs no cleanup (a password): no GeneratorState is recorded.
+    pub fn is_stateless(&self) -> bool {
+        matches!(self, Self::Password(_))
+    }
+
     /// The kind's name, for messages and metric labels.
     pub fn kind(&self) -> &'static str {
         match self {
