@@ -34,7 +34,7 @@ use crate::api::CLEANUP_FINALIZER;
 use crate::api::generator::GeneratorState;
 use crate::generators::states::LABEL_GENERATOR;
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{GeneratorCleanupLabels, GeneratorKindLabel};
+use crate::telemetry::metrics::{GeneratorCleanupLabels, KindLabel};
 
 pub use cleanup::{Cleaner, CleanupError, Generators, Identities, IdentityError};
 
@@ -318,7 +318,7 @@ impl Collector {
                     self.parts
                         .metrics
                         .generator_left_to_ttl
-                        .get_or_create(&GeneratorKindLabel { kind })
+                        .get_or_create(&KindLabel { kind })
                         .inc();
                 }
                 Ok(Action::await_change())

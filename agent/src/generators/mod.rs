@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::api::generator::{PasswordSpec, PluginGeneratorSpec, VaultDynamicSecretSpec};
+use crate::api::StoreKind;
+use crate::api::generator::{
+    GeneratorKind, GeneratorObject, PasswordSpec, PluginGeneratorSpec, VaultDynamicSecretSpec,
+};
 use crate::providers::{BuildContext, ProviderError};
 use crate::secret::SecretBytes;
 
@@ -31,7 +34,44 @@ pub enum GeneratorSpec<'a> {
     Plugin(&'a PluginGeneratorSpec),
 }
 
-impl GeneratorSpec<'_> {
+impl<'a> GeneratorSpec<'a> {
+    /// The spec of a generator object; for a ClusterGenerator, the block its `kind` names
+    /// (`None` when that block is missing, which validation refuses).
+    pub fn of(object: &'a GeneratorObject) -> Option<Self> {
+        match object {
+            GeneratorObject::Password(g) => Some(Self::Password(&g.spec)),
+            GeneratorObject::VaultDynamicSecret(g) => Some(Self::VaultDynamicSecret(&g.spec)),
+            GeneratorObject::Plugin(g) => Some(Self::Plugin(&g.spec)),
+            GeneratorObject::Cluster(g) => {
+                let specs = &g.spec.generator;
+                match g.spec.kind {
+                    GeneratorKind::Password => specs.password_spec.as_ref().map(Self::Password),
+                    GeneratorKind::VaultDynamicSecret => specs
+                        .vault_dynamic_secret_spec
+                        .as_ref()
+                        .map(Self::VaultDynamicSecret),
+                    GeneratorKind::PluginGenerator => {
+                        specs.plugin_generator_spec.as_ref().map(Self::Plugin)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Where a generator's credential Secrets may live follows the rule for stores: a
+    /// ClusterGenerator is cluster-scoped (the agent's namespace only), the others namespaced.
+    pub fn scope(object: &GeneratorObject) -> StoreKind {
+        match object {
+            GeneratorObject::Cluster(_) => StoreKind::ClusterSecretStore,
+            _ => StoreKind::SecretStore,
+        }
+    }
+
+    /// Whether what it makes needs no cleanup (a password): no GeneratorState is recorded.
+    pub fn is_stateless(&self) -> bool {
+        matches!(self, Self::Password(_))
+    }
+
     /// The kind's name, for messages and metric labels.
     pub fn kind(&self) -> &'static str {
         match self {

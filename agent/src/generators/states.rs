@@ -73,6 +73,9 @@ pub trait StateStore: Send + Sync {
     async fn remove(&self, namespace: &str, name: &str) -> Result<(), StateError>;
     /// Every state whose labels match `selector` (a label selector), in all namespaces.
     async fn list(&self, selector: &str) -> Result<Vec<GeneratorState>, StateError>;
+    /// Deletes the state with its finalizers kept: the controller then cleans its credential
+    /// up with a token it mints, and drops the finalizer. A state already gone is success.
+    async fn abandon(&self, namespace: &str, name: &str) -> Result<(), StateError>;
 }
 
 /// GeneratorStates in the API server.
@@ -191,6 +194,18 @@ impl StateStore for KubeStates {
         }
     }
 
+    async fn abandon(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        match self
+            .api(namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_gone(&e) => Ok(()),
+            Err(e) => Err(api_error(namespace, name, &e)),
+        }
+    }
+
     async fn list(&self, selector: &str) -> Result<Vec<GeneratorState>, StateError> {
         let api: Api<GeneratorState> = Api::all(self.client.clone());
         api.list(&ListParams::default().labels(selector))
@@ -260,6 +275,10 @@ impl StateStore for MemoryStates {
     async fn remove(&self, namespace: &str, name: &str) -> Result<(), StateError> {
         self.with(|states| states.remove(&(namespace.into(), name.into())));
         Ok(())
+    }
+
+    async fn abandon(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        self.remove(namespace, name).await
     }
 
     async fn list(&self, selector: &str) -> Result<Vec<GeneratorState>, StateError> {

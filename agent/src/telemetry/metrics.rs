@@ -65,15 +65,8 @@ pub struct ProviderLabel {
 /// A single `kind` label (a kind the catalog watches).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// `ExternalSecret`, `SecretStore`, `ClusterSecretStore` or `Namespace`.
-    pub kind: &'static str,
-}
-
-/// A single `kind` label: a generator kind (`Password`, `VaultDynamicSecret`,
-/// `PluginGenerator`) or `unknown`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GeneratorKindLabel {
-    /// The generator kind.
+    /// `ExternalSecret`, `SecretStore`, `ClusterSecretStore` or `Namespace`; a generator kind
+    /// for the generator metrics.
     pub kind: &'static str,
 }
 
@@ -129,10 +122,13 @@ pub struct Metrics {
     pub mirror_queued: Gauge,
     /// 1 while this mirror controller replica is the leader.
     pub mirror_leader: Gauge,
+    /// Generated credentials with something to clean up (a lease, an account) that this
+    /// process holds, by generator kind.
+    pub generator_leases: Family<KindLabel, Gauge>,
     /// Cleanup attempts of GeneratorStates being deleted, by generator kind and result.
     pub generator_cleanups: Family<GeneratorCleanupLabels, Counter>,
     /// Generated credentials whose state was released without cleanup (they end by their TTL).
-    pub generator_left_to_ttl: Family<GeneratorKindLabel, Counter>,
+    pub generator_left_to_ttl: Family<KindLabel, Counter>,
     /// GeneratorStates deleted past their garbage-collection deadline.
     pub generator_states_collected: Counter,
 }
@@ -173,6 +169,7 @@ impl Metrics {
             mirror_in_flight: Gauge::default(),
             mirror_queued: Gauge::default(),
             mirror_leader: Gauge::default(),
+            generator_leases: Family::default(),
             generator_cleanups: Family::default(),
             generator_left_to_ttl: Family::default(),
             generator_states_collected: Counter::default(),
@@ -219,6 +216,12 @@ impl Metrics {
             "latchkey_backend_request_duration_seconds",
             "Backend request latency by provider, operation and result",
             m.backend_duration.clone(),
+        );
+        registry.register(
+            "latchkey_generator_leases",
+            "Generated credentials with something to clean up (leases, accounts) held for \
+             mounted volumes, by generator kind",
+            m.generator_leases.clone(),
         );
         registry.register(
             "latchkey_cache_hits",
@@ -306,10 +309,7 @@ impl Metrics {
         }
         // An alert on credentials left to their TTL needs the series before the first one.
         for kind in ["Password", "VaultDynamicSecret", "PluginGenerator"] {
-            drop(
-                m.generator_left_to_ttl
-                    .get_or_create(&GeneratorKindLabel { kind }),
-            );
+            drop(m.generator_left_to_ttl.get_or_create(&KindLabel { kind }));
         }
         Self { registry, ..m }
     }
@@ -342,6 +342,9 @@ mod tests {
         for family in [&m.publishes, &m.unpublishes, &m.refreshes, &m.mirror_syncs] {
             family.get_or_create(&ResultLabel { result }).inc();
         }
+        m.generator_leases
+            .get_or_create(&KindLabel { kind: "Password" })
+            .set(0);
         m.generator_cleanups
             .get_or_create(&GeneratorCleanupLabels {
                 kind: "Password",
