@@ -134,7 +134,8 @@ impl CleanupError {
 #[derive(Debug)]
 pub(crate) enum Spec {
     Password(PasswordSpec),
-    VaultDynamicSecret(VaultDynamicSecretSpec),
+    // Boxed: a Vault spec carries a whole store provider block.
+    VaultDynamicSecret(Box<VaultDynamicSecretSpec>),
     Plugin(PluginGeneratorSpec),
 }
 
@@ -171,9 +172,9 @@ pub(crate) fn decode(resource: &Value) -> Result<Spec, CleanupError> {
             };
             return match cluster.kind {
                 GeneratorKind::Password => g.password_spec.map(Spec::Password),
-                GeneratorKind::VaultDynamicSecret => {
-                    g.vault_dynamic_secret_spec.map(Spec::VaultDynamicSecret)
-                }
+                GeneratorKind::VaultDynamicSecret => g
+                    .vault_dynamic_secret_spec
+                    .map(|v| Spec::VaultDynamicSecret(Box::new(v))),
                 GeneratorKind::PluginGenerator => g.plugin_generator_spec.map(Spec::Plugin),
             }
             .ok_or_else(missing);
@@ -189,7 +190,7 @@ pub(crate) fn decode(resource: &Value) -> Result<Spec, CleanupError> {
     Ok(match kind {
         GeneratorKind::Password => Spec::Password(serde_json::from_value(spec).map_err(bad)?),
         GeneratorKind::VaultDynamicSecret => {
-            Spec::VaultDynamicSecret(serde_json::from_value(spec).map_err(bad)?)
+            Spec::VaultDynamicSecret(Box::new(serde_json::from_value(spec).map_err(bad)?))
         }
         GeneratorKind::PluginGenerator => Spec::Plugin(serde_json::from_value(spec).map_err(bad)?),
     })
