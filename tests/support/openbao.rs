@@ -127,7 +127,8 @@ impl OpenBao {
         }
     }
 
-    async fn try_request(
+    /// A root-token API call; its status and JSON answer (Null when empty), whatever they are.
+    pub async fn try_request(
         &self,
         method: &str,
         path: &str,

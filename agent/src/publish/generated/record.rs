@@ -25,7 +25,9 @@ use crate::resolve::Context;
 
 impl Generated {
     /// The states this node's agent recorded before it (re)started.
-    pub(in crate::publish) async fn recorded_here(&self) -> Result<Vec<GeneratorState>, StateError> {
+    pub(in crate::publish) async fn recorded_here(
+        &self,
+    ) -> Result<Vec<GeneratorState>, StateError> {
         let selector = format!("{LABEL_NODE}={}", label_value(&self.config.node));
         self.config.states.list(&selector).await
     }
@@ -34,7 +36,11 @@ impl Generated {
     /// replaced at its next publish; one of a volume gone, or a state that never got past the
     /// intent, is cleaned up as far as possible without the pod's token. Returns whether it
     /// was adopted.
-    pub(in crate::publish) async fn adopt(self: &Arc<Self>, state: &GeneratorState, mounted: bool) -> bool {
+    pub(in crate::publish) async fn adopt(
+        self: &Arc<Self>,
+        state: &GeneratorState,
+        mounted: bool,
+    ) -> bool {
         let namespace = state.namespace().unwrap_or_default();
         let name = state.name_any();
         let target = state
