@@ -128,9 +128,15 @@ fn assert_no_leak(agent: &Agent, messages: &[String], secrets: &[String]) {
     let log = agent.log_text();
     for s in secrets {
         let head = &s[..s.len().min(12)];
-        assert!(!log.contains(s.as_str()), "the agent log contains a generated value ({head}...)");
+        assert!(
+            !log.contains(s.as_str()),
+            "the agent log contains a generated value ({head}...)"
+        );
         for m in messages {
-            assert!(!m.contains(s.as_str()), "a gRPC message contains a generated value: {m}");
+            assert!(
+                !m.contains(s.as_str()),
+                "a gRPC message contains a generated value: {m}"
+            );
         }
     }
 }
@@ -143,13 +149,22 @@ async fn each_volume_gets_its_own_password_and_keeps_it_while_mounted() {
     let (pa, pb) = (read(&a, "password"), read(&b, "password"));
     assert_eq!(pa.len(), 32);
     assert_eq!(pa.chars().filter(char::is_ascii_digit).count(), 5);
-    assert_ne!(pa, pb, "two pods of one service account never share a generated value");
+    assert_ne!(
+        pa, pb,
+        "two pods of one service account never share a generated value"
+    );
     // A republish past the refresh interval keeps the volume's credential.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     publish(&agent, "a", "default", "pw", None).await.unwrap();
-    assert_eq!(read(&a, "password"), pa, "a republish keeps the generated value");
+    assert_eq!(
+        read(&a, "password"),
+        pa,
+        "a republish keeps the generated value"
+    );
     // One entry of the result, next to a store's value.
-    let m = publish(&agent, "m", "default", "mixed", None).await.unwrap();
+    let m = publish(&agent, "m", "default", "mixed", None)
+        .await
+        .unwrap();
     assert_eq!(read(&m, "user"), STORE_VALUE);
     let pm = read(&m, "password");
     assert!(pm.len() == 32 && pm != pa && pm != pb);
@@ -166,17 +181,28 @@ async fn each_volume_gets_its_own_password_and_keeps_it_while_mounted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_foreign_generator_and_a_missing_key_are_clear_errors() {
     let agent = Agent::start(&[("gen.yaml", PASSWORDS)], &[]).await;
-    let e = publish(&agent, "f", "default", "foreign", None).await.unwrap_err();
+    let e = publish(&agent, "f", "default", "foreign", None)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(
         e.message().contains("namespace \"shop\", ExternalSecret \"foreign\": generator Password \"theirs\" not found"),
         "{}",
         e.message()
     );
-    let e = publish(&agent, "n", "default", "missing", None).await.unwrap_err();
+    let e = publish(&agent, "n", "default", "missing", None)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("VaultDynamicSecret \"nowhere\" not found"), "{}", e.message());
-    let e = publish(&agent, "w", "default", "wrong-key", None).await.unwrap_err();
+    assert!(
+        e.message()
+            .contains("VaultDynamicSecret \"nowhere\" not found"),
+        "{}",
+        e.message()
+    );
+    let e = publish(&agent, "w", "default", "wrong-key", None)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(
         e.message().contains(
@@ -186,7 +212,10 @@ async fn a_missing_or_foreign_generator_and_a_missing_key_are_clear_errors() {
         e.message()
     );
     for pod in ["f", "n", "w"] {
-        assert!(!agent.target(pod).exists(), "a failed publish leaves nothing behind");
+        assert!(
+            !agent.target(pod).exists(),
+            "a failed publish leaves nothing behind"
+        );
     }
 }
 
@@ -198,8 +227,12 @@ const PKI_ROLE: &str = "example-dot-com";
 /// own example), jwt auth for pods, and a policy to issue, renew and revoke.
 async fn pki(ttl: &str, max_ttl: &str) -> (OpenBao, JwtIssuer) {
     let bao = OpenBao::start().await;
-    bao.api("POST", "sys/mounts/pki", Some(json!({"type": "pki", "config": {"max_lease_ttl": "1h"}})))
-        .await;
+    bao.api(
+        "POST",
+        "sys/mounts/pki",
+        Some(json!({"type": "pki", "config": {"max_lease_ttl": "1h"}})),
+    )
+    .await;
     bao.api(
         "POST",
         "pki/root/generate/internal",
@@ -276,20 +309,39 @@ async fn live_leases(bao: &OpenBao, prefix: &str) -> Vec<String> {
         .await
         .unwrap();
     // 404: no lease left under the prefix.
-    assert!(code == 200 || code == 404, "listing leases: {code} {listed}");
+    assert!(
+        code == 200 || code == 404,
+        "listing leases: {code} {listed}"
+    );
     listed["data"]["keys"]
         .as_array()
-        .map(|keys| keys.iter().filter_map(Value::as_str).map(String::from).collect())
+        .map(|keys| {
+            keys.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Serial numbers OpenBao lists as revoked.
 async fn revoked_serials(bao: &OpenBao) -> Vec<String> {
-    let (code, listed) = bao.try_request("LIST", "pki/certs/revoked", None).await.unwrap();
-    assert!(code == 200 || code == 404, "listing revoked certificates: {code} {listed}");
+    let (code, listed) = bao
+        .try_request("LIST", "pki/certs/revoked", None)
+        .await
+        .unwrap();
+    assert!(
+        code == 200 || code == 404,
+        "listing revoked certificates: {code} {listed}"
+    );
     listed["data"]["keys"]
         .as_array()
-        .map(|keys| keys.iter().filter_map(Value::as_str).map(String::from).collect())
+        .map(|keys| {
+            keys.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -316,28 +368,62 @@ async fn each_pod_gets_its_own_certificate_and_unpublish_revokes_it() {
     let m = vault_manifests(&bao, "cert");
     let agent = Agent::start(&[("gen.yaml", &m)], &[]).await;
     let jwt = issuer.token("shop", "app", "vault");
-    let a = publish(&agent, "a", "app", "tls", Some(&jwt)).await.unwrap();
-    let b = publish(&agent, "b", "app", "tls", Some(&jwt)).await.unwrap();
+    let a = publish(&agent, "a", "app", "tls", Some(&jwt))
+        .await
+        .unwrap();
+    let b = publish(&agent, "b", "app", "tls", Some(&jwt))
+        .await
+        .unwrap();
     let (sa, sb) = (serial_of(&a), serial_of(&b));
     assert_ne!(sa, sb, "each pod has its own certificate");
     assert!(read(&a, "certificate").starts_with("-----BEGIN CERTIFICATE-----"));
     let key = read(&a, "private_key");
-    assert_eq!(live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/")).await.len(), 2);
-    assert_eq!(agent.metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}").await, 2.0);
+    assert_eq!(
+        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
+            .await
+            .len(),
+        2
+    );
+    assert_eq!(
+        agent
+            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
+            .await,
+        2.0
+    );
     unpublish(&agent, &a).await;
-    eventually(Duration::from_secs(20), "the first certificate's lease is revoked", || async {
-        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/")).await.len() == 1
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the first certificate's lease is revoked",
+        || async {
+            live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
+                .await
+                .len()
+                == 1
+        },
+    )
     .await;
     let revoked = revoked_serials(&bao).await;
-    assert!(revoked.iter().any(|s| s.eq_ignore_ascii_case(&sa)), "{sa} not in {revoked:?}");
-    assert!(!revoked.iter().any(|s| s.eq_ignore_ascii_case(&sb)), "only the unpublished one");
+    assert!(
+        revoked.iter().any(|s| s.eq_ignore_ascii_case(&sa)),
+        "{sa} not in {revoked:?}"
+    );
+    assert!(
+        !revoked.iter().any(|s| s.eq_ignore_ascii_case(&sb)),
+        "only the unpublished one"
+    );
     unpublish(&agent, &b).await;
     eventually(Duration::from_secs(20), "no lease is left", || async {
-        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/")).await.is_empty()
+        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
+            .await
+            .is_empty()
     })
     .await;
-    assert_eq!(agent.metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}").await, 0.0);
+    assert_eq!(
+        agent
+            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
+            .await,
+        0.0
+    );
     assert_no_leak(&agent, &[], &[key, jwt]);
 }
 
@@ -348,14 +434,27 @@ async fn crash_looping_pods_leave_no_lease() {
     let agent = Agent::start(&[("gen.yaml", &m)], &[]).await;
     let jwt = issuer.token("shop", "app", "vault");
     for i in 0..15 {
-        let t = publish(&agent, &format!("loop-{i}"), "app", "tls", Some(&jwt)).await.unwrap();
+        let t = publish(&agent, &format!("loop-{i}"), "app", "tls", Some(&jwt))
+            .await
+            .unwrap();
         unpublish(&agent, &t).await;
     }
-    eventually(Duration::from_secs(30), "every lease is revoked", || async {
-        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/")).await.is_empty()
-    })
+    eventually(
+        Duration::from_secs(30),
+        "every lease is revoked",
+        || async {
+            live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
+                .await
+                .is_empty()
+        },
+    )
     .await;
-    assert_eq!(agent.metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}").await, 0.0);
+    assert_eq!(
+        agent
+            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
+            .await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,23 +466,39 @@ async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_a
     let m = vault_manifests(&bao, "cert");
     let agent = Agent::start(&[("gen.yaml", &m)], &["--generator-grace-period", "2s"]).await;
     let jwt = issuer.token("shop", "app", "vault");
-    let a = publish(&agent, "a", "app", "tls", Some(&jwt)).await.unwrap();
+    let a = publish(&agent, "a", "app", "tls", Some(&jwt))
+        .await
+        .unwrap();
     let first = serial_of(&a);
-    eventually(Duration::from_secs(15), "a new certificate is written", || async {
-        serial_of(&a) != first
-    })
+    eventually(
+        Duration::from_secs(15),
+        "a new certificate is written",
+        || async { serial_of(&a) != first },
+    )
     .await;
     assert!(
-        !revoked_serials(&bao).await.iter().any(|s| s.eq_ignore_ascii_case(&first)),
+        !revoked_serials(&bao)
+            .await
+            .iter()
+            .any(|s| s.eq_ignore_ascii_case(&first)),
         "the old certificate is kept for the grace period"
     );
-    eventually(Duration::from_secs(15), "the old certificate is revoked", || async {
-        revoked_serials(&bao).await.iter().any(|s| s.eq_ignore_ascii_case(&first))
-    })
+    eventually(
+        Duration::from_secs(15),
+        "the old certificate is revoked",
+        || async {
+            revoked_serials(&bao)
+                .await
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(&first))
+        },
+    )
     .await;
     unpublish(&agent, &a).await;
     eventually(Duration::from_secs(20), "no lease is left", || async {
-        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/")).await.is_empty()
+        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
+            .await
+            .is_empty()
     })
     .await;
 }
@@ -396,19 +511,34 @@ async fn a_renewable_lease_is_renewed_while_mounted_and_replaced_past_its_max_tt
     let m = vault_manifests(&bao, "token");
     let agent = Agent::start(&[("gen.yaml", &m)], &["--generator-grace-period", "1s"]).await;
     let jwt = issuer.token("shop", "app", "vault");
-    let a = publish(&agent, "a", "app", "tls", Some(&jwt)).await.unwrap();
+    let a = publish(&agent, "a", "app", "tls", Some(&jwt))
+        .await
+        .unwrap();
     let first = read(&a, "client_token");
     let accessor = read(&a, "accessor");
     // Past its first TTL, the token is still the one in the volume and still valid: renewed.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(read(&a, "client_token"), first, "renewed, not replaced, before its max TTL");
+    assert_eq!(
+        read(&a, "client_token"),
+        first,
+        "renewed, not replaced, before its max TTL"
+    );
     let looked = bao
-        .api("POST", "auth/token/lookup-accessor", Some(json!({"accessor": accessor})))
+        .api(
+            "POST",
+            "auth/token/lookup-accessor",
+            Some(json!({"accessor": accessor})),
+        )
         .await;
-    assert!(looked["data"]["ttl"].as_u64().is_some_and(|ttl| ttl > 0), "{looked}");
-    eventually(Duration::from_secs(20), "a new token replaces the capped one", || async {
-        read(&a, "client_token") != first
-    })
+    assert!(
+        looked["data"]["ttl"].as_u64().is_some_and(|ttl| ttl > 0),
+        "{looked}"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "a new token replaces the capped one",
+        || async { read(&a, "client_token") != first },
+    )
     .await;
     unpublish(&agent, &a).await;
     assert_no_leak(&agent, &[], &[first, jwt]);

@@ -20,6 +20,7 @@ use crate::api::StoreKind;
 use crate::api::generator::{
     GeneratorKind, GeneratorObject, PasswordSpec, PluginGeneratorSpec, VaultDynamicSecretSpec,
 };
+use crate::api::validate::ProviderSpec;
 use crate::providers::{BuildContext, ProviderError};
 use crate::secret::SecretBytes;
 
@@ -64,6 +65,16 @@ impl<'a> GeneratorSpec<'a> {
         match object {
             GeneratorObject::Cluster(_) => StoreKind::ClusterSecretStore,
             _ => StoreKind::SecretStore,
+        }
+    }
+
+    /// The provider block it reaches its backend with, for the rules stores follow (token
+    /// audiences, credential Secrets); `None` for a generator without a backend.
+    pub fn provider(&self) -> Option<ProviderSpec<'a>> {
+        match *self {
+            Self::Password(_) => None,
+            Self::VaultDynamicSecret(v) => Some(ProviderSpec::Vault(&v.provider)),
+            Self::Plugin(p) => Some(ProviderSpec::Plugin(&p.provider)),
         }
     }
 
