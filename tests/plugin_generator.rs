@@ -251,6 +251,20 @@ async fn generate_and_cleanup_are_counted_and_cleanup_is_idempotent() {
 }
 
 #[tokio::test]
+async fn cleanup_of_what_is_already_gone_is_done_even_when_the_plugin_says_not_found() {
+    let plugin = Plugin::generator(&["--misbehave", "cleanup-not-found"]).await;
+    let env = plugin.env();
+    let generator = build(&env, &pod("shop", "web-0"), &spec(&plugin.endpoint(), &[]))
+        .await
+        .unwrap();
+    let state = generator.generate().await.unwrap().state.unwrap();
+    generator.cleanup(&state).await.unwrap();
+    generator.cleanup(&state).await.unwrap();
+    // NOT_FOUND is final: not retried.
+    assert_eq!((plugin.count("Cleanup"), plugin.live()), (2, 0));
+}
+
+#[tokio::test]
 async fn the_callers_identity_reaches_the_plugin_with_only_the_listed_token() {
     let plugin = Plugin::generator(&["--misbehave", "echo-caller", "--ttl", "90s"]).await;
     let env = plugin.env();

@@ -65,6 +65,8 @@ enum Misbehave {
     TextState,
     /// Values describing the caller, its tokens included (`caller.*`, `token.<audience>`).
     EchoCaller,
+    /// Cleanup of an account already gone answers NOT_FOUND (as some plugins do) instead of OK.
+    CleanupNotFound,
 }
 
 /// An account of the fake service.
@@ -210,6 +212,7 @@ impl SecretStorePlugin for Generator {
             Some(Misbehave::TextState) => {
                 state = format!("account={id} password={password}").into_bytes();
             }
+            Some(Misbehave::CleanupNotFound) => {}
             Some(Misbehave::EchoCaller) => {
                 values.insert("caller.namespace".into(), caller.namespace.clone().into());
                 values.insert(
@@ -288,6 +291,12 @@ impl SecretStorePlugin for Generator {
             describe(&caller),
             self.0.live()
         ))?;
+        if !deleted && self.0.args.misbehave == Some(Misbehave::CleanupNotFound) {
+            return Err(Status::not_found(format!(
+                "no account {:?}",
+                id.escape_debug().to_string()
+            )));
+        }
         Ok(Response::new(lk::CleanupResponse {}))
     }
 }
