@@ -187,7 +187,13 @@ impl PluginGenerator {
 
     /// Turns Generate's answer into a [`Generated`], or refuses it (see the module comment):
     /// the values move into [`SecretBytes`] first, so that they are wiped whatever happens.
-    async fn accept(&self, answer: lk::GenerateResponse) -> Result<Generated, GeneratorError> {
+    /// `held` (the answer's share of the parse budget) is let go once it is converted, before
+    /// any Cleanup call.
+    async fn accept(
+        &self,
+        answer: lk::GenerateResponse,
+        held: json::Held<'static>,
+    ) -> Result<Generated, GeneratorError> {
         let lk::GenerateResponse {
             values,
             state,
@@ -201,6 +207,7 @@ impl PluginGenerator {
         let checked = check_values(&values)
             .and_then(|()| parse_state(&state))
             .and_then(|parsed| Ok((parsed, lease(ttl_seconds, renewable)?)));
+        drop(held);
         match checked {
             Ok((state, lease)) => {
                 tracing::debug!(
@@ -305,11 +312,11 @@ fn lease(ttl_seconds: Option<i64>, renewable: bool) -> Result<Option<Lease>, Str
 impl Generator for PluginGenerator {
     async fn generate(&self) -> Result<Generated, GeneratorError> {
         // No retry (see the module comment); a transport failure still resets the handshake.
-        let (answer, _held) = self
+        let (answer, held) = self
             .plugin
             .with_retries_up_to(0, || self.generate_once())
             .await??;
-        self.accept(answer).await
+        self.accept(answer, held).await
     }
 
     /// latchkey.plugin.v1 has no Renew: a new value is generated instead.
