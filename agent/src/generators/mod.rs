@@ -8,6 +8,7 @@
 //! `GeneratorState` object so that Cleanup can run later, by this process or another. A state
 //! never holds a generated value.
 
+pub mod plugin;
 pub mod states;
 
 use std::collections::BTreeMap;
@@ -175,9 +176,11 @@ pub async fn build(
     spec: GeneratorSpec<'_>,
     ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Generator>, GeneratorError> {
-    let _ = ctx;
-    Err(GeneratorError::Unimplemented(format!(
-        "{} generators are not available in this build yet",
-        spec.kind()
-    )))
+    match spec {
+        GeneratorSpec::Plugin(p) => Ok(Arc::new(plugin::PluginGenerator::new(p, ctx).await?)),
+        other => Err(GeneratorError::Unimplemented(format!(
+            "{} generators are not available in this build yet",
+            other.kind()
+        ))),
+    }
 }
