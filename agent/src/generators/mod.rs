@@ -8,7 +8,9 @@
 //! `GeneratorState` object so that Cleanup can run later, by this process or another. A state
 //! never holds a generated value.
 
+pub mod password;
 pub mod states;
+pub mod vault;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -124,9 +126,14 @@ pub async fn build(
     spec: GeneratorSpec<'_>,
     ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Generator>, GeneratorError> {
-    let _ = ctx;
-    Err(GeneratorError::Unimplemented(format!(
-        "{} generators are not available in this build yet",
-        spec.kind()
-    )))
+    match spec {
+        GeneratorSpec::Password(p) => Ok(Arc::new(password::Password::new(p)?)),
+        GeneratorSpec::VaultDynamicSecret(v) => {
+            Ok(Arc::new(vault::VaultDynamic::new(v, ctx).await?))
+        }
+        GeneratorSpec::Plugin(_) => Err(GeneratorError::Unimplemented(format!(
+            "{} generators are not available in this build yet",
+            spec.kind()
+        ))),
+    }
 }
