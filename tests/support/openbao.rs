@@ -168,6 +168,78 @@ impl OpenBao {
         value
     }
 
+    /// A root-token API call whatever its answer: (status, JSON answer or Null).
+    pub async fn request(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.try_request(method, path, body.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// Mounts a PKI engine at `mount` with a self-signed root CA and a role `role` issuing
+    /// leased certificates (`generate_lease=true`, as ESO's VaultDynamicSecret example) for
+    /// `localhost` and `example.com`, at most `max_ttl`.
+    pub async fn pki(&self, mount: &str, role: &str, max_ttl: &str) {
+        self.api(
+            "POST",
+            &format!("sys/mounts/{mount}"),
+            Some(json!({"type": "pki", "config": {"max_lease_ttl": "87600h"}})),
+        )
+        .await;
+        self.api(
+            "POST",
+            &format!("{mount}/root/generate/internal"),
+            Some(json!({"common_name": "latchkey-test-ca", "ttl": "8760h", "key_type": "ec"})),
+        )
+        .await;
+        self.api(
+            "POST",
+            &format!("{mount}/roles/{role}"),
+            Some(json!({
+                "allowed_domains": ["localhost", "example.com"],
+                "allow_subdomains": true,
+                "allow_localhost": true,
+                "generate_lease": true,
+                "key_type": "ec",
+                "max_ttl": max_ttl,
+            })),
+        )
+        .await;
+    }
+
+    /// Whether Vault still knows lease `lease_id` (`sys/leases/lookup`).
+    pub async fn lease_exists(&self, lease_id: &str) -> bool {
+        let (code, answer) = self
+            .request(
+                "PUT",
+                "sys/leases/lookup",
+                Some(json!({ "lease_id": lease_id })),
+            )
+            .await;
+        match code {
+            200 => true,
+            400 => false,
+            other => panic!("sys/leases/lookup answered {other}: {answer}"),
+        }
+    }
+
+    /// Serial numbers of the certificates `mount` has revoked.
+    pub async fn revoked_serials(&self, mount: &str) -> Vec<String> {
+        let (code, answer) = self
+            .request("LIST", &format!("{mount}/certs/revoked"), None)
+            .await;
+        match code {
+            200 => serde_json::from_value(answer["data"]["keys"].clone()).unwrap(),
+            404 => Vec::new(),
+            other => panic!("LIST {mount}/certs/revoked answered {other}: {answer}"),
+        }
+    }
+
+    /// Accessors of every token Vault holds (each login makes one).
+    pub async fn token_accessors(&self) -> Vec<String> {
+        let v = self.api("LIST", "auth/token/accessors", None).await;
+        serde_json::from_value(v["data"]["keys"].clone()).unwrap()
+    }
+
     /// Mounts a KV engine (`version` 1 or 2) at `path`.
     pub async fn enable_kv(&self, path: &str, version: u8) {
         self.api(

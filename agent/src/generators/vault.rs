@@ -248,6 +248,11 @@ impl Generator for VaultDynamic {
                 (state, lease)
             }
         };
+        // What to revoke if the answer turns out unusable: whatever Vault made, even when it
+        // is not the part asked for (a leased certificate asked for as `Auth`).
+        let made = state
+            .clone()
+            .or_else(|| lease_id.map(|id| json!({ "leaseId": id })));
         let values = match (self.result_type, part) {
             (VaultResultType::Raw, _) => {
                 let text = serde_json::to_vec(&answer).map_err(|_| {
@@ -269,7 +274,7 @@ impl Generator for VaultDynamic {
                 .collect(),
             (_, None | Some(Value::Null)) => BTreeMap::new(),
             (_, Some(_)) => {
-                self.undo(state.as_ref()).await;
+                self.undo(made.as_ref()).await;
                 return Err(GeneratorError::Backend(ProviderError::Unavailable(
                     format!(
                         "Vault's answer to {what} has a {} that is not an object",
@@ -279,7 +284,7 @@ impl Generator for VaultDynamic {
             }
         };
         if values.is_empty() && !self.allow_empty {
-            self.undo(state.as_ref()).await;
+            self.undo(made.as_ref()).await;
             return self.empty(&what);
         }
         Ok(Generated {
