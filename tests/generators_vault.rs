@@ -290,7 +290,8 @@ async fn a_3s_token_is_renewed_and_one_at_its_max_ttl_is_replaced() {
         "renewed past its first TTL"
     );
 
-    // Capped at 4 s in all: 1.5 s in, Vault grants less than the 3 s asked.
+    // Capped at 4 s in all: 2.5 s in, Vault grants less than the 3 s asked (it rounds what
+    // is left to whole seconds, so 1.5 s in could still read as 3).
     let capped = spec(
         &bao,
         "auth/token/create",
@@ -300,7 +301,7 @@ async fn a_3s_token_is_renewed_and_one_at_its_max_ttl_is_replaced() {
     let capped = build(&env, &pod, &capped).await.unwrap();
     let short = capped.generate().await.unwrap();
     let short_state = short.state.clone().unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(
         capped.renew(&short_state).await.unwrap(),
         None,
@@ -447,11 +448,8 @@ async fn denied_paths_and_bad_answers_are_clear_errors_without_values() {
     let made = generator.generate().await.unwrap();
     let response: Value = serde_json::from_str(&text(&made, "response")).unwrap();
     assert_eq!(made.values.len(), 1);
-    assert_eq!(
-        made.lease.unwrap().ttl,
-        Duration::from_secs(600),
-        "own ttl kept"
-    );
+    let ttl = made.lease.unwrap().ttl.as_secs();
+    assert!((590..=600).contains(&ttl), "its own ttl kept: {ttl}");
     let state = made.state.clone().unwrap();
     assert_eq!(state["leaseId"], response["lease_id"]);
     outputs.push(format!("{made:?}"));
