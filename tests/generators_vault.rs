@@ -501,3 +501,52 @@ async fn a_password_from_build_has_esos_shape() {
     assert!(made.state.is_none() && made.lease.is_none());
     assert!(!format!("{made:?}").contains(&password));
 }
+
+#[tokio::test]
+async fn an_endless_answer_from_a_tenants_vault_fails_the_generate_bounded() {
+    let hostile = support::hostile::Hostile::start(support::hostile::Answer::Endless).await;
+    let mut catalog = ManifestCatalog::default();
+    catalog
+        .add_documents(
+            std::path::Path::new("token.yaml"),
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: vault-token, namespace: shop}\n\
+             stringData: {token: not-a-real-token}\n",
+        )
+        .unwrap();
+    let env = Env {
+        catalog: Arc::new(catalog),
+        ..env()
+    };
+    let issuer = JwtIssuer::new();
+    let pod = pod(&issuer, "web-0");
+    let spec = VaultDynamicSecretSpec {
+        path: PKI_PATH.into(),
+        method: Some("POST".into()),
+        provider: VaultProvider {
+            server: hostile.url.clone(),
+            auth: VaultAuth {
+                token_secret_ref: Some(
+                    serde_json::from_value(json!({"name": "vault-token", "key": "token"})).unwrap(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let err = build(&env, &pod, &spec)
+        .await
+        .unwrap()
+        .generate()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("larger than"), "{err}");
+    assert!(err.contains(PKI_PATH), "{err}");
+    assert!(!err.contains("not-a-real-token"), "{err}");
+    assert!(
+        hostile.sent() < 64 << 20,
+        "stopped reading soon after the limit: {} bytes sent",
+        hostile.sent()
+    );
+}
