@@ -550,3 +550,62 @@ async fn an_endless_answer_from_a_tenants_vault_fails_the_generate_bounded() {
         hostile.sent()
     );
 }
+
+#[tokio::test]
+async fn the_providers_namespace_is_where_the_secret_is_made_and_revoked() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    bao.api("POST", "sys/namespaces/team", None).await;
+    bao.pki_in(Some("team"), "pki", "team-only", "72h").await;
+    let mut catalog = ManifestCatalog::default();
+    catalog
+        .add_documents(
+            std::path::Path::new("token.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: vault-token, namespace: shop}}\n\
+                 stringData: {{token: {}}}\n",
+                bao.root_token
+            ),
+        )
+        .unwrap();
+    let env = Env {
+        catalog: Arc::new(catalog),
+        ..env()
+    };
+    let pod = pod(&issuer, "web-0");
+    let mut spec = spec(
+        &bao,
+        "pki/issue/team-only",
+        json!({"common_name": "localhost"}),
+        VaultResultType::Data,
+    );
+    spec.provider.auth = VaultAuth {
+        token_secret_ref: Some(
+            serde_json::from_value(json!({"name": "vault-token", "key": "token"})).unwrap(),
+        ),
+        ..Default::default()
+    };
+    let root_namespace = build(&env, &pod, &spec).await.unwrap();
+    let err = root_namespace.generate().await.unwrap_err().to_string();
+    assert!(
+        err.contains("pki/issue/team-only"),
+        "no such role outside team: {err}"
+    );
+
+    spec.provider.namespace = Some("team".into());
+    let generator = build(&env, &pod, &spec).await.unwrap();
+    let made = generator.generate().await.unwrap();
+    let state = made.state.unwrap();
+    let lease_id = state["leaseId"].as_str().unwrap();
+    let lookup = |ns| {
+        bao.request_in(
+            ns,
+            "PUT",
+            "sys/leases/lookup",
+            Some(json!({ "lease_id": lease_id })),
+        )
+    };
+    assert_eq!(lookup(Some("team")).await.0, 200, "leased in team");
+    generator.cleanup(&state).await.unwrap();
+    assert_eq!(lookup(Some("team")).await.0, 400, "revoked in team");
+}

@@ -133,11 +133,25 @@ impl OpenBao {
         path: &str,
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
+        self.try_request_in(None, method, path, body).await
+    }
+
+    /// [`Self::try_request`] in OpenBao namespace `namespace`.
+    async fn try_request_in(
+        &self,
+        namespace: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> std::io::Result<(u16, Value)> {
         let mut s = tokio::net::TcpStream::connect(self.addr).await?;
         let body = body.map(Value::to_string).unwrap_or_default();
+        let namespace = namespace
+            .map(|n| format!("X-Vault-Namespace: {n}\r\n"))
+            .unwrap_or_default();
         // HTTP/1.0: the answer is never chunked and the connection closes after it.
         let req = format!(
-            "{method} /v1/{path} HTTP/1.0\r\nHost: bao\r\nX-Vault-Token: {}\r\n\
+            "{method} /v1/{path} HTTP/1.0\r\nHost: bao\r\nX-Vault-Token: {}\r\n{namespace}\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.root_token,
             body.len()
@@ -175,23 +189,61 @@ impl OpenBao {
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
+    /// A root-token API call in OpenBao namespace `namespace` (or the root one), whatever its
+    /// answer: (status, JSON answer or Null).
+    pub async fn request_in(
+        &self,
+        namespace: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        self.try_request_in(namespace, method, path, body.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// [`Self::api`] in OpenBao namespace `namespace` (or the root one).
+    pub async fn api_in(
+        &self,
+        namespace: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
+        let (code, value) = self.request_in(namespace, method, path, body).await;
+        assert!(
+            (200..300).contains(&code),
+            "{method} /v1/{path} in namespace {namespace:?} answered {code}: {value}"
+        );
+        value
+    }
+
     /// Mounts a PKI engine at `mount` with a self-signed root CA and a role `role` issuing
     /// leased certificates (`generate_lease=true`, as ESO's VaultDynamicSecret example) for
     /// `localhost` and `example.com`, at most `max_ttl`.
     pub async fn pki(&self, mount: &str, role: &str, max_ttl: &str) {
-        self.api(
+        self.pki_in(None, mount, role, max_ttl).await;
+    }
+
+    /// [`Self::pki`] in OpenBao namespace `namespace` (or the root one).
+    pub async fn pki_in(&self, namespace: Option<&str>, mount: &str, role: &str, max_ttl: &str) {
+        self.api_in(
+            namespace,
             "POST",
             &format!("sys/mounts/{mount}"),
             Some(json!({"type": "pki", "config": {"max_lease_ttl": "87600h"}})),
         )
         .await;
-        self.api(
+        self.api_in(
+            namespace,
             "POST",
             &format!("{mount}/root/generate/internal"),
             Some(json!({"common_name": "latchkey-test-ca", "ttl": "8760h", "key_type": "ec"})),
         )
         .await;
-        self.api(
+        self.api_in(
+            namespace,
             "POST",
             &format!("{mount}/roles/{role}"),
             Some(json!({
