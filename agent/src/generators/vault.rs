@@ -227,7 +227,10 @@ impl Generator for VaultDynamic {
                     .get("accessor")
                     .and_then(Value::as_str)
                     .filter(|a| !a.is_empty())
-                    .map(|accessor| json!({"accessor": accessor, "ttl": lease.map(|l| l.ttl.as_secs())}));
+                    .map(|accessor| {
+                        let ttl = lease.map(|l| l.ttl.as_secs());
+                        json!({ "accessor": accessor, "ttl": ttl })
+                    });
                 (state, lease)
             }
             VaultResultType::Data | VaultResultType::Raw => {
