@@ -8,8 +8,10 @@
 //! `GeneratorState` object so that Cleanup can run later, by this process or another. A state
 //! never holds a generated value.
 
+pub mod password;
 pub mod plugin;
 pub mod states;
+pub mod vault;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -177,10 +179,10 @@ pub async fn build(
     ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Generator>, GeneratorError> {
     match spec {
+        GeneratorSpec::Password(p) => Ok(Arc::new(password::Password::new(p)?)),
+        GeneratorSpec::VaultDynamicSecret(v) => {
+            Ok(Arc::new(vault::VaultDynamic::new(v, ctx).await?))
+        }
         GeneratorSpec::Plugin(p) => Ok(Arc::new(plugin::PluginGenerator::new(p, ctx).await?)),
-        other => Err(GeneratorError::Unimplemented(format!(
-            "{} generators are not available in this build yet",
-            other.kind()
-        ))),
     }
 }
