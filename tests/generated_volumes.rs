@@ -225,29 +225,9 @@ const PKI_ROLE: &str = "example-dot-com";
 
 /// A dev server with a PKI engine whose role issues leased certificates for `localhost` (ESO's
 /// own example), jwt auth for pods, and a policy to issue, renew and revoke.
-async fn pki(ttl: &str, max_ttl: &str) -> (OpenBao, JwtIssuer) {
+async fn pki() -> (OpenBao, JwtIssuer) {
     let bao = OpenBao::start().await;
-    bao.api(
-        "POST",
-        "sys/mounts/pki",
-        Some(json!({"type": "pki", "config": {"max_lease_ttl": "1h"}})),
-    )
-    .await;
-    bao.api(
-        "POST",
-        "pki/root/generate/internal",
-        Some(json!({"common_name": "example.com", "ttl": "2h"})),
-    )
-    .await;
-    bao.api(
-        "POST",
-        &format!("pki/roles/{PKI_ROLE}"),
-        Some(json!({
-            "allowed_domains": "localhost", "allow_bare_domains": true, "allow_localhost": true,
-            "generate_lease": true, "ttl": ttl, "max_ttl": max_ttl,
-        })),
-    )
-    .await;
+    bao.pki("pki", PKI_ROLE, "1h").await;
     bao.policy(
         "issue",
         &format!(
@@ -265,7 +245,7 @@ async fn pki(ttl: &str, max_ttl: &str) -> (OpenBao, JwtIssuer) {
     (bao, issuer)
 }
 
-fn vault_manifests(bao: &OpenBao, generator: &str) -> String {
+fn vault_manifests(bao: &OpenBao, generator: &str, cert_ttl: &str) -> String {
     format!(
         r#"
 apiVersion: generators.latchkey.dev/v1alpha1
@@ -274,7 +254,7 @@ metadata: {{name: cert, namespace: shop}}
 spec:
   path: pki/issue/{PKI_ROLE}
   method: POST
-  parameters: {{common_name: localhost}}
+  parameters: {{common_name: localhost, ttl: {cert_ttl}}}
   provider:
     server: {url}
     auth: {{jwt: {{role: app, audience: vault}}}}
@@ -298,16 +278,15 @@ spec:
   dataFrom:
   - sourceRef: {{generatorRef: {{kind: VaultDynamicSecret, name: {generator}}}}}
 "#,
-        url = bao.url
+        url = bao.url,
     )
 }
 
-/// Leases of the PKI role that are still alive.
+/// Leases below `prefix` that are still alive.
 async fn live_leases(bao: &OpenBao, prefix: &str) -> Vec<String> {
     let (code, listed) = bao
-        .try_request("LIST", &format!("sys/leases/lookup/{prefix}"), None)
-        .await
-        .unwrap();
+        .request("LIST", &format!("sys/leases/lookup/{prefix}"), None)
+        .await;
     // 404: no lease left under the prefix.
     assert!(
         code == 200 || code == 404,
@@ -324,25 +303,10 @@ async fn live_leases(bao: &OpenBao, prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Serial numbers OpenBao lists as revoked.
-async fn revoked_serials(bao: &OpenBao) -> Vec<String> {
-    let (code, listed) = bao
-        .try_request("LIST", "pki/certs/revoked", None)
-        .await
-        .unwrap();
-    assert!(
-        code == 200 || code == 404,
-        "listing revoked certificates: {code} {listed}"
-    );
-    listed["data"]["keys"]
-        .as_array()
-        .map(|keys| {
-            keys.iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
+/// Whether OpenBao lists `serial` as revoked.
+async fn is_revoked(bao: &OpenBao, serial: &str) -> bool {
+    let revoked = bao.revoked_serials("pki").await;
+    revoked.iter().any(|s| s.eq_ignore_ascii_case(serial))
 }
 
 /// Waits until `check` holds, for at most `limit`.
@@ -364,8 +328,8 @@ fn serial_of(target: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_pod_gets_its_own_certificate_and_unpublish_revokes_it() {
-    let (bao, issuer) = pki("10m", "1h").await;
-    let m = vault_manifests(&bao, "cert");
+    let (bao, issuer) = pki().await;
+    let m = vault_manifests(&bao, "cert", "10m");
     let agent = Agent::start(&[("gen.yaml", &m)], &[]).await;
     let jwt = issuer.token("shop", "app", "vault");
     let a = publish(&agent, "a", "app", "tls", Some(&jwt))
@@ -402,15 +366,8 @@ async fn each_pod_gets_its_own_certificate_and_unpublish_revokes_it() {
         },
     )
     .await;
-    let revoked = revoked_serials(&bao).await;
-    assert!(
-        revoked.iter().any(|s| s.eq_ignore_ascii_case(&sa)),
-        "{sa} not in {revoked:?}"
-    );
-    assert!(
-        !revoked.iter().any(|s| s.eq_ignore_ascii_case(&sb)),
-        "only the unpublished one"
-    );
+    assert!(is_revoked(&bao, &sa).await, "{sa} is revoked");
+    assert!(!is_revoked(&bao, &sb).await, "only the unpublished one");
     unpublish(&agent, &b).await;
     eventually(Duration::from_secs(20), "no lease is left", || async {
         live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
@@ -429,8 +386,8 @@ async fn each_pod_gets_its_own_certificate_and_unpublish_revokes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_looping_pods_leave_no_lease() {
-    let (bao, issuer) = pki("10m", "1h").await;
-    let m = vault_manifests(&bao, "cert");
+    let (bao, issuer) = pki().await;
+    let m = vault_manifests(&bao, "cert", "10m");
     let agent = Agent::start(&[("gen.yaml", &m)], &[]).await;
     let jwt = issuer.token("shop", "app", "vault");
     for i in 0..15 {
@@ -462,8 +419,8 @@ async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_a
  {
     // PKI leases cannot be renewed: at 2/3 of the 3 s TTL a new certificate is issued and
     // written, and the old one stays valid for the grace period before it is revoked.
-    let (bao, issuer) = pki("3s", "1h").await;
-    let m = vault_manifests(&bao, "cert");
+    let (bao, issuer) = pki().await;
+    let m = vault_manifests(&bao, "cert", "3s");
     let agent = Agent::start(&[("gen.yaml", &m)], &["--generator-grace-period", "2s"]).await;
     let jwt = issuer.token("shop", "app", "vault");
     let a = publish(&agent, "a", "app", "tls", Some(&jwt))
@@ -477,21 +434,13 @@ async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_a
     )
     .await;
     assert!(
-        !revoked_serials(&bao)
-            .await
-            .iter()
-            .any(|s| s.eq_ignore_ascii_case(&first)),
+        !is_revoked(&bao, &first).await,
         "the old certificate is kept for the grace period"
     );
     eventually(
         Duration::from_secs(15),
         "the old certificate is revoked",
-        || async {
-            revoked_serials(&bao)
-                .await
-                .iter()
-                .any(|s| s.eq_ignore_ascii_case(&first))
-        },
+        || async { is_revoked(&bao, &first).await },
     )
     .await;
     unpublish(&agent, &a).await;
@@ -507,8 +456,8 @@ async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_a
 async fn a_renewable_lease_is_renewed_while_mounted_and_replaced_past_its_max_ttl() {
     // A token with a 3 s TTL and a 9 s max TTL: renewed at 2/3 of its TTL, the same token stays
     // in the volume until renewal is capped, then a new one replaces it.
-    let (bao, issuer) = pki("10m", "1h").await;
-    let m = vault_manifests(&bao, "token");
+    let (bao, issuer) = pki().await;
+    let m = vault_manifests(&bao, "token", "10m");
     let agent = Agent::start(&[("gen.yaml", &m)], &["--generator-grace-period", "1s"]).await;
     let jwt = issuer.token("shop", "app", "vault");
     let a = publish(&agent, "a", "app", "tls", Some(&jwt))
