@@ -89,18 +89,25 @@ fn service_account(namespace: &str, name: &str, opted_in: bool) -> Value {
     sa
 }
 
+/// A generator as the agent records it in `spec.resource` (`GeneratorObject::to_resource`).
+fn resource(kind: &str, spec: Value) -> Value {
+    json!({"apiVersion": GROUP, "kind": kind, "metadata": {"name": "gen"}, "spec": spec})
+}
+
 fn password() -> Value {
-    json!({"kind": "Password", "spec": {"length": 16}})
+    resource("Password", json!({"length": 16}))
 }
 
 /// A Vault generator whose server nobody answers on: every cleanup fails as "unavailable".
 fn unreachable_vault() -> Value {
-    json!({"kind": "VaultDynamicSecret", "spec": {
-        "path": "pki/issue/example-dot-com", "method": "POST",
-        "parameters": {"common_name": "localhost"},
-        "provider": {"server": "http://127.0.0.1:9", "path": "pki",
-                     "auth": {"kubernetes": {"role": "shop", "audience": "vault",
-                                              "mountPath": "kubernetes"}}}}})
+    resource(
+        "VaultDynamicSecret",
+        json!({"path": "pki/issue/example-dot-com", "method": "POST",
+            "parameters": {"common_name": "localhost"},
+            "provider": {"server": "http://127.0.0.1:9",
+                         "auth": {"kubernetes": {"role": "shop", "audience": "vault",
+                                                  "mountPath": "kubernetes"}}}}),
+    )
 }
 
 /// A GeneratorState as the agent records it: finalizer, labels, the generator as it was.

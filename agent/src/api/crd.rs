@@ -33,7 +33,11 @@ mod tests {
     use kube::CustomResourceExt;
     use serde_json::Value;
 
+    use crate::api::generator::{
+        ClusterGenerator, GeneratorState, Password, PluginGenerator, VaultDynamicSecret,
+    };
     use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+    use crate::generators::states::{LABEL_GENERATOR, LABEL_POD};
 
     /// The checked-in CRDs, regenerated with `latchkey crds > crds/latchkey-crds.yaml`.
     const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/latchkey-crds.yaml");
@@ -54,20 +58,27 @@ mod tests {
     }
 
     #[test]
-    fn every_kind_is_served_in_the_latchkey_group() {
+    fn every_kind_is_served_in_its_group() {
         let text = super::render_all().unwrap();
-        for kind in ["SecretStore", "ClusterSecretStore", "ExternalSecret"] {
+        for crd in crds() {
+            let kind = &crd.spec.names.kind;
             assert!(text.contains(&format!("kind: {kind}\n")), "{kind} missing");
         }
         assert_eq!(text.matches("group: latchkey.dev").count(), 3);
+        assert_eq!(text.matches("group: generators.latchkey.dev").count(), 5);
         assert!(text.contains("scope: Cluster") && text.contains("scope: Namespaced"));
     }
 
-    fn crds() -> [v1::CustomResourceDefinition; 3] {
+    fn crds() -> [v1::CustomResourceDefinition; 8] {
         [
             SecretStore::crd(),
             ClusterSecretStore::crd(),
             ExternalSecret::crd(),
+            Password::crd(),
+            VaultDynamicSecret::crd(),
+            PluginGenerator::crd(),
+            ClusterGenerator::crd(),
+            GeneratorState::crd(),
         ]
     }
 
@@ -92,21 +103,44 @@ mod tests {
                 assert!(!eso.contains(&name.as_str()), "{}: {name}", names.kind);
                 seen.push(name);
             }
-            // `kubectl get latchkey` lists every kind.
+            // `kubectl get latchkey` lists every kind; `kubectl get latchkey-generators` the
+            // generators and their states.
+            let want: &[&str] = if crd.spec.group == crate::api::GENERATOR_GROUP {
+                &["latchkey", "latchkey-generators"]
+            } else {
+                &["latchkey"]
+            };
             assert_eq!(
-                names.categories.as_deref(),
-                Some(&["latchkey".to_string()][..]),
+                names.categories.as_deref().unwrap_or_default(),
+                want,
                 "{}",
                 names.kind
             );
         }
-        assert_eq!(seen, ["lkss", "lkcss", "lkes"]);
+        assert_eq!(
+            seen,
+            [
+                "lkss",
+                "lkcss",
+                "lkes",
+                "lkpassword",
+                "lkvds",
+                "lkpg",
+                "lkcg",
+                "lkgs"
+            ]
+        );
     }
 
     #[test]
     fn printer_columns_point_at_fields_of_the_schema() {
         // `[?(@.type=="Ready")]`: a filter over list items.
         let filter = regex::Regex::new(r#"\[\?\(@\.[a-z]+=="[A-Za-z]+"\)\]"#).unwrap();
+        // The labels a GeneratorState's columns show: the ones states are recorded with.
+        let labels = [
+            format!(".metadata.labels.{}", LABEL_GENERATOR.replace('.', "\\.")),
+            format!(".metadata.labels.{}", LABEL_POD.replace('.', "\\.")),
+        ];
         for crd in crds() {
             let kind = &crd.spec.names.kind;
             let schema = schema(&crd);
@@ -115,23 +149,36 @@ mod tests {
                 .clone()
                 .unwrap_or_default();
             let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
-            let want: &[&str] = if kind == "ExternalSecret" {
-                &[
+            let want: &[&str] = match kind.as_str() {
+                "ExternalSecret" => &[
                     "Store",
                     "Store Kind",
                     "Refresh Interval",
                     "Status",
                     "Ready",
                     "Age",
-                ]
-            } else {
-                &["Provider", "Status", "Ready", "Age"]
+                ],
+                "SecretStore" | "ClusterSecretStore" => &["Provider", "Status", "Ready", "Age"],
+                "Password" => &["Length", "Age"],
+                "VaultDynamicSecret" => &["Path", "Age"],
+                "PluginGenerator" => &["Endpoint", "Age"],
+                "ClusterGenerator" => &["Kind", "Age"],
+                "GeneratorState" => &["Generator", "Pod", "GC Deadline", "Age"],
+                other => panic!("{other}: no columns expected"),
             };
             assert_eq!(names, want, "{kind}");
             for column in &columns {
                 let path = &column.json_path;
                 if path == ".metadata.creationTimestamp" {
                     assert_eq!(column.type_, "date", "{kind} {path}");
+                    continue;
+                }
+                if path.starts_with(".metadata.labels.") {
+                    assert!(
+                        labels.contains(path),
+                        "{kind} {path}: not a label states carry"
+                    );
+                    assert_eq!(column.type_, "string", "{kind} {path}");
                     continue;
                 }
                 let plain = filter.replace_all(path, "[]");
@@ -145,21 +192,51 @@ mod tests {
                         node = &node["items"];
                     }
                 }
-                assert_eq!(node["type"], "string", "{kind} {path}");
-                assert_eq!(column.type_, "string", "{kind} {path}");
+                let type_ = node["type"].as_str().unwrap_or_default();
+                assert!(
+                    ["string", "integer"].contains(&type_),
+                    "{kind} {path}: {type_}"
+                );
+                assert_eq!(column.type_, type_, "{kind} {path}");
             }
         }
     }
+
+    /// Where the schemas keep what is written as is: the generator's own JSON (a Vault
+    /// request's parameters) and a GeneratorState's records (the generator object as it was,
+    /// what Cleanup needs). Nowhere else.
+    const PRESERVED: [(&str, &str); 4] = [
+        ("VaultDynamicSecret", ".spec.parameters"),
+        (
+            "ClusterGenerator",
+            ".spec.generator.vaultDynamicSecretSpec.parameters",
+        ),
+        ("GeneratorState", ".spec.resource"),
+        ("GeneratorState", ".spec.state"),
+    ];
 
     #[test]
     fn schemas_are_structural_so_unknown_fields_are_pruned() {
         // With a structural schema and no x-kubernetes-preserve-unknown-fields, the API server
         // drops fields the schema does not know (kubectl warns about them) instead of storing a
-        // misspelled field that the agent would then silently ignore.
-        fn check(kind: &str, path: &str, node: &Value) {
+        // misspelled field that the agent would then silently ignore. Only the fields declared
+        // as JSON (PRESERVED) keep what is written: objects with no schema below them.
+        fn check(kind: &str, path: &str, node: &Value, preserved: &mut Vec<(String, String)>) {
             let fields = node.as_object().unwrap();
+            let type_ = node["type"].as_str();
+            assert!(type_.is_some(), "{kind} {path}: no type");
+            if fields.contains_key("x-kubernetes-preserve-unknown-fields") {
+                assert_eq!(
+                    node["x-kubernetes-preserve-unknown-fields"], true,
+                    "{kind} {path}"
+                );
+                assert_eq!(type_, Some("object"), "{kind} {path}");
+                for keyword in ["properties", "additionalProperties", "items"] {
+                    assert!(!fields.contains_key(keyword), "{kind} {path}: {keyword}");
+                }
+                preserved.push((kind.to_string(), path.to_string()));
+            }
             for keyword in [
-                "x-kubernetes-preserve-unknown-fields",
                 "x-kubernetes-embedded-resource",
                 "x-kubernetes-int-or-string",
                 "anyOf",
@@ -169,26 +246,35 @@ mod tests {
             ] {
                 assert!(!fields.contains_key(keyword), "{kind} {path}: {keyword}");
             }
-            let type_ = node["type"].as_str();
-            assert!(type_.is_some(), "{kind} {path}: no type");
             if let Some(properties) = node["properties"].as_object() {
                 for (name, sub) in properties {
-                    check(kind, &format!("{path}.{name}"), sub);
+                    check(kind, &format!("{path}.{name}"), sub, preserved);
                 }
             }
             match &node["additionalProperties"] {
                 Value::Null => {}
-                sub @ Value::Object(_) => check(kind, &format!("{path}.*"), sub),
+                sub @ Value::Object(_) => check(kind, &format!("{path}.*"), sub, preserved),
                 other => panic!("{kind} {path}: additionalProperties {other}"),
             }
             if type_ == Some("array") {
-                check(kind, &format!("{path}[]"), &node["items"]);
+                check(kind, &format!("{path}[]"), &node["items"], preserved);
             }
         }
-        let text = super::render_all().unwrap();
-        assert!(!text.contains("x-kubernetes-preserve-unknown-fields"));
+        let mut preserved = Vec::new();
         for crd in crds() {
-            check(&crd.spec.names.kind, "", &schema(&crd));
+            check(&crd.spec.names.kind, "", &schema(&crd), &mut preserved);
         }
+        let want: Vec<(String, String)> = PRESERVED
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(preserved, want);
+        // Every preserved field is bounded by the API server's object size; the Vault
+        // parameters, which a tenant writes and the agent sends, by a count too.
+        let vds = schema(&VaultDynamicSecret::crd());
+        assert_eq!(
+            vds["properties"]["spec"]["properties"]["parameters"]["maxProperties"],
+            crate::api::rules::MAX_VAULT_PARAMETERS
+        );
     }
 }

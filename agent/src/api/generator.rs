@@ -44,7 +44,8 @@ pub struct PasswordSpec {
     pub symbols: Option<u32>,
     /// The symbols to pick from (default ``~!@#$%^&*()_+`-={}|[]\:"<>?,./``).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 256))]
+    #[schemars(length(max = crate::api::rules::MAX_SYMBOL_CHARACTERS))]
+    #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub symbol_characters: Option<String>,
     /// No upper-case letters.
     #[serde(default)]
@@ -87,15 +88,17 @@ pub enum VaultResultType {
 #[serde(rename_all = "camelCase")]
 pub struct VaultDynamicSecretSpec {
     /// The Vault path, e.g. `pki/issue/example-dot-com` or `database/creds/app`.
-    #[schemars(length(min = 1, max = 1024))]
+    #[schemars(length(max = crate::api::rules::MAX_VAULT_PATH_LEN))]
+    #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
     pub path: String,
     /// HTTP method: `GET` (default), `POST`, `PUT` (Vault treats it as POST) or `LIST`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(GET|POST|PUT|LIST)$"))]
+    #[schemars(regex(pattern = crate::api::rules::VAULT_METHOD.regex))]
     pub method: Option<String>,
-    /// Request parameters (a JSON object), e.g. `{common_name: localhost, ttl: 1h}`.
+    /// Request parameters (a JSON object), e.g. `{common_name: localhost, ttl: 1h}`; at most
+    /// 64 keys and 64 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::api::generator::any_object")]
+    #[schemars(schema_with = "crate::api::generator::parameters_object")]
     pub parameters: Option<serde_json::Map<String, serde_json::Value>>,
     /// Which part of the answer is the result: `Data` (default), `Auth` or `Raw`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,6 +255,18 @@ pub struct GeneratorStateStatus {
 pub(crate) fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// A JSON object kept as written, with at most [`rules::MAX_VAULT_PARAMETERS`] keys (its size
+/// in bytes is the agent's check).
+///
+/// [`rules::MAX_VAULT_PARAMETERS`]: crate::api::rules::MAX_VAULT_PARAMETERS
+pub(crate) fn parameters_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "maxProperties": crate::api::rules::MAX_VAULT_PARAMETERS,
         "x-kubernetes-preserve-unknown-fields": true,
     })
 }

@@ -90,7 +90,11 @@ pub const REFRESH_INTERVAL_MAX: CelRule = CelRule {
 };
 
 /// On `spec.dataFrom[]` (ESO: "extract, find, or generatorRef cannot be set at the same time"
-/// and "either extract, find, or sourceRef must be set").
+/// and "either extract, find, or sourceRef must be set"). A generator makes its whole result
+/// for one volume, so it is never combined with `extract` or `find` (which read a store). An
+/// empty `sourceRef` counts as unset. Whether `spec.secretStoreRef` may be left out
+/// (every entry names a generator) needs a look over both lists, which a cheap rule cannot
+/// take: the agent alone checks it (see [`super::validate::external_secret`]).
 pub const EXTRACT_XOR_FIND: CelRule = CelRule {
     rule: "(has(self.extract) ? 1 : 0) + (has(self.find) ? 1 : 0) + \
            (has(self.sourceRef) && has(self.sourceRef.generatorRef) ? 1 : 0) == 1",
@@ -171,6 +175,34 @@ pub const FILE_PATH: Pattern = Pattern {
 
 /// Longest generated password: far beyond any real use, and it bounds the work of one Generate.
 pub const MAX_PASSWORD_LENGTH: u32 = 1024;
+
+/// Most keys of a VaultDynamicSecret's `parameters` (its `maxProperties`): a request body is a
+/// handful of fields (`common_name`, `ttl`, `alt_names`, ...).
+pub const MAX_VAULT_PARAMETERS: usize = 64;
+
+/// Most bytes of a VaultDynamicSecret's `parameters` as JSON (checked by the agent only: a
+/// schema cannot measure an object's encoding). The API server caps a whole object at ~1.5 MiB;
+/// the agent reads manifests that never went through it.
+pub const MAX_VAULT_PARAMETERS_BYTES: usize = 64 << 10;
+
+/// `maxLength` of a VaultDynamicSecret's `path`.
+pub const MAX_VAULT_PATH_LEN: usize = 1024;
+
+/// `maxLength` of a Password's `symbolCharacters`.
+pub const MAX_SYMBOL_CHARACTERS: usize = 256;
+
+/// The `pattern` of a VaultDynamicSecret's `method` (ESO's methods; Vault treats PUT as POST).
+pub const VAULT_METHOD: Pattern = Pattern {
+    regex: r"^(GET|POST|PUT|LIST)$",
+    message: "must be GET, POST, PUT or LIST",
+};
+
+/// The `pattern` of `generatorRef.kind` (`spec.data[].sourceRef.generatorRef.kind` and
+/// `spec.dataFrom[].sourceRef.generatorRef.kind`): the generator kinds Latchkey serves.
+pub const GENERATOR_KIND: Pattern = Pattern {
+    regex: r"^(Password|VaultDynamicSecret|PluginGenerator|ClusterGenerator)$",
+    message: "must be Password, VaultDynamicSecret, PluginGenerator or ClusterGenerator",
+};
 
 /// On a Password's `spec`: the digits and symbols asked for fit in the length.
 pub const PASSWORD_FITS: CelRule = CelRule {
@@ -296,14 +328,16 @@ pub struct Pattern {
 }
 
 /// Every [`Pattern`] of the API; the agent compiles these once.
-pub const PATTERNS: [&Pattern; 4] = [
+pub const PATTERNS: [&Pattern; 6] = [
     &FILE_PATH,
     &DURATION,
     &DNS_SUBDOMAIN,
     &SECRETS_STORE_PROVIDER,
+    &VAULT_METHOD,
+    &GENERATOR_KIND,
 ];
 
-/// [`PATTERNS`] compiled, in the same order. Found by a scan rather than a hash map: four
+/// [`PATTERNS`] compiled, in the same order. Found by a scan rather than a hash map: a few
 /// entries, and hashing the long path pattern on every check cost more than the scan.
 static COMPILED: LazyLock<[Option<Regex>; PATTERNS.len()]> =
     LazyLock::new(|| PATTERNS.map(|p| Regex::new(p.regex).ok()));
@@ -331,6 +365,16 @@ pub fn too_many_items(max: usize) -> String {
 /// The agent's message for a map with more keys than its `maxProperties`.
 pub fn too_many_properties(max: usize) -> String {
     format!("must have at most {max} properties")
+}
+
+/// The agent's message for a number below its `minimum`.
+pub fn too_small(min: u64) -> String {
+    format!("must be at least {min}")
+}
+
+/// The agent's message for a number above its `maximum`.
+pub fn too_large(max: u64) -> String {
+    format!("must be at most {max}")
 }
 
 /// The agent's message for a string longer than its `maxLength` (counted in characters).

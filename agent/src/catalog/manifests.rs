@@ -1,5 +1,6 @@
-//! Standalone catalog: stores, ExternalSecrets, `v1` Secrets and Namespaces read from the YAML files
-//! of one directory (several documents per file, `*.yaml` / `*.yml`), loaded once at start.
+//! Standalone catalog: stores, ExternalSecrets, generators, `v1` Secrets and Namespaces read from
+//! the YAML files of one directory (several documents per file, `*.yaml` / `*.yml`), loaded once
+//! at start.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -13,7 +14,10 @@ use serde::Deserialize;
 use super::strict::{self, Kind, StrictError};
 use super::yaml_limits::{self, Limits};
 use super::{Catalog, CatalogError};
-use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+use crate::api::generator::{
+    ClusterGenerator, GeneratorObject, Password, PluginGenerator, VaultDynamicSecret,
+};
+use crate::api::{ClusterSecretStore, ExternalSecret, GENERATOR_API_VERSION, SecretStore};
 
 /// A manifest that could not be loaded. Messages never quote document contents, since stores and
 /// Secrets can hold values.
@@ -65,6 +69,8 @@ pub struct ManifestCatalog {
     external_secrets: HashMap<(String, String), Arc<ExternalSecret>>,
     secret_stores: HashMap<(String, String), Arc<SecretStore>>,
     cluster_secret_stores: HashMap<String, Arc<ClusterSecretStore>>,
+    /// By (kind, namespace, name); a ClusterGenerator's namespace is empty.
+    generators: HashMap<(&'static str, String, String), GeneratorObject>,
     secrets: HashMap<(String, String), Arc<Secret>>,
     namespaces: HashMap<String, BTreeMap<String, String>>,
 }
@@ -199,6 +205,26 @@ impl ManifestCatalog {
                         return Err(dup("ClusterSecretStore", name));
                     }
                 }
+                (
+                    GENERATOR_API_VERSION,
+                    kind @ ("Password" | "VaultDynamicSecret" | "PluginGenerator"
+                    | "ClusterGenerator"),
+                ) => {
+                    let (kind, namespace, obj) = generator(kind, &ns, value)
+                        .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
+                    let name_of = if namespace.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{namespace}/{name}")
+                    };
+                    if self
+                        .generators
+                        .insert((kind, namespace, name), obj)
+                        .is_some()
+                    {
+                        return Err(dup(kind, name_of));
+                    }
+                }
                 ("v1", "Secret") => {
                     let mut obj: Secret = strict::from_value(Kind::Secret, value)
                         .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
@@ -226,7 +252,9 @@ impl ManifestCatalog {
                         what,
                         format!(
                             "unsupported kind {kind} ({api}); expected latchkey.dev/v1alpha1 \
-                             SecretStore, ClusterSecretStore or ExternalSecret, or v1 Secret or Namespace"
+                             SecretStore, ClusterSecretStore or ExternalSecret, \
+                             {GENERATOR_API_VERSION} Password, VaultDynamicSecret, \
+                             PluginGenerator or ClusterGenerator, or v1 Secret or Namespace"
                         ),
                     ));
                 }
@@ -234,6 +262,49 @@ impl ManifestCatalog {
         }
         Ok(())
     }
+}
+
+/// Reads a generator document of `kind` strictly: its kind's static name, its namespace (`ns`
+/// for the namespaced kinds, empty for a ClusterGenerator) and the object.
+fn generator(
+    kind: &str,
+    ns: &str,
+    value: serde_norway::Value,
+) -> Result<(&'static str, String, GeneratorObject), StrictError> {
+    Ok(match kind {
+        "Password" => {
+            let mut obj: Password = strict::from_value(Kind::Password, value)?;
+            obj.metadata.namespace = Some(ns.to_string());
+            (
+                "Password",
+                ns.to_string(),
+                GeneratorObject::Password(Arc::new(obj)),
+            )
+        }
+        "VaultDynamicSecret" => {
+            let mut obj: VaultDynamicSecret = strict::from_value(Kind::VaultDynamicSecret, value)?;
+            obj.metadata.namespace = Some(ns.to_string());
+            let obj = GeneratorObject::VaultDynamicSecret(Arc::new(obj));
+            ("VaultDynamicSecret", ns.to_string(), obj)
+        }
+        "PluginGenerator" => {
+            let mut obj: PluginGenerator = strict::from_value(Kind::PluginGenerator, value)?;
+            obj.metadata.namespace = Some(ns.to_string());
+            (
+                "PluginGenerator",
+                ns.to_string(),
+                GeneratorObject::Plugin(Arc::new(obj)),
+            )
+        }
+        _ => {
+            let obj: ClusterGenerator = strict::from_value(Kind::ClusterGenerator, value)?;
+            (
+                "ClusterGenerator",
+                String::new(),
+                GeneratorObject::Cluster(Arc::new(obj)),
+            )
+        }
+    })
 }
 
 /// The label the API server sets on every Namespace; set here too so selectors behave the same.
@@ -323,12 +394,21 @@ impl Catalog for ManifestCatalog {
 
     async fn generator(
         &self,
-        _namespace: &str,
-        _kind: &str,
-        _name: &str,
-    ) -> Result<Option<crate::api::generator::GeneratorObject>, CatalogError> {
-        // TODO(#40): generators in manifest directories.
-        Ok(None)
+        namespace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<GeneratorObject>, CatalogError> {
+        let key = match kind {
+            "Password" => ("Password", namespace),
+            "VaultDynamicSecret" => ("VaultDynamicSecret", namespace),
+            "PluginGenerator" => ("PluginGenerator", namespace),
+            "ClusterGenerator" => ("ClusterGenerator", ""),
+            _ => return Ok(None),
+        };
+        Ok(self
+            .generators
+            .get(&(key.0, key.1.to_string(), name.to_string()))
+            .cloned())
     }
 
     async fn secret(

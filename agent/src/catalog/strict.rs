@@ -14,6 +14,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::CustomResourceExt;
 use serde::de::DeserializeOwned;
 
+use crate::api::generator::{ClusterGenerator, Password, PluginGenerator, VaultDynamicSecret};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 /// The kinds a manifest directory may hold.
@@ -25,6 +26,14 @@ pub(super) enum Kind {
     SecretStore,
     /// `latchkey.dev/v1alpha1` ClusterSecretStore.
     ClusterSecretStore,
+    /// `generators.latchkey.dev/v1alpha1` Password.
+    Password,
+    /// `generators.latchkey.dev/v1alpha1` VaultDynamicSecret.
+    VaultDynamicSecret,
+    /// `generators.latchkey.dev/v1alpha1` PluginGenerator.
+    PluginGenerator,
+    /// `generators.latchkey.dev/v1alpha1` ClusterGenerator.
+    ClusterGenerator,
     /// `v1` Secret.
     Secret,
     /// `v1` Namespace.
@@ -229,6 +238,10 @@ fn crd_schema(kind: Kind) -> Option<JSONSchemaProps> {
         Kind::ExternalSecret => ExternalSecret::crd(),
         Kind::SecretStore => SecretStore::crd(),
         Kind::ClusterSecretStore => ClusterSecretStore::crd(),
+        Kind::Password => Password::crd(),
+        Kind::VaultDynamicSecret => VaultDynamicSecret::crd(),
+        Kind::PluginGenerator => PluginGenerator::crd(),
+        Kind::ClusterGenerator => ClusterGenerator::crd(),
         Kind::Secret | Kind::Namespace => return None,
     };
     crd.spec

@@ -18,8 +18,10 @@ use crate::events::KubeEvents;
 use crate::fetch::Fetcher;
 use crate::generator_gc::{self, Collector, Identities, IdentityError};
 use crate::generators::GeneratorSpec;
+use crate::generators::states::KubeStates;
 use crate::identity::PodTokens;
 use crate::mirror::consent;
+use crate::mirror::generated::MirrorGenerators;
 use crate::mirror::leader::{Elector, Leadership, Timing};
 use crate::mirror::reconcile::{Parts, Reconciler};
 use crate::mirror::tokens::TokenMinter;
@@ -97,6 +99,10 @@ pub struct ControllerArgs {
     /// namespace's, never waits longer than this on Latchkey.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub generator_cleanup_timeout: Duration,
+    /// How long the credentials of generators in a mirrored Secret stay valid once a sync has
+    /// written new ones (ESO design 011): then their GeneratorStates are deleted and cleaned up.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub generator_grace_period: Duration,
 }
 
 /// Tokens for generator cleanup: minted as the state's service account under the mirror's
@@ -217,6 +223,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         allow_agent_identity: args.allow_agent_identity,
         concurrency: args.concurrency.max(1),
+        generators: MirrorGenerators {
+            states: Arc::new(KubeStates::new(client.clone())),
+            grace: args.generator_grace_period,
+            // This controller's GeneratorState loop (generator_gc) releases it after cleanup;
+            // without that loop nobody would, and every deletion would hang.
+            finalizer: args.generator_gc,
+        },
     }));
 
     let synced = Arc::clone(&catalog);

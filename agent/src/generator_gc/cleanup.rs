@@ -13,10 +13,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::api::StoreKind;
-use crate::api::generator::{
-    ClusterGeneratorSpec, GeneratorKind, GeneratorState, PasswordSpec, PluginGeneratorSpec,
-    VaultDynamicSecretSpec,
-};
+use crate::api::generator::{GeneratorObject, GeneratorState};
 use crate::generators::states::{LABEL_POD, LABEL_POD_UID, LABEL_SERVICE_ACCOUNT};
 use crate::generators::{self, GeneratorError, GeneratorSpec};
 use crate::identity::{PodInfo, PodTokens};
@@ -130,70 +127,26 @@ impl CleanupError {
     }
 }
 
-/// A generator's spec read from a state (owned: the state is tenant-written JSON).
-#[derive(Debug)]
-pub(crate) enum Spec {
-    Password(PasswordSpec),
-    // Boxed: a Vault spec carries a whole store provider block.
-    VaultDynamicSecret(Box<VaultDynamicSecretSpec>),
-    Plugin(PluginGeneratorSpec),
-}
-
-impl Spec {
-    pub(crate) fn as_spec(&self) -> GeneratorSpec<'_> {
-        match self {
-            Self::Password(s) => GeneratorSpec::Password(s),
-            Self::VaultDynamicSecret(s) => GeneratorSpec::VaultDynamicSecret(s),
-            Self::Plugin(s) => GeneratorSpec::Plugin(s),
-        }
-    }
-}
-
-/// The generator `spec.resource` (`{kind, spec}`) describes; a ClusterGenerator's wrapped one.
-pub(crate) fn decode(resource: &Value) -> Result<Spec, CleanupError> {
+/// The generator `spec.resource` recorded (as [`GeneratorObject::to_resource`] writes it),
+/// checked as a live generator would be; a ClusterGenerator's wrapped spec is used, with
+/// namespaced credential rules all the same (see the module doc).
+pub(crate) fn decode(resource: &Value) -> Result<GeneratorObject, CleanupError> {
     let size = serde_json::to_vec(resource).map_or(usize::MAX, |b| b.len());
     if size > MAX_RESOURCE_BYTES {
         return Err(CleanupError::Resource(format!(
             "larger than {MAX_RESOURCE_BYTES} bytes"
         )));
     }
-    let bad = |e: serde_json::Error| CleanupError::Resource(e.to_string());
-    let kind = resource.get("kind").and_then(Value::as_str).unwrap_or("");
-    let spec = resource.get("spec").cloned().unwrap_or(Value::Null);
-    let kind = match kind {
-        "ClusterGenerator" => {
-            let cluster: ClusterGeneratorSpec = serde_json::from_value(spec).map_err(bad)?;
-            let g = cluster.generator;
-            let missing = || {
-                CleanupError::Resource(format!(
-                    "the ClusterGenerator has no spec for its kind {}",
-                    cluster.kind
-                ))
-            };
-            return match cluster.kind {
-                GeneratorKind::Password => g.password_spec.map(Spec::Password),
-                GeneratorKind::VaultDynamicSecret => g
-                    .vault_dynamic_secret_spec
-                    .map(|v| Spec::VaultDynamicSecret(Box::new(v))),
-                GeneratorKind::PluginGenerator => g.plugin_generator_spec.map(Spec::Plugin),
-            }
-            .ok_or_else(missing);
-        }
-        other => GeneratorKind::parse(other).ok_or_else(|| {
-            CleanupError::Resource(format!(
-                "kind {:?} is not a generator kind (Password, VaultDynamicSecret, \
-                 PluginGenerator, ClusterGenerator)",
-                crate::telemetry::escape::printable(other, 64)
-            ))
-        })?,
-    };
-    Ok(match kind {
-        GeneratorKind::Password => Spec::Password(serde_json::from_value(spec).map_err(bad)?),
-        GeneratorKind::VaultDynamicSecret => {
-            Spec::VaultDynamicSecret(Box::new(serde_json::from_value(spec).map_err(bad)?))
-        }
-        GeneratorKind::PluginGenerator => Spec::Plugin(serde_json::from_value(spec).map_err(bad)?),
-    })
+    let object = GeneratorObject::from_resource(resource).map_err(CleanupError::Resource)?;
+    crate::api::validate::generator::generator(&object)
+        .map_err(|e| CleanupError::Resource(e.to_string()))?;
+    if GeneratorSpec::of(&object).is_none() {
+        return Err(CleanupError::Resource(format!(
+            "the {} sets no generator block for its kind",
+            object.kind()
+        )));
+    }
+    Ok(object)
 }
 
 /// The service account the state names, checked to be a valid name.
@@ -214,8 +167,10 @@ pub(crate) async fn clean(
     identities: &dyn Identities,
     cleaner: &dyn Cleaner,
 ) -> Result<(), CleanupError> {
-    let spec = decode(&state.spec.resource)?;
-    let generator = spec.as_spec();
+    let object = decode(&state.spec.resource)?;
+    let generator = GeneratorSpec::of(&object).ok_or_else(|| {
+        CleanupError::Resource(format!("the {} sets no generator block", object.kind()))
+    })?;
     let namespace = state.namespace().unwrap_or_default();
     let service_account = service_account(state)?;
     let tokens = identities

@@ -6,8 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::cleanup::{self, CleanupError, Spec};
+use super::cleanup::{self, CleanupError};
 use super::*;
+use crate::api::generator::GeneratorObject;
 use crate::api::generator::GeneratorStateSpec;
 use crate::generators::{GeneratorError, GeneratorSpec};
 use crate::identity::{PodInfo, PodTokens, ServiceAccountToken};
@@ -39,11 +40,23 @@ fn state(resource: Value, recorded: Option<Value>) -> GeneratorState {
     s
 }
 
+/// A generator as `GeneratorObject::to_resource` records it.
+fn resource(kind: &str, spec: Value) -> Value {
+    json!({"apiVersion": "generators.latchkey.dev/v1alpha1", "kind": kind,
+        "metadata": {"name": "gen", "namespace": "shop"}, "spec": spec})
+}
+
+fn password() -> Value {
+    resource("Password", json!({}))
+}
+
 fn vault() -> Value {
-    json!({"kind": "VaultDynamicSecret", "spec": {
-        "path": "pki/issue/example-dot-com", "method": "POST",
-        "provider": {"server": "http://127.0.0.1:1", "path": "secret",
-                     "auth": {"kubernetes": {"role": "shop", "audience": "vault"}}}}})
+    resource(
+        "VaultDynamicSecret",
+        json!({"path": "pki/issue/example-dot-com", "method": "POST",
+            "provider": {"server": "http://127.0.0.1:1",
+                         "auth": {"kubernetes": {"role": "shop", "audience": "vault"}}}}),
+    )
 }
 
 fn at(text: &str) -> Timestamp {
@@ -52,7 +65,7 @@ fn at(text: &str) -> Timestamp {
 
 #[test]
 fn a_state_being_deleted_with_our_finalizer_is_cleaned_up() {
-    let mut s = state(json!({"kind": "Password", "spec": {}}), None);
+    let mut s = state(password(), None);
     s.metadata.deletion_timestamp = Some(Time(at("2026-11-29T01:00:00Z")));
     assert_eq!(step(&s, at("2026-11-29T01:00:30Z")), Step::Nothing(None));
     s.metadata.finalizers = Some(vec![CLEANUP_FINALIZER.into()]);
@@ -73,7 +86,7 @@ fn a_state_being_deleted_with_our_finalizer_is_cleaned_up() {
 
 #[test]
 fn a_deadline_is_waited_for_then_collected_and_a_bad_one_ignored() {
-    let mut s = state(json!({"kind": "Password", "spec": {}}), None);
+    let mut s = state(password(), None);
     let now = at("2026-11-29T01:00:00Z");
     assert_eq!(step(&s, now), Step::Nothing(None));
     s.spec.garbage_collection_deadline = Some("2026-11-29T01:02:00Z".into());
@@ -107,29 +120,36 @@ fn retries_thin_out_and_never_pass_the_timeout() {
 #[test]
 fn the_resource_is_read_as_a_generator_or_refused() {
     assert!(matches!(
-        cleanup::decode(&json!({"kind": "Password", "spec": {"length": 12}})),
-        Ok(Spec::Password(p)) if p.length == 12
+        cleanup::decode(&resource("Password", json!({"length": 12}))),
+        Ok(GeneratorObject::Password(p)) if p.spec.length == 12
     ));
     assert!(matches!(
         cleanup::decode(&vault()),
-        Ok(Spec::VaultDynamicSecret(_))
+        Ok(GeneratorObject::VaultDynamicSecret(_))
     ));
-    let cluster = json!({"kind": "ClusterGenerator", "spec": {
-        "kind": "Password", "generator": {"passwordSpec": {"length": 9}}}});
-    assert!(matches!(cleanup::decode(&cluster), Ok(Spec::Password(p)) if p.length == 9));
-    let hollow = json!({"kind": "ClusterGenerator", "spec": {"kind": "Password", "generator": {}}});
+    let cluster = json!({"apiVersion": "generators.latchkey.dev/v1alpha1",
+        "kind": "ClusterGenerator", "metadata": {"name": "gen"},
+        "spec": {"kind": "Password", "generator": {"passwordSpec": {"length": 9}}}});
+    assert!(matches!(
+        cleanup::decode(&cluster),
+        Ok(GeneratorObject::Cluster(_))
+    ));
+    let mut hollow = cluster.clone();
+    hollow["spec"]["generator"] = json!({});
     for bad in [
-        json!({"kind": "Secret", "spec": {}}),
+        resource("Secret", json!({})),
         json!({"spec": {}}),
-        json!({"kind": "VaultDynamicSecret", "spec": {"path": 3}}),
-        json!({"kind": "Password", "spec": {"pad": "x".repeat(100_000)}}),
+        resource("VaultDynamicSecret", json!({"path": 3})),
+        resource("Password", json!({"length": 0})),
+        resource("Password", json!({"pad": "x".repeat(100_000)})),
         hollow,
     ] {
         let e = cleanup::decode(&bad).unwrap_err();
         assert!(e.is_permanent(), "{e}");
-        assert!(e.to_string().len() < 400, "{e}");
+        assert!(e.to_string().len() < 600, "{e}");
     }
     assert_eq!(kind_label(&state(vault(), None)), "VaultDynamicSecret");
+    assert_eq!(kind_label(&state(cluster, None)), "Password");
     assert_eq!(
         kind_label(&state(json!({"kind": "x".repeat(1000)}), None)),
         "unknown"

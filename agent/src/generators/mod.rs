@@ -8,7 +8,10 @@
 //! `GeneratorState` object so that Cleanup can run later, by this process or another. A state
 //! never holds a generated value.
 
+pub mod password;
+pub mod plugin;
 pub mod states;
+pub mod vault;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use crate::api::StoreKind;
 use crate::api::generator::{
     GeneratorKind, GeneratorObject, PasswordSpec, PluginGeneratorSpec, VaultDynamicSecretSpec,
 };
+use crate::api::validate::ProviderSpec;
 use crate::providers::{BuildContext, ProviderError};
 use crate::secret::SecretBytes;
 
@@ -64,6 +68,16 @@ impl<'a> GeneratorSpec<'a> {
         match object {
             GeneratorObject::Cluster(_) => StoreKind::ClusterSecretStore,
             _ => StoreKind::SecretStore,
+        }
+    }
+
+    /// The provider block it reaches its backend with, for the rules stores follow (token
+    /// audiences, credential Secrets); `None` for a generator without a backend.
+    pub fn provider(&self) -> Option<ProviderSpec<'a>> {
+        match *self {
+            Self::Password(_) => None,
+            Self::VaultDynamicSecret(v) => Some(ProviderSpec::Vault(&v.provider)),
+            Self::Plugin(p) => Some(ProviderSpec::Plugin(&p.provider)),
         }
     }
 
@@ -164,9 +178,11 @@ pub async fn build(
     spec: GeneratorSpec<'_>,
     ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Generator>, GeneratorError> {
-    let _ = ctx;
-    Err(GeneratorError::Unimplemented(format!(
-        "{} generators are not available in this build yet",
-        spec.kind()
-    )))
+    match spec {
+        GeneratorSpec::Password(p) => Ok(Arc::new(password::Password::new(p)?)),
+        GeneratorSpec::VaultDynamicSecret(v) => {
+            Ok(Arc::new(vault::VaultDynamic::new(v, ctx).await?))
+        }
+        GeneratorSpec::Plugin(p) => Ok(Arc::new(plugin::PluginGenerator::new(p, ctx).await?)),
+    }
 }

@@ -301,3 +301,26 @@ impl StateStore for MemoryStates {
         }))
     }
 }
+
+/// `s` as a label value (at most 63 characters): kept when it fits, else a prefix and a hash.
+pub fn label_value(s: &str) -> String {
+    if s.len() <= 63 {
+        return s.to_string();
+    }
+    format!("{}-{}", truncate(s, 50), short_hash(s))
+}
+
+/// The first `max` bytes of a name, without a trailing `-` or `.` (names are ASCII).
+pub fn truncate(s: &str, max: usize) -> &str {
+    let cut = s.get(..max.min(s.len())).unwrap_or(s);
+    cut.trim_end_matches(['-', '.'])
+}
+
+/// 12 hex digits of the SHA-256 of `s`.
+pub fn short_hash(s: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -11,15 +11,16 @@ use std::fmt::Display;
 use std::time::Duration;
 
 mod fields;
+pub mod generator;
 pub mod plugin;
 
 use fields::{file_mode, max_items, name, not_empty, secret_name, set_names, shaped};
+pub use generator::generator;
 use plugin::{plugin, secrets_store_csi};
 
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::external_secret::{GeneratorRef, SourceRef};
-use super::generator::GeneratorKind;
 use super::rules::{self, CelRule, Pattern};
 use super::store::{AwsProvider, StoreProvider, VaultProvider};
 
@@ -47,6 +48,11 @@ impl Invalid {
     /// `path` does not match `pattern`.
     fn pattern(path: impl Display, pattern: &Pattern) -> Self {
         Invalid(format!("{path}: {}", pattern.message))
+    }
+
+    /// `path` does not match `pattern`; `detail` says how.
+    fn pattern_detail(path: impl Display, pattern: &Pattern, detail: impl Display) -> Self {
+        Invalid(format!("{path}: {} ({detail})", pattern.message))
     }
 }
 
@@ -123,7 +129,7 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
     };
     match one {
         ProviderSpec::Aws(a) => aws(a)?,
-        ProviderSpec::Vault(v) => vault(v)?,
+        ProviderSpec::Vault(v) => vault("spec.provider.vault", v)?,
         ProviderSpec::Plugin(plugin) => {
             self::plugin(plugin)?;
         }
@@ -182,14 +188,15 @@ fn aws(a: &AwsProvider) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// `spec.provider.vault`: the KV version and exactly one auth method.
-fn vault(v: &VaultProvider) -> Result<(), Invalid> {
+/// `spec.provider.vault` (or the `provider` block of a VaultDynamicSecret, at `at`): the KV
+/// version and exactly one auth method.
+pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), Invalid> {
     if let Some(version) = &v.version
         && version != "v1"
         && version != "v2"
     {
         return Err(Invalid::rule(
-            "spec.provider.vault.version",
+            format_args!("{at}.version"),
             &rules::VAULT_VERSION,
         ));
     }
@@ -207,17 +214,17 @@ fn vault(v: &VaultProvider) -> Result<(), Invalid> {
             format!("found {}", methods.join(", "))
         };
         return Err(Invalid::rule_detail(
-            "spec.provider.vault.auth",
+            format_args!("{at}.auth"),
             &rules::VAULT_AUTH_ONE,
             detail,
         ));
     }
     if let Some(token) = &auth.token_secret_ref {
-        secret_name("spec.provider.vault.auth.tokenSecretRef", token)?;
+        secret_name(format_args!("{at}.auth.tokenSecretRef"), token)?;
     }
     if let Some(app_role) = &auth.app_role {
         secret_name(
-            "spec.provider.vault.auth.appRole.secretRef",
+            format_args!("{at}.auth.appRole.secretRef"),
             &app_role.secret_ref,
         )?;
     }
@@ -251,12 +258,12 @@ fn generator_ref(path: impl Display, g: &GeneratorRef) -> Result<(), Invalid> {
             crate::telemetry::escape::printable(&g.api_version, 80)
         )));
     }
-    if g.kind != "ClusterGenerator" && GeneratorKind::parse(&g.kind).is_none() {
-        return Err(Invalid(format!(
-            "{path}.kind: must be Password, VaultDynamicSecret, PluginGenerator or \
-             ClusterGenerator (got {:?})",
-            crate::telemetry::escape::printable(&g.kind, 80)
-        )));
+    if !rules::GENERATOR_KIND.is_match(&g.kind) {
+        return Err(Invalid::pattern_detail(
+            format_args!("{path}.kind"),
+            &rules::GENERATOR_KIND,
+            format_args!("got {:?}", crate::telemetry::escape::printable(&g.kind, 80)),
+        ));
     }
     name(format_args!("{path}.name"), &g.name)
 }

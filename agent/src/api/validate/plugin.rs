@@ -39,31 +39,35 @@ pub enum PluginEndpoint<'a> {
 /// is the provider's check (it knows the flag), as is whether `tls.caBundle` holds certificates.
 /// Returns the call timeout.
 pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
-    const AT: &str = "spec.provider.plugin";
-    let endpoint = plugin_endpoint(&p.endpoint)?;
-    let timeout = call_timeout("spec.provider.plugin.timeout", p.timeout.as_deref())?;
-    audiences(format_args!("{AT}.audiences"), &p.audiences)?;
+    plugin_at("spec.provider.plugin", p)
+}
+
+/// [`plugin`] for a plugin block at `at` (a PluginGenerator's `spec.provider`, or the one a
+/// ClusterGenerator wraps), so that messages name the field where it is.
+pub fn plugin_at(at: impl Display + Copy, p: &PluginProvider) -> Result<Duration, Invalid> {
+    let endpoint = endpoint_at(format_args!("{at}.endpoint"), &p.endpoint)?;
+    let timeout = call_timeout(format_args!("{at}.timeout"), p.timeout.as_deref())?;
+    audiences(format_args!("{at}.audiences"), &p.audiences)?;
     if let Some(tls) = &p.tls {
         if matches!(endpoint, PluginEndpoint::Unix { .. }) {
-            return Err(Invalid::rule(AT, &rules::PLUGIN_TLS_TCP_ONLY));
+            return Err(Invalid::rule(at, &rules::PLUGIN_TLS_TCP_ONLY));
         }
-        not_empty(format_args!("{AT}.tls.caBundle"), tls.ca_bundle.trim())?;
+        not_empty(format_args!("{at}.tls.caBundle"), tls.ca_bundle.trim())?;
         if tls.ca_bundle.len() > rules::MAX_CA_BUNDLE_LEN {
             return Err(Invalid::schema(
-                format_args!("{AT}.tls.caBundle"),
+                format_args!("{at}.tls.caBundle"),
                 format!("must be at most {} KiB", rules::MAX_CA_BUNDLE_LEN >> 10),
             ));
         }
         if let Some(secret) = &tls.client_cert_secret_ref {
             name(
-                format_args!("{AT}.tls.clientCertSecretRef.name"),
+                format_args!("{at}.tls.clientCertSecretRef.name"),
                 &secret.name,
             )?;
         }
     }
     if let Some(c) = &p.config_ref {
-        const PATH: &str = "spec.provider.plugin.configRef";
-        not_empty(format_args!("{PATH}.name"), &c.name)?;
+        not_empty(format_args!("{at}.configRef.name"), &c.name)?;
         for (field, value) in [
             ("apiVersion", &c.api_version),
             ("kind", &c.kind),
@@ -71,7 +75,7 @@ pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
         ] {
             if value.chars().count() > rules::MAX_NAME_LEN || value.chars().any(char::is_control) {
                 return Err(Invalid(format!(
-                    "{PATH}.{field}: must be at most {} characters, without control characters",
+                    "{at}.configRef.{field}: must be at most {} characters, without control characters",
                     rules::MAX_NAME_LEN
                 )));
             }
@@ -82,7 +86,7 @@ pub fn plugin(p: &PluginProvider) -> Result<Duration, Invalid> {
 
 /// A call timeout at `path`: [`PLUGIN_DEFAULT_TIMEOUT`] when absent, else more than 0 and at
 /// most [`PLUGIN_MAX_TIMEOUT`].
-fn call_timeout(path: &str, text: Option<&str>) -> Result<Duration, Invalid> {
+fn call_timeout(path: impl Display + Copy, text: Option<&str>) -> Result<Duration, Invalid> {
     let Some(text) = text else {
         return Ok(PLUGIN_DEFAULT_TIMEOUT);
     };
@@ -143,7 +147,7 @@ pub fn secrets_store_csi(p: &SecretsStoreCsiProvider) -> Result<Duration, Invali
             )));
         }
     }
-    call_timeout(&format!("{AT}.timeout"), p.timeout.as_deref())
+    call_timeout(format_args!("{AT}.timeout"), p.timeout.as_deref())
 }
 
 /// A list of token audiences at `path`: at most [`rules::MAX_AUDIENCES`], each bounded and
@@ -171,16 +175,20 @@ fn audiences(path: impl Display, list: &[String]) -> Result<(), Invalid> {
 /// socket paths, `.`/`..` and empty segments, socket names outside `[A-Za-z0-9_.-]{1,64}.sock`,
 /// URL schemes other than `unix://`, and ports outside 1-65535.
 pub fn plugin_endpoint(text: &str) -> Result<PluginEndpoint<'_>, Invalid> {
-    const PATH: &str = "spec.provider.plugin.endpoint";
+    endpoint_at("spec.provider.plugin.endpoint", text)
+}
+
+/// [`plugin_endpoint`] for an endpoint at `path`.
+fn endpoint_at(path: impl Display + Copy, text: &str) -> Result<PluginEndpoint<'_>, Invalid> {
     let bad = |why: &str| {
         Invalid(format!(
-            "{PATH}: {:?} {why}",
+            "{path}: {:?} {why}",
             crate::telemetry::escape::printable(text, 80)
         ))
     };
     if text.chars().count() > rules::MAX_PLUGIN_ENDPOINT_LEN {
         return Err(Invalid::schema(
-            PATH,
+            path,
             rules::too_long(rules::MAX_PLUGIN_ENDPOINT_LEN),
         ));
     }

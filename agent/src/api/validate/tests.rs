@@ -383,3 +383,75 @@ fn plugin_tls_only_on_tcp_with_a_ca_bundle() {
     p.audiences = vec!["a".into(); rules::MAX_AUDIENCES + 1];
     assert!(plugin(&p).is_err(), "too many audiences");
 }
+
+mod generators {
+    use std::sync::Arc;
+
+    use super::super::generator::*;
+    use crate::api::StoreKind;
+    use crate::api::generator::*;
+
+    fn vds(parameters: serde_json::Value) -> VaultDynamicSecretSpec {
+        serde_json::from_value(serde_json::json!({
+            "path": "pki/issue/example-dot-com",
+            "parameters": parameters,
+            "provider": {"server": "https://vault:8200", "auth": {"kubernetes": {"role": "app"}}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_cluster_generator_s_credentials_count_as_a_cluster_store_s() {
+        let spec = vds(serde_json::json!({"common_name": "localhost"}));
+        let own = GeneratorObject::VaultDynamicSecret(Arc::new(VaultDynamicSecret::new(
+            "pki",
+            spec.clone(),
+        )));
+        assert_eq!(generator(&own), Ok(StoreKind::SecretStore));
+        let cluster = GeneratorObject::Cluster(Arc::new(ClusterGenerator::new(
+            "pki",
+            ClusterGeneratorSpec {
+                kind: GeneratorKind::VaultDynamicSecret,
+                generator: GeneratorSpecs {
+                    vault_dynamic_secret_spec: Some(spec),
+                    ..Default::default()
+                },
+                conditions: vec![],
+            },
+        )));
+        assert_eq!(generator(&cluster), Ok(StoreKind::ClusterSecretStore));
+    }
+
+    #[test]
+    fn oversized_parameters_are_refused_without_quoting_them() {
+        let value = format!("hunter2-{}", "x".repeat(64 << 10));
+        let err = vault_dynamic_secret("spec", &vds(serde_json::json!({"csr": value})))
+            .unwrap_err()
+            .0;
+        assert_eq!(err, "spec.parameters: must be at most 64 KiB as JSON");
+        // Just under the bound: the JSON text (quotes, key, braces) is what counts.
+        let fits = "x".repeat((64 << 10) - r#"{"csr":""}"#.len());
+        assert_eq!(
+            vault_dynamic_secret("spec", &vds(serde_json::json!({"csr": fits}))),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn wrapped_plugin_messages_name_the_wrapped_field() {
+        let spec: PluginGeneratorSpec = serde_json::from_value(serde_json::json!({
+            "provider": {"endpoint": "unix:///run/plugins/../x.sock"}
+        }))
+        .unwrap();
+        let err = plugin_generator("spec.generator.pluginGeneratorSpec", &spec)
+            .unwrap_err()
+            .0;
+        assert!(
+            err.starts_with("spec.generator.pluginGeneratorSpec.provider.endpoint: "),
+            "{err}"
+        );
+        // A store's plugin keeps its own path.
+        let err = super::super::plugin::plugin(&spec.provider).unwrap_err().0;
+        assert!(err.starts_with("spec.provider.plugin.endpoint: "), "{err}");
+    }
+}

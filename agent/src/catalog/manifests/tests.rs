@@ -370,7 +370,10 @@ fn every_example_document_loads_strictly() {
             let kind = value.get("kind").and_then(|v| v.as_str());
             let ours = matches!(
                 (api, kind),
-                (Some("latchkey.dev/v1alpha1"), _) | (Some("v1"), Some("Secret" | "Namespace"))
+                (
+                    Some("latchkey.dev/v1alpha1" | crate::api::GENERATOR_API_VERSION),
+                    _
+                ) | (Some("v1"), Some("Secret" | "Namespace"))
             );
             if !ours {
                 continue;
@@ -385,4 +388,211 @@ fn every_example_document_loads_strictly() {
         }
     }
     assert!(loaded >= 8, "only {loaded} example documents loaded");
+}
+
+// ---- generators ----
+
+const GENERATORS: &str = r#"
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: Password
+metadata: {name: db-password, namespace: shop}
+spec: {length: 32, digits: 5, symbols: 5, symbolCharacters: "-_", noUpper: true}
+---
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: VaultDynamicSecret
+metadata: {name: pki}
+spec:
+  path: pki/issue/example-dot-com
+  method: POST
+  parameters:
+    common_name: localhost
+    alt_names: [a.example, b.example]
+    extra: {nested: {ttl: 1h, any_field: 1}}
+  resultType: Data
+  provider:
+    server: https://vault.example:8200
+    auth: {kubernetes: {role: app}}
+---
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: PluginGenerator
+metadata: {name: accounts, namespace: shop}
+spec:
+  provider: {endpoint: "unix:///var/run/latchkey/plugins/accounts.sock", timeout: 5s}
+---
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: ClusterGenerator
+metadata: {name: shared-pki, namespace: ignored}
+spec:
+  kind: Password
+  generator: {passwordSpec: {length: 12}}
+  conditions: [{namespaces: [shop]}]
+"#;
+
+#[tokio::test]
+async fn generators_of_every_kind_are_served() {
+    let mut c = ManifestCatalog::default();
+    c.add_documents(Path::new("g.yaml"), GENERATORS).unwrap();
+    let Some(GeneratorObject::Password(p)) = c
+        .generator("shop", "Password", "db-password")
+        .await
+        .unwrap()
+    else {
+        panic!("no Password");
+    };
+    assert_eq!((p.spec.length, p.spec.digits), (32, Some(5)));
+    assert_eq!(p.metadata.namespace.as_deref(), Some("shop"));
+    // No namespace in the document: the default one, as for the other namespaced kinds.
+    let Some(GeneratorObject::VaultDynamicSecret(v)) = c
+        .generator("default", "VaultDynamicSecret", "pki")
+        .await
+        .unwrap()
+    else {
+        panic!("no VaultDynamicSecret");
+    };
+    let parameters = v.spec.parameters.as_ref().unwrap();
+    assert_eq!(parameters["extra"]["nested"]["ttl"], "1h");
+    assert_eq!(v.metadata.namespace.as_deref(), Some("default"));
+    assert!(matches!(
+        c.generator("shop", "PluginGenerator", "accounts")
+            .await
+            .unwrap(),
+        Some(GeneratorObject::Plugin(_))
+    ));
+    // A ClusterGenerator is found from any namespace; the document's namespace means nothing.
+    for ns in ["shop", "default", "ignored"] {
+        let Some(GeneratorObject::Cluster(g)) = c
+            .generator(ns, "ClusterGenerator", "shared-pki")
+            .await
+            .unwrap()
+        else {
+            panic!("no ClusterGenerator from {ns}");
+        };
+        assert_eq!(g.spec.conditions[0].namespaces, ["shop"]);
+    }
+    // Each is found only under its own kind and namespace.
+    for (ns, kind, name) in [
+        ("default", "Password", "db-password"),
+        ("shop", "VaultDynamicSecret", "pki"),
+        ("shop", "Password", "accounts"),
+        ("shop", "ClusterGenerator", "db-password"),
+        ("shop", "Secret", "db-password"),
+        ("", "Password", "db-password"),
+    ] {
+        assert!(
+            c.generator(ns, kind, name).await.unwrap().is_none(),
+            "{ns} {kind} {name}"
+        );
+    }
+    // Every loaded generator passes the agent's validation.
+    for (ns, kind, name) in [
+        ("shop", "Password", "db-password"),
+        ("default", "VaultDynamicSecret", "pki"),
+        ("shop", "PluginGenerator", "accounts"),
+        ("", "ClusterGenerator", "shared-pki"),
+    ] {
+        let g = c.generator(ns, kind, name).await.unwrap().unwrap();
+        crate::api::validate::generator(&g).unwrap();
+    }
+}
+
+#[test]
+fn a_generator_defined_twice_is_refused() {
+    let doc = "apiVersion: generators.latchkey.dev/v1alpha1\nkind: Password\n\
+               metadata: {name: pw, namespace: shop}\nspec: {}\n";
+    let err = load_error(&format!("{doc}---\n{doc}"));
+    assert!(err.contains("Password shop/pw is defined twice"), "{err}");
+    let doc = "apiVersion: generators.latchkey.dev/v1alpha1\nkind: ClusterGenerator\n\
+               metadata: {name: pw}\nspec: {kind: Password, generator: {passwordSpec: {}}}\n";
+    let err = load_error(&format!("{doc}---\n{doc}"));
+    assert!(
+        err.contains("ClusterGenerator pw is defined twice"),
+        "{err}"
+    );
+    // The same name in another kind or namespace is another object.
+    let mut c = ManifestCatalog::default();
+    let docs = "apiVersion: generators.latchkey.dev/v1alpha1\nkind: Password\n\
+                metadata: {name: pw, namespace: a}\nspec: {}\n---\n\
+                apiVersion: generators.latchkey.dev/v1alpha1\nkind: Password\n\
+                metadata: {name: pw, namespace: b}\nspec: {}\n---\n\
+                apiVersion: generators.latchkey.dev/v1alpha1\nkind: ClusterGenerator\n\
+                metadata: {name: pw}\nspec: {kind: Password, generator: {passwordSpec: {}}}\n";
+    c.add_documents(Path::new("g.yaml"), docs).unwrap();
+}
+
+#[test]
+fn unknown_fields_in_generators_are_refused_with_their_path() {
+    const HEAD: &str = "apiVersion: generators.latchkey.dev/v1alpha1\n";
+    for (doc, want, hint) in [
+        (
+            "kind: Password\nmetadata: {name: pw}\nspec: {lenght: 12}\n",
+            "Password default/pw): unknown field spec.lenght",
+            "did you mean \"length\"?",
+        ),
+        (
+            // ESO's field name: Latchkey's is allowRepeat.
+            "kind: Password\nmetadata: {name: pw}\nspec: {allowRepeats: true}\n",
+            "unknown field spec.allowRepeats",
+            "did you mean \"allowRepeat\"?",
+        ),
+        (
+            "kind: VaultDynamicSecret\nmetadata: {name: v}\nspec:\n  path: p\n  \
+             provider: {server: 'https://v:8200', auth: {kubernetes: {role: r, serviceAccountRef: {name: x}}}}\n",
+            "unknown field spec.provider.auth.kubernetes.serviceAccountRef",
+            "",
+        ),
+        (
+            "kind: VaultDynamicSecret\nmetadata: {name: v}\nspec:\n  path: p\n  retryPolicy: {}\n  \
+             provider: {server: 'https://v:8200', auth: {jwt: {role: r}}}\n",
+            "unknown field spec.retryPolicy",
+            "expected one of: allowEmptyResponse, method, parameters, path, provider, resultType",
+        ),
+        (
+            "kind: PluginGenerator\nmetadata: {name: p}\nspec: {provider: {endpoint: 'p:4000', endpont: 'p:4001'}}\n",
+            "unknown field spec.provider.endpont",
+            "did you mean \"endpoint\"?",
+        ),
+        (
+            "kind: ClusterGenerator\nmetadata: {name: c}\n\
+             spec: {kind: Password, generator: {passwordSpec: {digts: 3}}}\n",
+            "ClusterGenerator default/c): unknown field spec.generator.passwordSpec.digts",
+            "did you mean \"digits\"?",
+        ),
+    ] {
+        let err = load_error(&format!("{HEAD}{doc}"));
+        assert!(err.contains(want), "{err}");
+        assert!(err.contains(hint), "{err}");
+    }
+}
+
+#[test]
+fn generator_errors_do_not_quote_values() {
+    const HEAD: &str = "apiVersion: generators.latchkey.dev/v1alpha1\n";
+    for doc in [
+        // A schema mismatch on a value (parameters must be an object).
+        "kind: VaultDynamicSecret\nmetadata: {name: v}\nspec:\n  path: p\n  \
+         parameters: [hunter2-secret]\n  provider: {server: 'https://v:8200', auth: {jwt: {role: r}}}\n",
+        // An unknown field holding a value.
+        "kind: PluginGenerator\nmetadata: {name: p}\n\
+         spec: {provider: {endpoint: 'p:4000', token: hunter2-secret}}\n",
+        // A wrong type where a number goes.
+        "kind: Password\nmetadata: {name: pw}\nspec: {length: hunter2-secret}\n",
+        // A kind ClusterGenerator cannot wrap.
+        "kind: ClusterGenerator\nmetadata: {name: c}\n\
+         spec: {kind: hunter2-secret, generator: {}}\n",
+    ] {
+        let err = load_error(&format!("{HEAD}{doc}"));
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("document 1 ("), "{err}");
+    }
+}
+
+#[test]
+fn generator_state_documents_are_not_read() {
+    // States are the agent's own records, kept in memory in standalone mode: a manifest
+    // directory does not hold them.
+    let err = load_error(
+        "apiVersion: generators.latchkey.dev/v1alpha1\nkind: GeneratorState\n\
+         metadata: {name: s}\nspec: {resource: {}}\n",
+    );
+    assert!(err.contains("unsupported kind GeneratorState"), "{err}");
 }

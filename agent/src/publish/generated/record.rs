@@ -18,7 +18,7 @@ use crate::api::generator::{GeneratorObject, GeneratorState, GeneratorStateSpec}
 use crate::generators::states::StateError;
 use crate::generators::states::{
     LABEL_EXTERNAL_SECRET, LABEL_GENERATOR, LABEL_NODE, LABEL_POD, LABEL_POD_UID,
-    LABEL_SERVICE_ACCOUNT, LABEL_VOLUME,
+    LABEL_SERVICE_ACCOUNT, LABEL_VOLUME, label_value, short_hash, truncate,
 };
 use crate::publish::PublishRequest;
 use crate::resolve::Context;
@@ -171,29 +171,6 @@ impl Generated {
         };
         state
     }
-}
-
-/// `s` as a label value (at most 63 characters): kept when it fits, else a prefix and a hash.
-fn label_value(s: &str) -> String {
-    if s.len() <= 63 {
-        return s.to_string();
-    }
-    format!("{}-{}", truncate(s, 50), short_hash(s))
-}
-
-/// The first `max` bytes of a name, without a trailing `-` or `.` (names are ASCII).
-fn truncate(s: &str, max: usize) -> &str {
-    let cut = s.get(..max.min(s.len())).unwrap_or(s);
-    cut.trim_end_matches(['-', '.'])
-}
-
-/// 12 hex digits of the SHA-256 of `s`.
-fn short_hash(s: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
-    digest.as_ref()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// `metadata.name` of a recorded generator object.
