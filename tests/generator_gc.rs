@@ -464,3 +464,123 @@ async fn the_fake_api_server_honours_finalizers() {
         "spec": held["spec"].clone()}));
     assert!(s.get("v1", "Namespace", None, "gone").is_none());
 }
+
+/// What the pods' Vault role may do with the PKI engine: issue, and revoke what it made.
+const PKI_POLICY: &str = r#"
+path "pki/issue/example-dot-com" { capabilities = ["create", "update"] }
+path "sys/leases/revoke" { capabilities = ["update"] }
+"#;
+
+/// Real OpenBao: a PKI certificate made for a pod whose node is gone is revoked by the
+/// controller, logged in through kubernetes auth as the pod's own service account (a token it
+/// minted for the `vault` audience only). A state a tenant re-labelled to a service account
+/// that did not opt in is never revoked by anyone: its lease is left to its TTL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_lease_is_revoked_as_the_state_s_own_service_account() {
+    use support::openbao::{OpenBao, random_hex};
+
+    let s = cluster(&["shop"]).await;
+    let bao = OpenBao::start().await;
+    bao.pki("pki", "example-dot-com", "72h").await;
+    bao.policy("gen", PKI_POLICY).await;
+    // OpenBao checks the minted tokens with the fake API server's TokenReview.
+    let reviewer = format!("reviewer-{}", random_hex(16));
+    let openbao_sa = Identity::service_account("openbao", "openbao");
+    s.add_identity(&reviewer, openbao_sa.clone());
+    s.allow(
+        openbao_sa,
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        None,
+    );
+    bao.kubernetes(
+        &s.url(),
+        &reviewer,
+        "shop",
+        ("shop", "web"),
+        "vault",
+        &["gen"],
+    )
+    .await;
+    s.apply(service_account("shop", "web", true));
+    s.apply(service_account("shop", "shy", false));
+
+    let generator = resource(
+        "VaultDynamicSecret",
+        json!({"path": "pki/issue/example-dot-com", "method": "POST",
+            "parameters": {"common_name": "localhost"},
+            "provider": {"server": bao.url,
+                         "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
+                                                  "audience": "vault"}}}}),
+    );
+    // Two certificates as the agent on a node now gone made them.
+    let mut leases = Vec::new();
+    for (name, sa) in [("made-for-web", "web"), ("relabelled", "shy")] {
+        let issued = bao
+            .api(
+                "POST",
+                "pki/issue/example-dot-com",
+                Some(json!({"common_name": "localhost", "ttl": "1h"})),
+            )
+            .await;
+        let lease_id = issued["lease_id"].as_str().unwrap().to_string();
+        let serial = issued["data"]["serial_number"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(bao.lease_exists(&lease_id).await);
+        let recorded = json!({"leaseId": lease_id, "path": "pki/issue/example-dot-com",
+                              "serial": serial, "ttl": 3600});
+        s.apply(generator_state(
+            "shop",
+            name,
+            sa,
+            generator.clone(),
+            Some(recorded),
+        ));
+        leases.push((lease_id, serial));
+    }
+    let c = start_controller(&s).await;
+    for name in ["made-for-web", "relabelled"] {
+        s.delete(GROUP, "GeneratorState", Some("shop"), name);
+    }
+    until(TIMEOUT + Duration::from_secs(15), "both released", || {
+        state(&s, "shop", "made-for-web").is_none() && state(&s, "shop", "relabelled").is_none()
+    })
+    .await;
+
+    let (revoked, revoked_serial) = &leases[0];
+    assert!(!bao.lease_exists(revoked).await, "{}", c.log_text());
+    assert!(
+        bao.revoked_serials("pki")
+            .await
+            .iter()
+            .any(|s| s == revoked_serial)
+    );
+    let (kept, kept_serial) = &leases[1];
+    assert!(
+        bao.lease_exists(kept).await,
+        "never revoked without its service account's opt-in"
+    );
+    assert!(
+        !bao.revoked_serials("pki")
+            .await
+            .iter()
+            .any(|s| s == kept_serial)
+    );
+    let cleaned =
+        "latchkey_generator_cleanups_total{kind=\"VaultDynamicSecret\",result=\"cleaned\"}";
+    assert_eq!(c.metric(cleaned).await, 1.0);
+    let left = "latchkey_generator_left_to_ttl_total{kind=\"VaultDynamicSecret\"}";
+    assert_eq!(c.metric(left).await, 1.0);
+    for minted in s.token_requests() {
+        assert_eq!(
+            (minted.service_account.as_str(), minted.audiences.as_slice()),
+            ("web", ["vault".to_string()].as_slice()),
+            "only the opted-in account, only the generator's audience"
+        );
+    }
+    assert!(!s.token_requests().is_empty());
+    assert_no_token_logged(&c);
+}
