@@ -25,7 +25,7 @@ fn controller_identity() -> Identity {
 
 /// Grants the controller what `daemonset/components/mirror/rbac.yaml` grants it, plus the
 /// GeneratorState verbs the collector uses.
-fn allow_controller(s: &FakeApiServer) {
+fn allow_controller(s: &FakeApiServer, generator_states: bool) {
     use serde::Deserialize as _;
     let who = controller_identity();
     let path = concat!(
@@ -57,7 +57,12 @@ fn allow_controller(s: &FakeApiServer) {
             }
         }
     }
-    for verb in ["get", "list", "watch", "patch", "delete"] {
+    let verbs: &[&str] = if generator_states {
+        &["get", "list", "watch", "patch", "delete"]
+    } else {
+        &[]
+    };
+    for verb in verbs {
         s.allow(
             who.clone(),
             verb,
@@ -69,11 +74,15 @@ fn allow_controller(s: &FakeApiServer) {
 }
 
 async fn cluster(namespaces: &[&str]) -> FakeApiServer {
+    cluster_with(namespaces, true).await
+}
+
+async fn cluster_with(namespaces: &[&str], generator_states: bool) -> FakeApiServer {
     let s = FakeApiServer::start().await;
     s.add_identity(CONTROLLER_TOKEN, controller_identity());
     s.add_identity(ADMIN_TOKEN, Identity::User("admin".into()));
     s.allow(Identity::User("admin".into()), "*", "*", "*", None);
-    allow_controller(&s);
+    allow_controller(&s, generator_states);
     for ns in namespaces.iter().chain(&["latchkey"]) {
         s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
     }
@@ -381,6 +390,34 @@ async fn states_past_their_deadline_are_collected_at_the_deadline() {
         .filter(|r| r.path.ends_with("/generatorstates") && r.method == "GET" && !r.is_watch())
         .count();
     assert!(lists <= 2, "GeneratorStates listed {lists} times: polled");
+}
+
+/// Without access to GeneratorStates (RBAC or CRD not installed yet) the collector's watch
+/// never lists: the controller still serves and stops promptly on SIGTERM.
+// Multi-threaded: the fake API server must answer the controller's last calls while this
+// thread waits for it to exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_controller_that_cannot_watch_states_still_stops_promptly() {
+    let s = cluster_with(&["shop"], false).await;
+    let mut c = start_controller(&s).await;
+    until(
+        Duration::from_secs(10),
+        "the collector tried to list",
+        || {
+            s.requests()
+                .iter()
+                .any(|r| r.path.ends_with("/generatorstates"))
+        },
+    )
+    .await;
+    let asked = Instant::now();
+    let status = c.stop();
+    assert!(status.success(), "{status}\n{}", c.log_text());
+    assert!(
+        asked.elapsed() < Duration::from_secs(8),
+        "stopped in {:?}",
+        asked.elapsed()
+    );
 }
 
 /// The fake API server handles finalizers and namespace termination as the real one does.

@@ -4,8 +4,8 @@
 //! kinds Latchkey uses: `latchkey.dev/v1alpha1` ExternalSecrets, SecretStores (namespaced) and
 //! ClusterSecretStores; `generators.latchkey.dev/v1alpha1` GeneratorStates; `v1` Namespaces,
 //! Secrets, ServiceAccounts and Events; `events.k8s.io/v1` Events; `coordination.k8s.io/v1`
-//! Leases. The code is split by concern
-//! under `apiserver/`: kinds, storage, requests, handlers, managed fields, watches, auth.
+//! Leases. The code is split by concern under `apiserver/`: kinds, storage, deletion lifecycle,
+//! requests, handlers, managed fields, watches, auth.
 //!
 //! What it does, the way the real server does it:
 //! - one global, monotonically increasing resourceVersion (an etcd revision) shared by all kinds,
@@ -113,6 +113,7 @@ mod errors;
 mod fields;
 mod handlers;
 mod kinds;
+mod lifecycle;
 mod request;
 mod store;
 mod watches;
@@ -121,6 +122,7 @@ use auth::*;
 use errors::*;
 use handlers::*;
 use kinds::*;
+use lifecycle::*;
 use request::*;
 use store::*;
 use watches::*;

@@ -288,8 +288,14 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     )
     .await;
     readiness.set_serving(false);
-    if let Some(task) = collecting {
-        task.await.context("generator cleanup task")?;
+    if let Some(mut task) = collecting {
+        // Cleanups are idempotent and the next leader retries them: never hold the exit.
+        if tokio::time::timeout(Duration::from_secs(6), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
     }
     if let Some(elector) = elector {
         elector.await.context("leader election task")?;

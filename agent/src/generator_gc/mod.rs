@@ -48,6 +48,8 @@ const RETRY_CEILING: Duration = Duration::from_secs(30);
 /// Longest `garbageCollectionDeadline` read (an RFC 3339 time is about 30 bytes); a tenant
 /// writes it.
 const MAX_DEADLINE_LEN: usize = 64;
+/// How long in-flight reconciles may take to finish once a stop is asked for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Reconciles run at once: each is a few API calls and at most one backend call.
 const CONCURRENCY: u16 = 8;
 
@@ -211,7 +213,16 @@ impl Collector {
                     future::ready(())
                 })
         });
-        future::join_all(runs).await;
+        let runs = future::join_all(runs);
+        tokio::pin!(runs);
+        tokio::select! {
+            _ = &mut runs => {}
+            _ = stop.clone() => {
+                // In-flight cleanups may finish, but no longer than this: a controller whose
+                // first list never succeeded (no CRD, no RBAC yet) would wait for it forever.
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut runs).await;
+            }
+        }
     }
 
     /// Does what `state` needs now; returns when to look at it again.
