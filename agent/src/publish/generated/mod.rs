@@ -39,6 +39,9 @@ const CLEANUP_PATIENCE: Duration = Duration::from_secs(300);
 /// A lease is renewed once this fraction of its TTL has passed.
 const RENEW_AT: f64 = 2.0 / 3.0;
 
+/// How often the publisher's tick runs (the node agent calls it once a second).
+const TICK: Duration = Duration::from_secs(1);
+
 /// A failed renewal is tried again this much later (or at the lease's end, if sooner).
 const RENEW_RETRY: Duration = Duration::from_secs(5);
 
@@ -469,7 +472,17 @@ impl Generated {
     }
 }
 
-/// When a lease should be renewed: after 2/3 of its TTL (`None` when it need not be).
+/// When a lease should be renewed: before 2/3 of its TTL, by one tick of the loop that looks
+/// (so a short lease is not renewed at its very end), but not before 1/3 (`None` when it need
+/// not be).
 fn renew_time(now: Instant, lease: Lease) -> Option<Instant> {
-    (!lease.ttl.is_zero()).then(|| now + lease.ttl.mul_f64(RENEW_AT))
+    if lease.ttl.is_zero() {
+        return None;
+    }
+    let at = lease
+        .ttl
+        .mul_f64(RENEW_AT)
+        .saturating_sub(TICK)
+        .max(lease.ttl / 3);
+    Some(now + at)
 }
