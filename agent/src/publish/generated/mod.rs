@@ -79,6 +79,8 @@ pub(super) struct Credential {
     object: GeneratorObject,
     /// Its GeneratorState, when there is something to clean up.
     state: Option<Recorded>,
+    /// The uid of the pod it was made for.
+    pod_uid: String,
     values: Arc<BTreeMap<String, SecretBytes>>,
     renew_at: Option<Instant>,
     /// Renewal said it cannot be extended any more: the next publish makes a new one.
@@ -323,6 +325,7 @@ impl Generated {
             reference: reference.clone(),
             object,
             state: recorded,
+            pod_uid: req.pod.uid.clone(),
             values: Arc::new(made.values),
             renew_at: made.lease.and_then(|l| renew_time(Instant::now(), l)),
             replace: false,
@@ -392,7 +395,12 @@ impl Generated {
 
     /// The volume at `target` is gone: cleans up all its credentials, in the background.
     pub(super) fn forget(self: &Arc<Self>, target: &Path) {
-        if let Some(orphans) = self.take_orphans(target) {
+        let orphans = self
+            .orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(target);
+        if let Some(orphans) = orphans {
             // No pod token to clean them up with: hand them over, or leave them to their TTL.
             let this = Arc::clone(self);
             tokio::spawn(async move {
