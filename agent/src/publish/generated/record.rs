@@ -50,7 +50,12 @@ impl Generated {
             .annotations()
             .get(ANNOTATION_TARGET)
             .map(PathBuf::from);
-        let object = GeneratorObject::from_resource(&state.spec.resource);
+        // Tenant-writable: checked like a live generator before it is ever used.
+        let object = GeneratorObject::from_resource(&state.spec.resource).and_then(|o| {
+            crate::api::validate::generator(&o)
+                .map(|_| o)
+                .map_err(|e| e.to_string())
+        });
         let (Some(target), Ok(object), Some(recorded)) = (target, object, state.spec.state.clone())
         else {
             // Generate never answered (or the state is not one this agent wrote): nothing it
