@@ -91,6 +91,31 @@ spec:
   - sourceRef: {generatorRef: {kind: VaultDynamicSecret, name: nowhere}}
 "#;
 
+/// A ClusterGenerator that admits `shop` only, and ExternalSecrets naming it in `shop` and `other`.
+const CLUSTER_GENERATOR: &str = r#"
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: ClusterGenerator
+metadata: {name: shared-pw}
+spec:
+  kind: Password
+  generator: {passwordSpec: {length: 16, symbols: 0}}
+  conditions: [{namespaces: [shop]}]
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: shared, namespace: shop}
+spec:
+  dataFrom:
+  - sourceRef: {generatorRef: {kind: ClusterGenerator, name: shared-pw}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: shared, namespace: other}
+spec:
+  dataFrom:
+  - sourceRef: {generatorRef: {kind: ClusterGenerator, name: shared-pw}}
+"#;
+
 /// Publishes `external_secret` for pod `pod` (service account `sa`), with `jwt` as its token for
 /// the `vault` audience; the target is the pod's.
 async fn publish(
@@ -217,6 +242,33 @@ async fn a_missing_or_foreign_generator_and_a_missing_key_are_clear_errors() {
             "a failed publish leaves nothing behind"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_generator_serves_only_the_namespaces_its_conditions_admit() {
+    let agent = Agent::start(&[("cluster.yaml", CLUSTER_GENERATOR)], &[]).await;
+    let t = publish(&agent, "a", "default", "shared", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "password").len(), 16);
+    let target = agent.target("b");
+    let volume = PodVolume::new("other", "b", "shared");
+    let e = agent
+        .node()
+        .await
+        .node_publish_volume(volume.publish_request(&volume_id_for(&target), &target))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message().contains(
+            "namespace \"other\", ExternalSecret \"shared\": ClusterGenerator \"shared-pw\" \
+             does not admit this namespace"
+        ),
+        "{}",
+        e.message()
+    );
+    assert!(!target.exists(), "a refused publish leaves nothing behind");
 }
 
 // ---- Vault / OpenBao ---------------------------------------------------------------------------
