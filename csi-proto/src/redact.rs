@@ -18,8 +18,10 @@
 //!
 //! And Latchkey's own plugin protocol (`latchkey.plugin.v1`): `Token` hides its
 //! JWT, `GetSecretResponse` and `SecretEntry` show only the names of their
-//! `data` entries. `Caller` and the requests keep their derived `Debug`, which
-//! prints each `Token` through the redacting one.
+//! `data` entries, `GenerateResponse` the names of its `values` and the length
+//! of its `state` (which a plugin must keep free of secrets, but may not),
+//! `CleanupRequest` that length too. `Caller` and the other requests keep
+//! their derived `Debug`, which prints each `Token` through the redacting one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -172,9 +174,52 @@ impl fmt::Debug for lk::SecretEntry {
     }
 }
 
+/// Hand-written: `values` are generated secrets (sorted key names only); `state` is shown by
+/// length only, since a careless plugin may put a secret there.
+impl fmt::Debug for lk::GenerateResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lk::GenerateResponse {
+            values,
+            state,
+            ttl_seconds,
+            renewable,
+        } = self;
+        f.debug_struct("GenerateResponse")
+            .field("values", &KeysOnly(values))
+            .field("state", &Redacted)
+            .field("state_len", &state.len())
+            .field("ttl_seconds", ttl_seconds)
+            .field("renewable", renewable)
+            .finish()
+    }
+}
+
+/// Hand-written: `state` by length only (see `GenerateResponse`).
+impl fmt::Debug for lk::CleanupRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lk::CleanupRequest {
+            config,
+            caller,
+            state,
+        } = self;
+        f.debug_struct("CleanupRequest")
+            .field("config", config)
+            .field("caller", caller)
+            .field("state", &Redacted)
+            .field("state_len", &state.len())
+            .finish()
+    }
+}
+
 /// latchkey.plugin.v1 messages with a hand-written `Debug` in this module.
 #[cfg(test)]
-const IMPLEMENTED_LATCHKEY: &[&str] = &["GetSecretResponse", "SecretEntry", "Token"];
+const IMPLEMENTED_LATCHKEY: &[&str] = &[
+    "CleanupRequest",
+    "GenerateResponse",
+    "GetSecretResponse",
+    "SecretEntry",
+    "Token",
+];
 
 /// A `volume_context` map: its entries (sorted, a BTreeMap's), the token value redacted.
 struct ContextMap<'a>(&'a BTreeMap<String, String>);
@@ -464,6 +509,27 @@ mod tests {
                 }],
             },
             &["team/db", "\"password\"", "v9"],
+        );
+        let state = br#"{"account":"acct-1","oops":"s3cr3t-user"}"#.to_vec();
+        check(
+            &lk::GenerateResponse {
+                values: lk_data(),
+                state: state.clone(),
+                ttl_seconds: Some(300),
+                renewable: true,
+            },
+            &["\"password\"", "\"username\"", "state_len: 41", "300"],
+        );
+        check(
+            &lk::CleanupRequest {
+                config: None,
+                caller: Some(lk::Caller {
+                    namespace: "shop".into(),
+                    ..Default::default()
+                }),
+                state,
+            },
+            &["shop", "state_len: 41"],
         );
     }
 

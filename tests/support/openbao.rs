@@ -127,17 +127,32 @@ impl OpenBao {
         }
     }
 
-    async fn try_request(
+    /// A root-token API call; its status and JSON answer (Null when empty), whatever they are.
+    pub async fn try_request(
         &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> std::io::Result<(u16, Value)> {
+        self.try_request_in(None, method, path, body).await
+    }
+
+    /// [`Self::try_request`] in OpenBao namespace `namespace`.
+    async fn try_request_in(
+        &self,
+        namespace: Option<&str>,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
         let mut s = tokio::net::TcpStream::connect(self.addr).await?;
         let body = body.map(Value::to_string).unwrap_or_default();
+        let namespace = namespace
+            .map(|n| format!("X-Vault-Namespace: {n}\r\n"))
+            .unwrap_or_default();
         // HTTP/1.0: the answer is never chunked and the connection closes after it.
         let req = format!(
-            "{method} /v1/{path} HTTP/1.0\r\nHost: bao\r\nX-Vault-Token: {}\r\n\
+            "{method} /v1/{path} HTTP/1.0\r\nHost: bao\r\nX-Vault-Token: {}\r\n{namespace}\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.root_token,
             body.len()
@@ -166,6 +181,116 @@ impl OpenBao {
             "{method} /v1/{path} answered {code}: {value}"
         );
         value
+    }
+
+    /// A root-token API call whatever its answer: (status, JSON answer or Null).
+    pub async fn request(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.try_request(method, path, body.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// A root-token API call in OpenBao namespace `namespace` (or the root one), whatever its
+    /// answer: (status, JSON answer or Null).
+    pub async fn request_in(
+        &self,
+        namespace: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        self.try_request_in(namespace, method, path, body.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// [`Self::api`] in OpenBao namespace `namespace` (or the root one).
+    pub async fn api_in(
+        &self,
+        namespace: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
+        let (code, value) = self.request_in(namespace, method, path, body).await;
+        assert!(
+            (200..300).contains(&code),
+            "{method} /v1/{path} in namespace {namespace:?} answered {code}: {value}"
+        );
+        value
+    }
+
+    /// Mounts a PKI engine at `mount` with a self-signed root CA and a role `role` issuing
+    /// leased certificates (`generate_lease=true`, as ESO's VaultDynamicSecret example) for
+    /// `localhost` and `example.com`, at most `max_ttl`.
+    pub async fn pki(&self, mount: &str, role: &str, max_ttl: &str) {
+        self.pki_in(None, mount, role, max_ttl).await;
+    }
+
+    /// [`Self::pki`] in OpenBao namespace `namespace` (or the root one).
+    pub async fn pki_in(&self, namespace: Option<&str>, mount: &str, role: &str, max_ttl: &str) {
+        self.api_in(
+            namespace,
+            "POST",
+            &format!("sys/mounts/{mount}"),
+            Some(json!({"type": "pki", "config": {"max_lease_ttl": "87600h"}})),
+        )
+        .await;
+        self.api_in(
+            namespace,
+            "POST",
+            &format!("{mount}/root/generate/internal"),
+            Some(json!({"common_name": "latchkey-test-ca", "ttl": "8760h", "key_type": "ec"})),
+        )
+        .await;
+        self.api_in(
+            namespace,
+            "POST",
+            &format!("{mount}/roles/{role}"),
+            Some(json!({
+                "allowed_domains": ["localhost", "example.com"],
+                "allow_subdomains": true,
+                "allow_localhost": true,
+                "generate_lease": true,
+                "key_type": "ec",
+                "max_ttl": max_ttl,
+            })),
+        )
+        .await;
+    }
+
+    /// Whether Vault still knows lease `lease_id` (`sys/leases/lookup`).
+    pub async fn lease_exists(&self, lease_id: &str) -> bool {
+        let (code, answer) = self
+            .request(
+                "PUT",
+                "sys/leases/lookup",
+                Some(json!({ "lease_id": lease_id })),
+            )
+            .await;
+        match code {
+            200 => true,
+            400 => false,
+            other => panic!("sys/leases/lookup answered {other}: {answer}"),
+        }
+    }
+
+    /// Serial numbers of the certificates `mount` has revoked.
+    pub async fn revoked_serials(&self, mount: &str) -> Vec<String> {
+        let (code, answer) = self
+            .request("LIST", &format!("{mount}/certs/revoked"), None)
+            .await;
+        match code {
+            200 => serde_json::from_value(answer["data"]["keys"].clone()).unwrap(),
+            404 => Vec::new(),
+            other => panic!("LIST {mount}/certs/revoked answered {other}: {answer}"),
+        }
+    }
+
+    /// Accessors of every token Vault holds (each login makes one).
+    pub async fn token_accessors(&self) -> Vec<String> {
+        let v = self.api("LIST", "auth/token/accessors", None).await;
+        serde_json::from_value(v["data"]["keys"].clone()).unwrap()
     }
 
     /// Mounts a KV engine (`version` 1 or 2) at `path`.

@@ -283,3 +283,65 @@ pub enum GeneratorObject {
     /// A `ClusterGenerator`.
     Cluster(std::sync::Arc<ClusterGenerator>),
 }
+
+impl GeneratorObject {
+    /// The object as a GeneratorState's `spec.resource` records it: `apiVersion`, `kind`,
+    /// `metadata.name` (and namespace) and `spec`, nothing else (no status, no managedFields).
+    pub fn to_resource(&self) -> serde_json::Value {
+        fn of<K: kube::Resource<DynamicType = ()>, S: Serialize>(
+            object: &K,
+            spec: &S,
+        ) -> serde_json::Value {
+            let meta = object.meta();
+            serde_json::json!({
+                "apiVersion": K::api_version(&()),
+                "kind": K::kind(&()),
+                "metadata": {"name": meta.name, "namespace": meta.namespace},
+                "spec": spec,
+            })
+        }
+        match self {
+            Self::Password(g) => of(&**g, &g.spec),
+            Self::VaultDynamicSecret(g) => of(&**g, &g.spec),
+            Self::Plugin(g) => of(&**g, &g.spec),
+            Self::Cluster(g) => of(&**g, &g.spec),
+        }
+    }
+
+    /// Reads back what [`Self::to_resource`] recorded. A tenant can edit a GeneratorState, so
+    /// this is hostile input: the caller validates the result as it would a live generator.
+    pub fn from_resource(resource: &serde_json::Value) -> Result<Self, String> {
+        use std::sync::Arc;
+        let kind = resource["kind"].as_str().unwrap_or_default();
+        let parsed = match kind {
+            "Password" => {
+                serde_json::from_value(resource.clone()).map(|g| Self::Password(Arc::new(g)))
+            }
+            "VaultDynamicSecret" => serde_json::from_value(resource.clone())
+                .map(|g| Self::VaultDynamicSecret(Arc::new(g))),
+            "PluginGenerator" => {
+                serde_json::from_value(resource.clone()).map(|g| Self::Plugin(Arc::new(g)))
+            }
+            "ClusterGenerator" => {
+                serde_json::from_value(resource.clone()).map(|g| Self::Cluster(Arc::new(g)))
+            }
+            other => {
+                return Err(format!(
+                    "spec.resource.kind {:?} is not a generator kind",
+                    crate::telemetry::escape::printable(other, 80)
+                ));
+            }
+        };
+        parsed.map_err(|e| format!("spec.resource does not match {kind}: {e}"))
+    }
+
+    /// The kind's name (`Password`, ..., `ClusterGenerator`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Password(_) => "Password",
+            Self::VaultDynamicSecret(_) => "VaultDynamicSecret",
+            Self::Plugin(_) => "PluginGenerator",
+            Self::Cluster(_) => "ClusterGenerator",
+        }
+    }
+}

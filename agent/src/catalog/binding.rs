@@ -145,6 +145,48 @@ pub enum BindingError {
         /// Which rule refused.
         rule: String,
     },
+    /// The generator an entry names does not exist (where the pod may see it).
+    #[error(
+        "namespace \"{namespace}\", ExternalSecret \"{external_secret}\": generator {generator} not found{hint}"
+    )]
+    GeneratorNotFound {
+        /// Pod namespace.
+        namespace: String,
+        /// ExternalSecret name.
+        external_secret: String,
+        /// `Kind "name"` of the generator.
+        generator: String,
+        /// Extra guidance, possibly empty.
+        hint: &'static str,
+    },
+    /// A ClusterGenerator does not admit the pod's namespace.
+    #[error(
+        "namespace \"{namespace}\", ExternalSecret \"{external_secret}\": ClusterGenerator \"{generator}\" does not admit this namespace: {rule}"
+    )]
+    GeneratorNotAdmitted {
+        /// Pod namespace.
+        namespace: String,
+        /// ExternalSecret name.
+        external_secret: String,
+        /// Generator name.
+        generator: String,
+        /// Which rule refused.
+        rule: String,
+    },
+    /// The generator breaks a validation rule.
+    #[error(
+        "namespace \"{namespace}\", ExternalSecret \"{external_secret}\", generator {generator}: invalid: {reason}"
+    )]
+    InvalidGenerator {
+        /// Pod namespace.
+        namespace: String,
+        /// ExternalSecret name.
+        external_secret: String,
+        /// `Kind "name"` of the generator.
+        generator: String,
+        /// Which rule.
+        reason: Invalid,
+    },
     /// The catalog could not answer.
     #[error("namespace \"{namespace}\", ExternalSecret \"{external_secret}\": {source}")]
     Catalog {
@@ -256,7 +298,7 @@ pub async fn bind(
 
 /// ESO semantics: no conditions admit every namespace; otherwise any one condition must match,
 /// and a condition matches when each of its set criteria matches. Errors say which rule refused.
-fn admits(
+pub(super) fn admits(
     conditions: &[ClusterStoreCondition],
     namespace: &str,
     labels: &BTreeMap<String, String>,

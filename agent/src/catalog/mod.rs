@@ -3,6 +3,7 @@
 //! decided in [`binding`].
 
 pub mod binding;
+pub mod generators;
 pub mod kubernetes;
 pub mod lenient;
 pub mod manifests;
@@ -19,6 +20,7 @@ use crate::api::generator::GeneratorObject;
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 pub use binding::{Binding, BindingError, BoundStore, bind};
+pub use generators::bind_generator;
 pub use kubernetes::KubernetesCatalog;
 pub use lenient::Lenient;
 pub use manifests::{ManifestCatalog, ManifestError};

@@ -11,6 +11,8 @@ use crate::cache::CacheLimits;
 use crate::catalog::{Catalog, KubernetesCatalog};
 use crate::events::KubeEvents;
 use crate::fetch::Fetcher;
+use crate::generators::states::KubeStates;
+use crate::mirror::generated::MirrorGenerators;
 use crate::mirror::leader::{Elector, Leadership, Timing};
 use crate::mirror::reconcile::{Parts, Reconciler};
 use crate::mirror::{self, Scope};
@@ -77,6 +79,10 @@ pub struct ControllerArgs {
     /// name a socket directly in it (no other path, no symbolic link).
     #[arg(long, default_value = providers::plugin::DEFAULT_SOCKET_DIR)]
     pub plugin_socket_dir: std::path::PathBuf,
+    /// How long the credentials of generators in a mirrored Secret stay valid once a sync has
+    /// written new ones (ESO design 011): then their GeneratorStates are deleted and cleaned up.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub generator_grace_period: Duration,
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -158,6 +164,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         allow_agent_identity: args.allow_agent_identity,
         concurrency: args.concurrency.max(1),
+        generators: MirrorGenerators {
+            states: Arc::new(KubeStates::new(client.clone())),
+            grace: args.generator_grace_period,
+            // This controller's GeneratorState loop releases it after cleanup.
+            finalizer: true,
+        },
     }));
 
     let synced = Arc::clone(&catalog);

@@ -10,8 +10,9 @@ use crate::cache::CacheLimits;
 use crate::catalog::{Catalog, KubernetesCatalog, ManifestCatalog};
 use crate::csi::{endpoint, server};
 use crate::events::{KubeEvents, NoEvents, PodEvents};
+use crate::generators::states::{KubeStates, MemoryStates, StateStore};
 use crate::providers;
-use crate::publish::Publisher;
+use crate::publish::{GeneratorConfig, Publisher};
 use crate::telemetry::Metrics;
 use crate::telemetry::http::Readiness;
 use crate::volume::{Backend, BudgetLimits, VolumeConfig, Volumes};
@@ -78,35 +79,54 @@ pub struct NodeArgs {
     /// driver's other usual directory is `/etc/kubernetes/secrets-store-csi-providers`.
     #[arg(long, default_value = providers::secrets_store_csi::DEFAULT_PROVIDER_DIR)]
     pub secrets_store_provider_dir: PathBuf,
+    /// How long a generated credential that was replaced (its lease could not be renewed any
+    /// more) stays valid before it is cleaned up, so readers of the old files can move on.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub generator_grace_period: std::time::Duration,
+    /// Put the cleanup finalizer on GeneratorStates: only where `latchkey controller` runs,
+    /// which then cleans up after pods whose node or agent is gone (the deploy files set it
+    /// with the controller). Without the controller, such credentials end with their TTL.
+    #[arg(long)]
+    pub generator_finalizer: bool,
 }
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
-    let (catalog, events, kube_config): (Arc<dyn Catalog>, Arc<dyn PodEvents>, _) =
-        match &args.manifests {
-            Some(dir) => {
-                let catalog = ManifestCatalog::load_dir(dir)
-                    .with_context(|| format!("loading manifests from {}", dir.display()))?;
-                (Arc::new(catalog), Arc::new(NoEvents), None)
-            }
-            None => {
-                no_api_server_hint(Some("Pass --manifests DIR to serve from YAML files"))?;
-                // In-cluster config in a pod, KUBECONFIG elsewhere. Providers that act as the
-                // pod reuse its URL and CA with the pod's token instead of the agent's.
-                let config = kube::Config::infer()
-                    .await
-                    .context("finding the Kubernetes API (in-cluster or KUBECONFIG)")?;
-                let client = kube::Client::try_from(config.clone())
-                    .context("connecting to the Kubernetes API")?;
-                let events = KubeEvents::new(client.clone(), &args.node_id);
-                (
-                    Arc::new(KubernetesCatalog::start(client, &metrics)),
-                    Arc::new(events),
-                    Some(config),
-                )
-            }
-        };
+    let (catalog, events, kube_config, states): (
+        Arc<dyn Catalog>,
+        Arc<dyn PodEvents>,
+        _,
+        Arc<dyn StateStore>,
+    ) = match &args.manifests {
+        Some(dir) => {
+            let catalog = ManifestCatalog::load_dir(dir)
+                .with_context(|| format!("loading manifests from {}", dir.display()))?;
+            (
+                Arc::new(catalog),
+                Arc::new(NoEvents),
+                None,
+                Arc::new(MemoryStates::default()),
+            )
+        }
+        None => {
+            no_api_server_hint(Some("Pass --manifests DIR to serve from YAML files"))?;
+            // In-cluster config in a pod, KUBECONFIG elsewhere. Providers that act as the
+            // pod reuse its URL and CA with the pod's token instead of the agent's.
+            let config = kube::Config::infer()
+                .await
+                .context("finding the Kubernetes API (in-cluster or KUBECONFIG)")?;
+            let client = kube::Client::try_from(config.clone())
+                .context("connecting to the Kubernetes API")?;
+            let events = KubeEvents::new(client.clone(), &args.node_id);
+            (
+                Arc::new(KubernetesCatalog::start(client.clone(), &metrics)),
+                Arc::new(events),
+                Some(config),
+                Arc::new(KubeStates::new(client)),
+            )
+        }
+    };
     let limits = BudgetLimits::with_share(args.volume_budget, args.namespace_volume_share);
     let volumes = Volumes::new(VolumeConfig {
         backend: Backend::Tmpfs,
@@ -126,32 +146,60 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         namespace_share_bytes = limits.namespace_bytes,
         "volume budget"
     );
-    let publisher = Arc::new(Publisher::new(
-        Arc::clone(&catalog),
-        volumes,
-        providers::Env {
-            metrics: Arc::clone(&metrics),
-            kube: kube_config,
-            catalog: Arc::clone(&catalog),
-            agent_namespace: args.namespace.clone(),
-            aws_sessions: Default::default(),
-            vault_tokens: Default::default(),
-            plugins: Arc::new(providers::plugin::Plugins::new(
-                args.plugin_socket_dir.clone(),
-            )),
-            secrets_store: Arc::new(providers::secrets_store_csi::SecretsStoreProviders::new(
-                args.secrets_store_provider_dir.clone(),
-            )),
-        },
-        CacheLimits {
-            max_entries: args.cache_max_entries,
-            max_bytes: args.cache_max_bytes,
-            jitter: args.refresh_jitter,
-        },
-        events,
-        crate::compute::Pool::for_this_machine(args.compute_timeout)
-            .context("starting the compute threads")?,
-    ));
+    let publisher = Arc::new(
+        Publisher::new(
+            Arc::clone(&catalog),
+            volumes,
+            providers::Env {
+                metrics: Arc::clone(&metrics),
+                kube: kube_config,
+                catalog: Arc::clone(&catalog),
+                agent_namespace: args.namespace.clone(),
+                aws_sessions: Default::default(),
+                vault_tokens: Default::default(),
+                plugins: Arc::new(providers::plugin::Plugins::new(
+                    args.plugin_socket_dir.clone(),
+                )),
+                secrets_store: Arc::new(providers::secrets_store_csi::SecretsStoreProviders::new(
+                    args.secrets_store_provider_dir.clone(),
+                )),
+            },
+            CacheLimits {
+                max_entries: args.cache_max_entries,
+                max_bytes: args.cache_max_bytes,
+                jitter: args.refresh_jitter,
+            },
+            events,
+            crate::compute::Pool::for_this_machine(args.compute_timeout)
+                .context("starting the compute threads")?,
+        )
+        .with_generators(GeneratorConfig {
+            states,
+            node: args.node_id.clone(),
+            grace: args.generator_grace_period,
+            finalizer: args.generator_finalizer,
+        }),
+    );
+    match publisher.recover().await {
+        Ok((0, 0)) => {}
+        Ok((adopted, let_go)) => info!(
+            adopted,
+            let_go, "generated credentials an earlier run recorded on this node"
+        ),
+        Err(e) => tracing::warn!(error = %e,
+            "cannot read the GeneratorStates an earlier run recorded; their credentials end \
+             with their TTL"),
+    }
+    // Renews generated credentials and cleans up replaced ones; ends with the process.
+    let ticking = Arc::clone(&publisher);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(std::time::Duration::from_secs(1));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            ticking.tick().await;
+        }
+    });
 
     let stopped = super::stop_on_signal();
 

@@ -5,6 +5,7 @@ use tonic::{Code, Status};
 use super::request::RequestError;
 use crate::catalog::{BindingError, CatalogError};
 use crate::compute::ComputeError;
+use crate::generators::GeneratorError;
 use crate::providers::ProviderError;
 use crate::publish::PublishError;
 use crate::resolve::ResolveError;
@@ -20,30 +21,45 @@ pub fn from_publish(e: &PublishError) -> Status {
     Status::new(code(e), e.to_string())
 }
 
+fn provider_code(e: &ProviderError) -> Code {
+    match e {
+        ProviderError::CannotFind
+        | ProviderError::NotFound
+        | ProviderError::Config(_)
+        | ProviderError::Unsupported(_) => Code::FailedPrecondition,
+        ProviderError::PermissionDenied(_) => Code::PermissionDenied,
+        ProviderError::Unavailable(_) => Code::Unavailable,
+        ProviderError::Throttled(_) | ProviderError::TooLarge(_) => Code::ResourceExhausted,
+        ProviderError::Timeout(_) => Code::DeadlineExceeded,
+    }
+}
+
 fn code(e: &PublishError) -> Code {
     match e {
         PublishError::Binding(b) => match b {
             BindingError::ExternalSecretNotFound { .. }
             | BindingError::InvalidExternalSecret { .. }
             | BindingError::StoreNotFound { .. }
-            | BindingError::InvalidStore { .. } => Code::FailedPrecondition,
-            BindingError::NotAdmitted { .. } => Code::PermissionDenied,
+            | BindingError::InvalidStore { .. }
+            | BindingError::GeneratorNotFound { .. }
+            | BindingError::InvalidGenerator { .. } => Code::FailedPrecondition,
+            BindingError::NotAdmitted { .. } | BindingError::GeneratorNotAdmitted { .. } => {
+                Code::PermissionDenied
+            }
             BindingError::Catalog {
                 source: CatalogError::Unusable { .. },
                 ..
             } => Code::FailedPrecondition,
             BindingError::Catalog { .. } => Code::Unavailable,
         },
-        PublishError::Provider { source, .. } => match source {
-            ProviderError::CannotFind
-            | ProviderError::NotFound
-            | ProviderError::Config(_)
-            | ProviderError::Unsupported(_) => Code::FailedPrecondition,
-            ProviderError::PermissionDenied(_) => Code::PermissionDenied,
-            ProviderError::Unavailable(_) => Code::Unavailable,
-            ProviderError::Throttled(_) | ProviderError::TooLarge(_) => Code::ResourceExhausted,
-            ProviderError::Timeout(_) => Code::DeadlineExceeded,
+        PublishError::Provider { source, .. } => provider_code(source),
+        PublishError::Generator { source, .. } => match source {
+            GeneratorError::Backend(p) => provider_code(p),
+            GeneratorError::Invalid(_) | GeneratorError::Unimplemented(_) => {
+                Code::FailedPrecondition
+            }
         },
+        PublishError::GeneratorState { .. } => Code::Unavailable,
         PublishError::Resolve(r) => match r {
             ResolveError::Files { .. } => Code::InvalidArgument,
             ResolveError::Template { .. } => Code::InvalidArgument,
@@ -56,6 +72,7 @@ fn code(e: &PublishError) -> Code {
             | ResolveError::Decode { .. }
             | ResolveError::BadRewrite { .. }
             | ResolveError::BadFind { .. }
+            | ResolveError::NotGenerated { .. }
             | ResolveError::Unsupported { .. } => Code::FailedPrecondition,
         },
         PublishError::Volume { source, .. } => volume_code(source),

@@ -132,6 +132,11 @@ pub struct Fetcher {
 }
 
 impl Fetcher {
+    /// What providers (and generators) are built with.
+    pub fn env(&self) -> &providers::Env {
+        &self.providers
+    }
+
     /// A fetcher building providers in `providers` and caching values within `cache_limits`.
     pub fn new(providers: providers::Env, cache_limits: CacheLimits) -> Self {
         Self {

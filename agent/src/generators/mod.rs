@@ -8,7 +8,10 @@
 //! `GeneratorState` object so that Cleanup can run later, by this process or another. A state
 //! never holds a generated value.
 
+pub mod password;
+pub mod plugin;
 pub mod states;
+pub mod vault;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +19,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::api::generator::{PasswordSpec, PluginGeneratorSpec, VaultDynamicSecretSpec};
+use crate::api::StoreKind;
+use crate::api::generator::{
+    GeneratorKind, GeneratorObject, PasswordSpec, PluginGeneratorSpec, VaultDynamicSecretSpec,
+};
+use crate::api::validate::ProviderSpec;
 use crate::providers::{BuildContext, ProviderError};
 use crate::secret::SecretBytes;
 
@@ -31,7 +38,54 @@ pub enum GeneratorSpec<'a> {
     Plugin(&'a PluginGeneratorSpec),
 }
 
-impl GeneratorSpec<'_> {
+impl<'a> GeneratorSpec<'a> {
+    /// The spec of a generator object; for a ClusterGenerator, the block its `kind` names
+    /// (`None` when that block is missing, which validation refuses).
+    pub fn of(object: &'a GeneratorObject) -> Option<Self> {
+        match object {
+            GeneratorObject::Password(g) => Some(Self::Password(&g.spec)),
+            GeneratorObject::VaultDynamicSecret(g) => Some(Self::VaultDynamicSecret(&g.spec)),
+            GeneratorObject::Plugin(g) => Some(Self::Plugin(&g.spec)),
+            GeneratorObject::Cluster(g) => {
+                let specs = &g.spec.generator;
+                match g.spec.kind {
+                    GeneratorKind::Password => specs.password_spec.as_ref().map(Self::Password),
+                    GeneratorKind::VaultDynamicSecret => specs
+                        .vault_dynamic_secret_spec
+                        .as_ref()
+                        .map(Self::VaultDynamicSecret),
+                    GeneratorKind::PluginGenerator => {
+                        specs.plugin_generator_spec.as_ref().map(Self::Plugin)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Where a generator's credential Secrets may live follows the rule for stores: a
+    /// ClusterGenerator is cluster-scoped (the agent's namespace only), the others namespaced.
+    pub fn scope(object: &GeneratorObject) -> StoreKind {
+        match object {
+            GeneratorObject::Cluster(_) => StoreKind::ClusterSecretStore,
+            _ => StoreKind::SecretStore,
+        }
+    }
+
+    /// The provider block it reaches its backend with, for the rules stores follow (token
+    /// audiences, credential Secrets); `None` for a generator without a backend.
+    pub fn provider(&self) -> Option<ProviderSpec<'a>> {
+        match *self {
+            Self::Password(_) => None,
+            Self::VaultDynamicSecret(v) => Some(ProviderSpec::Vault(&v.provider)),
+            Self::Plugin(p) => Some(ProviderSpec::Plugin(&p.provider)),
+        }
+    }
+
+    /// Whether what it makes needs no cleanup (a password): no GeneratorState is recorded.
+    pub fn is_stateless(&self) -> bool {
+        matches!(self, Self::Password(_))
+    }
+
     /// The kind's name, for messages and metric labels.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -124,9 +178,11 @@ pub async fn build(
     spec: GeneratorSpec<'_>,
     ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Generator>, GeneratorError> {
-    let _ = ctx;
-    Err(GeneratorError::Unimplemented(format!(
-        "{} generators are not available in this build yet",
-        spec.kind()
-    )))
+    match spec {
+        GeneratorSpec::Password(p) => Ok(Arc::new(password::Password::new(p)?)),
+        GeneratorSpec::VaultDynamicSecret(v) => {
+            Ok(Arc::new(vault::VaultDynamic::new(v, ctx).await?))
+        }
+        GeneratorSpec::Plugin(p) => Ok(Arc::new(plugin::PluginGenerator::new(p, ctx).await?)),
+    }
 }

@@ -73,6 +73,9 @@ pub trait StateStore: Send + Sync {
     async fn remove(&self, namespace: &str, name: &str) -> Result<(), StateError>;
     /// Every state whose labels match `selector` (a label selector), in all namespaces.
     async fn list(&self, selector: &str) -> Result<Vec<GeneratorState>, StateError>;
+    /// Deletes the state with its finalizers kept: the controller then cleans its credential
+    /// up with a token it mints, and drops the finalizer. A state already gone is success.
+    async fn abandon(&self, namespace: &str, name: &str) -> Result<(), StateError>;
 }
 
 /// GeneratorStates in the API server.
@@ -191,6 +194,18 @@ impl StateStore for KubeStates {
         }
     }
 
+    async fn abandon(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        match self
+            .api(namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_gone(&e) => Ok(()),
+            Err(e) => Err(api_error(namespace, name, &e)),
+        }
+    }
+
     async fn list(&self, selector: &str) -> Result<Vec<GeneratorState>, StateError> {
         let api: Api<GeneratorState> = Api::all(self.client.clone());
         api.list(&ListParams::default().labels(selector))
@@ -262,6 +277,10 @@ impl StateStore for MemoryStates {
         Ok(())
     }
 
+    async fn abandon(&self, namespace: &str, name: &str) -> Result<(), StateError> {
+        self.remove(namespace, name).await
+    }
+
     async fn list(&self, selector: &str) -> Result<Vec<GeneratorState>, StateError> {
         // Only `key=value,key=value` selectors: the ones Latchkey writes.
         let wanted: Vec<(&str, &str)> = selector
@@ -281,4 +300,27 @@ impl StateStore for MemoryStates {
                 .collect()
         }))
     }
+}
+
+/// `s` as a label value (at most 63 characters): kept when it fits, else a prefix and a hash.
+pub fn label_value(s: &str) -> String {
+    if s.len() <= 63 {
+        return s.to_string();
+    }
+    format!("{}-{}", truncate(s, 50), short_hash(s))
+}
+
+/// The first `max` bytes of a name, without a trailing `-` or `.` (names are ASCII).
+pub fn truncate(s: &str, max: usize) -> &str {
+    let cut = s.get(..max.min(s.len())).unwrap_or(s);
+    cut.trim_end_matches(['-', '.'])
+}
+
+/// 12 hex digits of the SHA-256 of `s`.
+pub fn short_hash(s: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

@@ -11,6 +11,7 @@
 pub mod catalog;
 pub mod consent;
 pub mod desired;
+pub mod generated;
 pub mod leader;
 pub mod ownership;
 pub mod reconcile;

@@ -8,6 +8,7 @@
 //! Secrets it may write at all is [`ownership`]'s decision; the writes are in [`write`].
 
 mod progress;
+mod render;
 mod write;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use tracing::{debug, info, warn};
 use super::catalog::AtHand;
 use super::consent;
 use super::desired::{self, DesiredError};
+use super::generated::{self, MirrorGenerators};
 use super::leader::Leadership;
 use super::ownership;
 use super::status::{self, Outcome, Reason};
@@ -97,6 +99,7 @@ pub struct Reconciler {
     dry_run: bool,
     allow_agent_identity: bool,
     backoff: Backoff,
+    generators: MirrorGenerators,
     progress: Mutex<HashMap<(String, String), Progress>>,
     /// Each Secret as this controller last wrote it, by (namespace, Secret name).
     written: Mutex<HashMap<(String, String), Written>>,
@@ -128,6 +131,8 @@ pub struct Parts {
     pub allow_agent_identity: bool,
     /// Reconciles the controller runs at once.
     pub concurrency: u16,
+    /// Where credentials of generators are recorded, and how they retire.
+    pub generators: MirrorGenerators,
 }
 
 impl Reconciler {
@@ -144,6 +149,7 @@ impl Reconciler {
             events: parts.events,
             dry_run: parts.dry_run,
             allow_agent_identity: parts.allow_agent_identity,
+            generators: parts.generators,
             backoff: Backoff::default(),
             progress: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
@@ -330,9 +336,21 @@ impl Reconciler {
             .service_account_name
             .clone()
             .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_string());
+        let bound = match generated::bind_all(&catalog, es).await {
+            Ok(b) => b,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, e)),
+        };
         let audiences =
             match consent::audiences(spec, binding.store_kind(), self.allow_agent_identity) {
-                Ok(a) => a,
+                Ok(mut a) => match generated::audiences(&bound, self.allow_agent_identity) {
+                    Ok(more) => {
+                        a.extend(more);
+                        a.sort();
+                        a.dedup();
+                        a
+                    }
+                    Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
+                },
                 Err(e) => return Ok(fail(Reason::SecretSyncedError, format!("{cx}: {e}"))),
             };
         let tokens = match self
@@ -401,20 +419,36 @@ impl Reconciler {
                 ));
             }
         };
-        let entries = match self.render(&cx, es, fetched).await {
-            Ok(e) => e,
-            Err(message) => return Ok(fail(Reason::TemplateError, message)),
+        // Generated last (a failing store costs no credential), anew on every sync that
+        // writes: design 011. Whatever fails from here on cleans them up again.
+        let mut fetched = fetched;
+        let env = self.fetcher.env();
+        let made = match (self.generators)
+            .generate(env, &cx, es, &identity, bound, &mut fetched)
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => return Ok(fail(Reason::SecretSyncedError, e)),
         };
-        let wanted = match desired::secret(es, policy, Some(&entries)) {
-            Ok(d) => d,
-            Err(e @ DesiredError::InvalidKey(_)) => {
-                return Ok(fail(Reason::InvalidTarget, format!("{cx}: {e}")));
-            }
-            Err(e @ DesiredError::TooLarge(_)) => {
-                return Ok(fail(Reason::SecretTooLarge, format!("{cx}: {e}")));
-            }
-            Err(e @ (DesiredError::ForbiddenType(_) | DesiredError::ReservedMark(_))) => {
-                return Ok(fail(Reason::InvalidTarget, format!("{cx}: {e}")));
+        let entries = self.render(&cx, es, fetched).await;
+        let wanted = entries
+            .map_err(|m| (Reason::TemplateError, m))
+            .and_then(|entries| {
+                desired::secret(es, policy, Some(&entries)).map_err(|e| {
+                    let reason = match e {
+                        DesiredError::TooLarge(_) => Reason::SecretTooLarge,
+                        DesiredError::InvalidKey(_)
+                        | DesiredError::ForbiddenType(_)
+                        | DesiredError::ReservedMark(_) => Reason::InvalidTarget,
+                    };
+                    (reason, format!("{cx}: {e}"))
+                })
+            });
+        let wanted = match wanted {
+            Ok(w) => w,
+            Err((reason, message)) => {
+                self.generators.discard(made).await;
+                return Ok(fail(reason, message));
             }
         };
         let same_hash = existing
@@ -434,38 +468,28 @@ impl Reconciler {
                 label,
             )
         };
+        // Earlier credentials retire once the Secret holds new ones; a spec change may have
+        // dropped a generator, whose credentials retire too. Other syncs skip the listing.
+        let retire = !made.is_empty() || spec_changed;
         if same_hash && !drift {
+            if retire {
+                self.generators.retire_older(es, &made).await;
+            }
             return Ok(synced_outcome("unchanged"));
         }
         match self.write(&secrets, &key, name, &wanted, &access).await {
+            Ok(()) if retire => self.generators.retire_older(es, &made).await,
             Ok(()) => {}
-            Err(outcome) => return Ok(fail(outcome.0, format!("{cx}: {}", outcome.1))),
+            Err(outcome) => {
+                self.generators.discard(made).await;
+                return Ok(fail(outcome.0, format!("{cx}: {}", outcome.1)));
+            }
         }
         info!(
             %namespace, external_secret = %name, secret = %target, keys = ?wanted.keys,
             dry_run = self.dry_run, "Secret written"
         );
         Ok(synced_outcome("synced"))
-    }
-
-    /// The fetched values as Secret entries: on the compute pool unless trivially small.
-    async fn render(
-        &self,
-        cx: &Context,
-        es: &ExternalSecret,
-        fetched: resolve::Fetched,
-    ) -> Result<std::collections::BTreeMap<String, crate::secret::SecretBytes>, String> {
-        if resolve::is_light(&es.spec, &fetched) {
-            return resolve::entries(cx, &es.spec, &fetched, None).map_err(|e| e.to_string());
-        }
-        let (spec, owned) = (es.spec.clone(), cx.clone());
-        self.compute
-            .run_fallible(&cx.namespace, move || {
-                resolve::entries(&owned, &spec, &fetched, None)
-            })
-            .await
-            .map_err(|e| format!("{cx}: {e}"))?
-            .map_err(|e| e.to_string())
     }
 
     /// Writes the outcome to the status (when it changed) and as an Event.

@@ -10,6 +10,7 @@
 //! CSI types: the CSI edge parses requests into [`PublishRequest`] and maps [`PublishError`] to a
 //! status code.
 
+mod generated;
 mod locks;
 
 use std::panic::AssertUnwindSafe;
@@ -21,18 +22,23 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use tracing::warn;
 
+use crate::api::external_secret::GeneratorRef;
 use crate::api::validate::Invalid;
 use crate::cache::CacheLimits;
-use crate::catalog::{BindingError, Catalog, bind};
+use crate::catalog::{BindingError, Catalog, bind, bind_generator};
 use crate::compute::{ComputeError, Pool};
 use crate::events::{MOUNT_FAILED, PodEvents, REFRESH_FAILED};
 use crate::fetch::backoff::{Backoff, Gate};
 use crate::fetch::schedule::{DEFAULT_REFRESH, Refresh, Schedule};
 use crate::fetch::{FetchError, Fetcher};
+use crate::generators::GeneratorError;
+use crate::generators::states::StateError;
 use crate::identity::PodInfo;
 use crate::providers::{self, ProviderError, RemoteKey};
 use crate::resolve::{self, Context, Fetched, ResolveError};
 use crate::volume::{self, Published, Unpublished, VolumeError, VolumeFile, Volumes};
+pub use generated::{ANNOTATION_TARGET, DEFAULT_GRACE_PERIOD, GeneratorConfig};
+use generated::{Credential, Generated};
 
 /// A validated NodePublishVolume call.
 #[derive(Debug, Clone)]
@@ -113,6 +119,25 @@ pub enum PublishError {
         /// Cause.
         source: ComputeError,
     },
+    /// A generator did not make a value.
+    #[error("{ctx}, generator {generator}: {source}")]
+    Generator {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// `Kind "name"` of the generator.
+        generator: String,
+        /// Cause.
+        source: GeneratorError,
+    },
+    /// A GeneratorState could not be recorded, so nothing was generated (or what was, was
+    /// cleaned up again).
+    #[error("{ctx}: {source}")]
+    GeneratorState {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// Cause.
+        source: StateError,
+    },
     /// A worker thread died (a bug).
     #[error("internal error: {0}")]
     Internal(String),
@@ -135,6 +160,18 @@ impl From<FetchError> for PublishError {
     }
 }
 
+/// What a publish generated, so that it is kept when the publish succeeds and cleaned up when
+/// it fails.
+#[derive(Default)]
+struct Generation {
+    /// New credentials.
+    made: Vec<Credential>,
+    /// Every generator the ExternalSecret names, once it was read.
+    named: Option<Vec<GeneratorRef>>,
+    /// Credentials an earlier run of the agent made for this volume, replaced by this publish.
+    orphans: Vec<Credential>,
+}
+
 /// A first mount or a refresh, and how it went.
 enum Attempt {
     Mount(Result<(), PublishError>),
@@ -151,6 +188,7 @@ pub struct Publisher {
     backoff: Backoff,
     fetcher: Fetcher,
     compute: Pool,
+    generated: Arc<Generated>,
 }
 
 impl Publisher {
@@ -164,6 +202,10 @@ impl Publisher {
         events: Arc<dyn PodEvents>,
         compute: Pool,
     ) -> Self {
+        let generated = Arc::new(Generated::new(
+            GeneratorConfig::default(),
+            providers.clone(),
+        ));
         Self {
             catalog,
             volumes,
@@ -173,7 +215,63 @@ impl Publisher {
             backoff: Backoff::default(),
             fetcher: Fetcher::new(providers, cache_limits),
             compute,
+            generated,
         }
+    }
+
+    /// Records generated credentials as `config` says (default: in memory, no finalizer).
+    pub fn with_generators(mut self, config: GeneratorConfig) -> Self {
+        self.generated = Arc::new(Generated::new(config, self.fetcher.env().clone()));
+        self
+    }
+
+    /// Takes over the GeneratorStates an earlier run of the agent on this node recorded (see
+    /// [`GeneratorConfig`]): credentials of volumes still mounted are replaced at their next
+    /// republish; those of volumes gone are handed to the controller or left to their TTL.
+    /// Returns how many were adopted and how many were let go.
+    pub async fn recover(&self) -> Result<(usize, usize), StateError> {
+        let mut counts = (0, 0);
+        for state in self.generated.recorded_here().await? {
+            let target = state
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(generated::ANNOTATION_TARGET))
+                .map(PathBuf::from);
+            let mounted = match &target {
+                Some(t) => volume::is_published(&self.volumes, t)
+                    .await
+                    .unwrap_or(false),
+                None => false,
+            };
+            if self.generated.adopt(&state, mounted).await {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Renews the generated credentials that are due and cleans up those whose grace period
+    /// has passed; the caller runs it about once a second.
+    pub async fn tick(&self) {
+        use futures::StreamExt;
+        let due = self.generated.tick(Instant::now());
+        futures::stream::iter(due)
+            .for_each_concurrent(8, |req| async move {
+                let _lock = self.locks.lock(&req.target).await;
+                // Unpublished meanwhile: nothing to renew (and nothing may be mounted again).
+                if !self.generated.knows(&req.target) {
+                    return;
+                }
+                let mounted_here = AtomicBool::new(false);
+                if let Err(error) = Box::pin(self.publish_locked(&req, &mounted_here)).await {
+                    warn!(target_path = %req.target.display(), %error,
+                        "renewing generated credentials failed");
+                }
+            })
+            .await;
     }
 
     /// The catalog, for readiness checks.
@@ -219,8 +317,16 @@ impl Publisher {
         mounted_here: &AtomicBool,
     ) -> Result<Report, PublishError> {
         let now = Instant::now();
+        // Generated credentials are renewed when due, whatever the refresh schedule says; one
+        // that cannot be renewed any more is replaced by this publish.
+        self.generated.remember(req);
+        if self.generated.due(&req.target, now) {
+            self.generated.renew_due(&req.target, &req.pod, now).await;
+        }
+        let orphans = self.generated.take_orphans(&req.target);
+        let replace = orphans.is_some() || self.generated.must_replace(&req.target, Instant::now());
         // kubelet republishes every volume periodically: answer at once until a refresh is due.
-        if self.schedule.is_fresh(&req.target, now) {
+        if !replace && self.schedule.is_fresh(&req.target, now) {
             return Ok(Report {
                 outcome: Outcome::NotDue,
                 store: None,
@@ -228,16 +334,52 @@ impl Publisher {
         }
         // Set when the backend is backing off: how long until the next allowed attempt.
         let mut retry = None;
+        let mut generation = Generation {
+            orphans: orphans.unwrap_or_default(),
+            ..Generation::default()
+        };
         // Boxed: resolution nests many futures (cache, single-flight, providers); keeping them
         // behind one allocation bounds the publish future's size and its type depth (rustc's
         // layout query overflows otherwise).
-        let resolved = Box::pin(self.resolve(req, &mut retry)).await;
+        let resolved = Box::pin(self.resolve(req, &mut retry, &mut generation)).await;
+        let attempt = self.write(req, resolved, mounted_here).await;
+        // Credentials generated by this publish are kept only if it succeeded.
+        let succeeded = matches!(
+            attempt,
+            Ok((Attempt::Mount(Ok(())) | Attempt::Refresh(Ok(_)), _, _))
+        );
+        match (&generation.named, succeeded) {
+            (Some(named), true) => {
+                self.generated
+                    .commit(req, generation.made, named, generation.orphans);
+            }
+            _ => {
+                self.generated.discard(generation.made, &req.pod);
+                self.generated.keep_orphans(&req.target, generation.orphans);
+                if replace {
+                    self.generated.postpone(&req.target);
+                }
+            }
+        }
+        let (attempt, refresh, store) = attempt?;
+        self.report(req, attempt, refresh, store, retry, now)
+    }
+
+    /// Writes the resolved files into the volume (or learns whether one is there when there
+    /// is nothing to write).
+    async fn write(
+        &self,
+        req: &PublishRequest,
+        resolved: Result<(Context, Vec<VolumeFile>, Refresh), PublishError>,
+        mounted_here: &AtomicBool,
+    ) -> Result<(Attempt, Refresh, Option<String>), PublishError> {
         let refresh = resolved
             .as_ref()
             .map_or(Refresh::Every(DEFAULT_REFRESH), |r| r.2);
         let store = resolved
             .as_ref()
             .ok()
+            .filter(|(ctx, _, _)| !ctx.store_name.is_empty())
             .map(|(ctx, _, _)| format!("{}/{}", ctx.store_kind, ctx.store_name));
         let attempt = match resolved {
             // One volume call on the hot path: it mounts a fresh volume or swaps the content of
@@ -271,6 +413,19 @@ impl Publisher {
                 }
             }
         };
+        Ok((attempt, refresh, store))
+    }
+
+    /// The outcome of a publish: schedule, Events and the report.
+    fn report(
+        &self,
+        req: &PublishRequest,
+        attempt: Attempt,
+        refresh: Refresh,
+        store: Option<String>,
+        retry: Option<Duration>,
+        now: Instant,
+    ) -> Result<Report, PublishError> {
         match attempt {
             Attempt::Mount(mounted) => {
                 if let Err(e) = &mounted {
@@ -322,6 +477,8 @@ impl Publisher {
         let published = unpublished.map_err(|source| volume_error(None, target, source))?
             == Unpublished::Removed;
         self.schedule.remove(target);
+        // Cleanup runs in the background: it never holds up the unmount.
+        self.generated.forget(target);
         Ok(published)
     }
 
@@ -333,6 +490,7 @@ impl Publisher {
         &self,
         req: &PublishRequest,
         retry: &mut Option<Duration>,
+        generation: &mut Generation,
     ) -> Result<(Context, Vec<VolumeFile>, Refresh), PublishError> {
         let binding = bind(&*self.catalog, &req.pod.namespace, &req.external_secret).await?;
         let refresh = Refresh::parse(binding.external_secret.spec.refresh_interval.as_deref())
@@ -357,7 +515,32 @@ impl Publisher {
             .fetch(&source, plan, refresh.max_age(), self.fetch_budget(), &gate)
             .await;
         *retry = gate.record(&fetched);
-        let fetched = fetched?;
+        let mut fetched = fetched?;
+        // Generated last: a store that fails costs no credential.
+        let named = resolve::generator_refs(&binding.external_secret.spec);
+        for reference in &named {
+            let values = match self.generated.current(&req.target, reference) {
+                Some(values) => values,
+                None => {
+                    let object = bind_generator(
+                        &*self.catalog,
+                        &req.pod.namespace,
+                        &req.external_secret,
+                        reference,
+                    )
+                    .await?;
+                    let made = self
+                        .generated
+                        .generate(req, &ctx, reference, object)
+                        .await?;
+                    let values = made.values();
+                    generation.made.push(made);
+                    values
+                }
+            };
+            fetched.insert_generated(reference.clone(), values);
+        }
+        generation.named = Some(named);
         let pod = resolve::TemplatePod {
             namespace: req.pod.namespace.clone(),
             name: req.pod.name.clone(),

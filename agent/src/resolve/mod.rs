@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use regex::RegexBuilder;
 
-use crate::api::external_secret::{ExternalSecretSpec, FindRef};
+use crate::api::external_secret::{ExternalSecretSpec, FindRef, GeneratorRef};
+use crate::api::validate::generator_of;
 use crate::api::{RemoteRef, StoreKind};
 use crate::providers::{FindQuery, RemoteKey};
 use crate::secret::SecretBytes;
@@ -67,6 +68,9 @@ pub struct Fetched {
     /// twice, and an ExternalSecret names a handful).
     values: Vec<(RemoteKey, SecretBytes)>,
     found: HashMap<usize, Arc<Vec<(String, SecretBytes)>>>,
+    /// What each generator made for this volume (or mirrored Secret): one result per
+    /// generator, shared by every entry that names it (a certificate and its key must match).
+    generated: Vec<(GeneratorRef, Arc<BTreeMap<String, SecretBytes>>)>,
 }
 
 impl Fetched {
@@ -85,6 +89,24 @@ impl Fetched {
     /// Records what `dataFrom[index].find` matched.
     pub fn insert_found(&mut self, index: usize, results: Vec<(String, SecretBytes)>) {
         self.found.insert(index, Arc::new(results));
+    }
+
+    /// Records what the generator `reference` made.
+    pub fn insert_generated(
+        &mut self,
+        reference: GeneratorRef,
+        values: Arc<BTreeMap<String, SecretBytes>>,
+    ) {
+        self.generated.retain(|(r, _)| *r != reference);
+        self.generated.push((reference, values));
+    }
+
+    /// What the generator `reference` made, if it ran.
+    fn generated(&self, reference: &GeneratorRef) -> Option<&BTreeMap<String, SecretBytes>> {
+        self.generated
+            .iter()
+            .find(|(r, _)| r == reference)
+            .map(|(_, v)| &**v)
     }
 
     /// Records that `dataFrom[index].find` matched what `dataFrom[first]` did (the same search,
@@ -111,6 +133,7 @@ impl FromIterator<(RemoteKey, SecretBytes)> for Fetched {
         Self {
             values,
             found: HashMap::new(),
+            generated: Vec::new(),
         }
     }
 }
@@ -228,6 +251,18 @@ pub enum ResolveError {
         /// Objects involved.
         ctx: Box<Context>,
     },
+    /// `remoteRef.key` of a generated entry names no key of the generator's result.
+    #[error("{ctx}, {generator}: the generated result has no key \"{key}\" (it has: {keys})")]
+    NotGenerated {
+        /// Objects involved.
+        ctx: Box<Context>,
+        /// The generator (`Kind "name"`).
+        generator: String,
+        /// The key asked for.
+        key: String,
+        /// The keys the result has (names, never values).
+        keys: String,
+    },
     /// A value the caller should have fetched is missing (a bug in the caller).
     #[error("{ctx}, {key}: value was not fetched")]
     NotFetched {
@@ -257,7 +292,12 @@ pub fn plan(ctx: &Context, spec: &ExternalSecretSpec) -> Result<Plan, ResolveErr
             (None, None) => {}
         }
     }
-    keys.extend(spec.data.iter().map(|d| remote_key(&d.remote_ref)));
+    keys.extend(
+        spec.data
+            .iter()
+            .filter(|d| generator_of(d.source_ref.as_ref()).is_none())
+            .map(|d| remote_key(&d.remote_ref)),
+    );
     dedup_in_order(&mut keys);
     Ok(Plan { keys, finds })
 }
@@ -404,10 +444,37 @@ pub fn entries(
             for (name, v) in rewrite(ctx, index, d, matched, &mut rewrites)? {
                 out.insert(name, v);
             }
+        } else if let Some(g) = generator_of(d.source_ref.as_ref()) {
+            let made = generated(ctx, fetched, g)?.clone();
+            for (name, v) in rewrite(ctx, index, d, made, &mut rewrites)? {
+                out.insert(name, v);
+            }
         }
     }
     for d in &spec.data {
         in_time()?;
+        if let Some(g) = generator_of(d.source_ref.as_ref()) {
+            let made = generated(ctx, fetched, g)?;
+            let wanted = &d.remote_ref.key;
+            let raw = made.get(wanted).ok_or_else(|| ResolveError::NotGenerated {
+                ctx: ctx.boxed(),
+                generator: g.to_string(),
+                key: wanted.clone(),
+                keys: made
+                    .keys()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+            let key = remote_key(&d.remote_ref);
+            let raw = decode::apply(ctx, &key, d.remote_ref.decoding_strategy, raw)?;
+            let v = match d.remote_ref.property.as_deref().filter(|p| !p.is_empty()) {
+                Some(p) => property::select(ctx, &key, &raw, p)?,
+                None => raw.into_owned(),
+            };
+            out.insert(d.secret_key.clone(), v);
+            continue;
+        }
         let (key, raw) = value(&d.remote_ref)?;
         let raw = decode::apply(ctx, key, d.remote_ref.decoding_strategy, raw)?;
         let v = match d.remote_ref.property.as_deref().filter(|p| !p.is_empty()) {
@@ -420,6 +487,43 @@ pub fn entries(
         Some(t) if !t.data.is_empty() => template::apply(ctx, t, out, pod),
         _ => Ok(out),
     }
+}
+
+/// What the generator `g` made, or the caller's bug of not running it.
+fn generated<'a>(
+    ctx: &Context,
+    fetched: &'a Fetched,
+    g: &GeneratorRef,
+) -> Result<&'a BTreeMap<String, SecretBytes>, ResolveError> {
+    fetched
+        .generated(g)
+        .ok_or_else(|| ResolveError::NotFetched {
+            ctx: ctx.boxed(),
+            key: RemoteKey {
+                key: g.to_string(),
+                version: None,
+            },
+        })
+}
+
+/// The generators an ExternalSecret's entries name, each once, in first-use order.
+pub fn generator_refs(spec: &ExternalSecretSpec) -> Vec<GeneratorRef> {
+    let mut refs: Vec<GeneratorRef> = Vec::new();
+    let named = spec
+        .data_from
+        .iter()
+        .filter_map(|d| generator_of(d.source_ref.as_ref()))
+        .chain(
+            spec.data
+                .iter()
+                .filter_map(|d| generator_of(d.source_ref.as_ref())),
+        );
+    for g in named {
+        if !refs.contains(g) {
+            refs.push(g.clone());
+        }
+    }
+    refs
 }
 
 #[cfg(test)]

@@ -65,7 +65,8 @@ pub struct ProviderLabel {
 /// A single `kind` label (a kind the catalog watches).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// `ExternalSecret`, `SecretStore`, `ClusterSecretStore` or `Namespace`.
+    /// `ExternalSecret`, `SecretStore`, `ClusterSecretStore` or `Namespace`; a generator kind
+    /// for the generator metrics.
     pub kind: &'static str,
 }
 
@@ -111,6 +112,9 @@ pub struct Metrics {
     pub mirror_queued: Gauge,
     /// 1 while this mirror controller replica is the leader.
     pub mirror_leader: Gauge,
+    /// Generated credentials with something to clean up (a lease, an account) that this
+    /// process holds, by generator kind.
+    pub generator_leases: Family<KindLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -149,6 +153,7 @@ impl Metrics {
             mirror_in_flight: Gauge::default(),
             mirror_queued: Gauge::default(),
             mirror_leader: Gauge::default(),
+            generator_leases: Family::default(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`; the encoder appends it.
@@ -192,6 +197,12 @@ impl Metrics {
             "latchkey_backend_request_duration_seconds",
             "Backend request latency by provider, operation and result",
             m.backend_duration.clone(),
+        );
+        registry.register(
+            "latchkey_generator_leases",
+            "Generated credentials with something to clean up (leases, accounts) held for \
+             mounted volumes, by generator kind",
+            m.generator_leases.clone(),
         );
         registry.register(
             "latchkey_cache_hits",

@@ -141,6 +141,21 @@ impl Plugin {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
+        self.with_retries_up_to(RETRIES, call).await
+    }
+
+    /// [`Self::with_retries`] with `retries` attempts after the first; 0 for calls that must
+    /// not be repeated (a generator's Generate), which still get the handshake forgotten and
+    /// the TLS diagnosis.
+    pub(crate) async fn with_retries_up_to<T, F, Fut>(
+        &self,
+        retries: u32,
+        call: F,
+    ) -> Result<T, ProviderError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 0;
         loop {
@@ -152,7 +167,7 @@ impl Plugin {
                         // Certificates do not change between attempts: no retry.
                         return Err(error);
                     }
-                    if attempt >= RETRIES {
+                    if attempt >= retries {
                         return Err(f.error);
                     }
                     attempt += 1;
@@ -172,8 +187,28 @@ impl Plugin {
         status::tls_failure_in(&format!("plugin {}", self.at), &text)
     }
 
+    /// The endpoint as the store (or generator) writes it, for messages.
+    pub(crate) fn at(&self) -> &str {
+        &self.at
+    }
+
+    /// The call timeout (`plugin.timeout`).
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The channel to the plugin (shared; cloning is cheap).
+    pub(crate) fn channel(&self) -> tonic::transport::Channel {
+        self.connection.channel.clone()
+    }
+
+    /// The caller's identity, as every latchkey.plugin.v1 request carries it.
+    pub(crate) fn caller(&self) -> lk::Caller {
+        self.caller.message()
+    }
+
     /// The protocol the plugin serves: the kept answer, or one `Version` call.
-    async fn protocol(&self) -> Result<Protocol, Failure> {
+    pub(crate) async fn protocol(&self) -> Result<Protocol, Failure> {
         if let Some(protocol) = self.connection.handshake.get() {
             return Ok(protocol);
         }
@@ -285,7 +320,7 @@ impl Plugin {
     }
 
     /// The `config` of latchkey.plugin.v1 requests.
-    fn lk_config(&self) -> Option<lk::ConfigReference> {
+    pub(crate) fn lk_config(&self) -> Option<lk::ConfigReference> {
         self.config.as_ref().map(|c| lk::ConfigReference {
             api_version: c.api_version.clone(),
             kind: c.kind.clone(),

@@ -34,7 +34,7 @@ pub(crate) struct Failure {
 }
 
 /// The store's `timeout` ran out during a call to the plugin at `at`.
-pub(super) fn timed_out(at: &str, rpc: &str, timeout: Duration) -> Failure {
+pub(crate) fn timed_out(at: &str, rpc: &str, timeout: Duration) -> Failure {
     let what = format!("plugin {at}");
     timed_out_of(
         &Callee {
@@ -48,7 +48,7 @@ pub(super) fn timed_out(at: &str, rpc: &str, timeout: Duration) -> Failure {
 
 /// Maps the status of a failed call of `rpc` to the plugin at `at` (the endpoint as written),
 /// made with the store's `timeout`.
-pub(super) fn failure(at: &str, rpc: &str, timeout: Duration, status: &Status) -> Failure {
+pub(crate) fn failure(at: &str, rpc: &str, timeout: Duration, status: &Status) -> Failure {
     let what = format!("plugin {at}");
     failure_of(
         &Callee {

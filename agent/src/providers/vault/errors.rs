@@ -30,7 +30,7 @@ pub(super) fn login_error(
 }
 
 /// Vault's answer as a provider error. Vault's own messages carry neither tokens nor values.
-pub(super) fn server_error(e: ClientError) -> ProviderError {
+pub(crate) fn server_error(e: ClientError) -> ProviderError {
     match e {
         ClientError::APIError { code, errors } => {
             let why = reason(&errors);
@@ -69,7 +69,7 @@ pub(super) fn server_error(e: ClientError) -> ProviderError {
 }
 
 /// Vault's error strings, bounded and escaped (the server may be a tenant's), for a message.
-pub(super) fn reason(errors: &[String]) -> String {
+pub(crate) fn reason(errors: &[String]) -> String {
     let text = errors
         .iter()
         .map(|e| e.split_whitespace().collect::<Vec<_>>().join(" "))

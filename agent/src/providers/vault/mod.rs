@@ -20,9 +20,9 @@ use vaultrs::api::kv2::requests::{ListSecretsRequest, ReadSecretRequest};
 use vaultrs::error::ClientError;
 
 mod auth;
-mod errors;
+pub(crate) mod errors;
 pub mod tokens;
-mod transport;
+pub(crate) mod transport;
 use auth::authenticate;
 use errors::server_error;
 use transport::Transport;
@@ -68,9 +68,7 @@ impl Vault {
         if mount.is_empty() {
             return Err(ProviderError::Config("vault.path is empty".into()));
         }
-        let mut client = new_client(spec)?;
-        let token = authenticate(spec, ctx, &client).await?;
-        client.set_token(token.expose());
+        let client = logged_in(spec, ctx).await?;
         Ok(Self { client, mount, kv })
     }
 
@@ -206,6 +204,18 @@ impl Provider for Vault {
         }
         found(results)
     }
+}
+
+/// A transport for `spec`'s server, logged in as `ctx`'s identity exactly as a store read is
+/// (same auth methods, same shared token cache): for callers beyond KV reads (generators).
+pub(crate) async fn logged_in(
+    spec: &VaultProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<Transport, ProviderError> {
+    let mut client = new_client(spec)?;
+    let token = authenticate(spec, ctx, &client).await?;
+    client.set_token(token.expose());
+    Ok(client)
 }
 
 /// A transport for the store's server, namespace and CA; no token yet. Nothing is taken from

@@ -1,0 +1,182 @@
+//! The GeneratorState of a credential: what is recorded before Generate runs (labels linking it
+//! to its pod, volume and node; the pod as owner; the generator as it was), and label values
+//! that fit Kubernetes' limits.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError};
+
+use kube::ResourceExt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::{ANNOTATION_TARGET, Credential, Generated, Recorded};
+use crate::api::CLEANUP_FINALIZER;
+use crate::api::GENERATOR_API_VERSION;
+use crate::api::external_secret::GeneratorRef;
+use crate::api::generator::{GeneratorObject, GeneratorState, GeneratorStateSpec};
+use crate::generators::states::StateError;
+use crate::generators::states::{
+    LABEL_EXTERNAL_SECRET, LABEL_GENERATOR, LABEL_NODE, LABEL_POD, LABEL_POD_UID,
+    LABEL_SERVICE_ACCOUNT, LABEL_VOLUME, label_value, short_hash, truncate,
+};
+use crate::publish::PublishRequest;
+use crate::resolve::Context;
+
+impl Generated {
+    /// The states this node's agent recorded before it (re)started.
+    pub(in crate::publish) async fn recorded_here(
+        &self,
+    ) -> Result<Vec<GeneratorState>, StateError> {
+        let selector = format!("{LABEL_NODE}={}", label_value(&self.config.node));
+        self.config.states.list(&selector).await
+    }
+
+    /// Takes over a state an earlier run recorded: a credential of a volume still `mounted` is
+    /// replaced at its next publish; one of a volume gone, or a state that never got past the
+    /// intent, is cleaned up as far as possible without the pod's token. Returns whether it
+    /// was adopted.
+    pub(in crate::publish) async fn adopt(
+        self: &Arc<Self>,
+        state: &GeneratorState,
+        mounted: bool,
+    ) -> bool {
+        let namespace = state.namespace().unwrap_or_default();
+        let name = state.name_any();
+        let target = state
+            .annotations()
+            .get(ANNOTATION_TARGET)
+            .map(PathBuf::from);
+        let object = GeneratorObject::from_resource(&state.spec.resource);
+        let (Some(target), Ok(object), Some(recorded)) = (target, object, state.spec.state.clone())
+        else {
+            // Generate never answered (or the state is not one this agent wrote): nothing it
+            // can clean up.
+            self.drop_state(&namespace, &name).await;
+            return false;
+        };
+        let credential = Credential {
+            reference: GeneratorRef {
+                api_version: GENERATOR_API_VERSION.to_string(),
+                kind: object.kind().to_string(),
+                name: object_name(&state.spec.resource),
+            },
+            object,
+            state: Some(Recorded {
+                namespace,
+                name,
+                state: recorded,
+            }),
+            values: Arc::default(),
+            renew_at: None,
+            replace: true,
+        };
+        self.leases(&credential.object).inc();
+        if !mounted {
+            if let Some(recorded) = &credential.state {
+                self.give_up(&credential, recorded, &"unmounted while the agent was down")
+                    .await;
+            }
+            return false;
+        }
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(target)
+            .or_default()
+            .push(credential);
+        true
+    }
+
+    /// The credentials an earlier run made for `target`, if any.
+    pub(in crate::publish) fn take_orphans(&self, target: &Path) -> Option<Vec<Credential>> {
+        let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
+        if orphans.is_empty() {
+            return None;
+        }
+        orphans.remove(target)
+    }
+
+    /// Puts back what [`Self::take_orphans`] took, when the publish that was to replace them
+    /// failed.
+    pub(in crate::publish) fn keep_orphans(&self, target: &Path, credentials: Vec<Credential>) {
+        if credentials.is_empty() {
+            return;
+        }
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(target.to_path_buf())
+            .or_default()
+            .extend(credentials);
+    }
+
+    /// The GeneratorState recorded before Generate runs.
+    pub(super) fn intent(
+        &self,
+        req: &PublishRequest,
+        ctx: &Context,
+        reference: &GeneratorRef,
+        object: &GeneratorObject,
+    ) -> GeneratorState {
+        let pod = &req.pod;
+        let target = req.target.to_string_lossy();
+        let labels = BTreeMap::from([
+            (
+                LABEL_GENERATOR.to_string(),
+                label_value(&format!("{}.{}", reference.kind, reference.name)),
+            ),
+            (LABEL_POD.to_string(), label_value(&pod.name)),
+            (LABEL_POD_UID.to_string(), label_value(&pod.uid)),
+            (LABEL_VOLUME.to_string(), short_hash(&target)),
+            (LABEL_NODE.to_string(), label_value(&self.config.node)),
+            (
+                LABEL_SERVICE_ACCOUNT.to_string(),
+                label_value(&pod.service_account),
+            ),
+            (
+                LABEL_EXTERNAL_SECRET.to_string(),
+                label_value(&ctx.external_secret),
+            ),
+        ]);
+        let mut state = GeneratorState::new(
+            "",
+            GeneratorStateSpec {
+                resource: object.to_resource(),
+                state: None,
+                garbage_collection_deadline: None,
+            },
+        );
+        state.metadata = ObjectMeta {
+            generate_name: Some(format!("{}-", truncate(&pod.name, 40))),
+            namespace: Some(pod.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                ANNOTATION_TARGET.to_string(),
+                target.into_owned(),
+            )])),
+            // Kubernetes' garbage collector deletes the state with its pod.
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                ..OwnerReference::default()
+            }]),
+            finalizers: self
+                .config
+                .finalizer
+                .then(|| vec![CLEANUP_FINALIZER.to_string()]),
+            ..ObjectMeta::default()
+        };
+        state
+    }
+}
+
+/// `metadata.name` of a recorded generator object.
+fn object_name(resource: &serde_json::Value) -> String {
+    resource["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
