@@ -6,7 +6,6 @@ use super::binding::admits;
 use super::{BindingError, Catalog};
 use crate::api::external_secret::GeneratorRef;
 use crate::api::generator::GeneratorObject;
-use crate::api::validate;
 
 /// The generator `reference` names, as the pod of `namespace` (mounting `external_secret`) may
 /// use it.
@@ -51,12 +50,5 @@ pub async fn bind_generator(
             }
         })?;
     }
-    // After the namespace is admitted: a ClusterGenerator's faults are not for every namespace.
-    validate::generator(&found).map_err(|reason| BindingError::InvalidGenerator {
-        namespace: namespace.into(),
-        external_secret: external_secret.into(),
-        generator: reference.to_string(),
-        reason,
-    })?;
     Ok(found)
 }
