@@ -323,7 +323,7 @@ impl Publisher {
         if self.generated.due(&req.target, now) {
             self.generated.renew_due(&req.target, &req.pod, now).await;
         }
-        let orphans = self.generated.take_orphans(&req.target);
+        let orphans = self.generated.take_orphans(&req.target, &req.pod);
         let replace = orphans.is_some() || self.generated.must_replace(&req.target, Instant::now());
         // kubelet republishes every volume periodically: answer at once until a refresh is due.
         if !replace && self.schedule.is_fresh(&req.target, now) {
