@@ -1041,8 +1041,8 @@ fn grants(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
 }
 
 /// The node agent reads generators and records the states of what it generates for the pods it
-/// mounts; the controller reads both, and changes or deletes states (Cleanup, finalizer, GC)
-/// only where its write role is bound. Neither writes a generator: those are the tenants'.
+/// mounts; the controller reads both, and records, changes or deletes states (mirror
+/// generations, Cleanup, finalizer, GC) only where its write role is bound. Neither writes a generator: those are the tenants'.
 #[test]
 fn generator_permissions_are_what_each_part_needs() {
     let chart = chart();
@@ -1057,7 +1057,8 @@ fn generator_permissions_are_what_each_part_needs() {
         GENERATOR_KINDS.iter().map(|k| (*k, &["get"][..])).collect();
     read_want.push(("generatorstates", &["get", "list", "watch"]));
     let read_want = grants(&read_want);
-    let write_want = grants(&[("generatorstates", &["patch", "update", "delete"])]);
+    // `create`: the mirror records a state per generation (agent/src/mirror/generated.rs).
+    let write_want = grants(&[("generatorstates", &["create", "patch", "update", "delete"])]);
     let controller = ["latchkey-controller-read", "latchkey-controller-write"];
     for (docs, what) in [
         (kustomize("."), "daemonset/"),
