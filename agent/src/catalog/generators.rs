@@ -36,13 +36,6 @@ pub async fn bind_generator(
                  serves several)"
             },
         })?;
-    // A CRD rule is not a security boundary: the agent checks the generator as it reads it.
-    crate::api::validate::generator(&found).map_err(|reason| BindingError::InvalidGenerator {
-        namespace: namespace.into(),
-        external_secret: external_secret.into(),
-        generator: reference.to_string(),
-        reason,
-    })?;
     if let GeneratorObject::Cluster(g) = &found {
         let labels = catalog
             .namespace_labels(namespace)
@@ -57,5 +50,13 @@ pub async fn bind_generator(
             }
         })?;
     }
+    // A CRD rule is not a security boundary: the agent checks the generator as it reads it
+    // (after admission, so a namespace it does not serve learns nothing of its fields).
+    crate::api::validate::generator(&found).map_err(|reason| BindingError::InvalidGenerator {
+        namespace: namespace.into(),
+        external_secret: external_secret.into(),
+        generator: reference.to_string(),
+        reason,
+    })?;
     Ok(found)
 }
