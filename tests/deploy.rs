@@ -173,6 +173,30 @@ fn chart_renders_what_kustomize_builds() {
     );
 }
 
+/// The agent puts the cleanup finalizer on GeneratorStates exactly when the controller that
+/// releases it is installed: without it, a finalizer would hold states (and their namespace's
+/// deletion) with nobody to release them.
+#[test]
+fn the_agent_sets_the_generator_finalizer_only_with_the_controller() {
+    let chart = chart();
+    let mount_only = chart.render("latchkey", "latchkey", &helm::no_overrides());
+    let with_mirror = chart.render(
+        "latchkey",
+        "latchkey",
+        &json!({"controller": {"enabled": true}}),
+    );
+    for (docs, want, what) in [
+        (kustomize("."), false, "daemonset/"),
+        (kustomize("with-mirror"), true, "daemonset/with-mirror"),
+        (mount_only, false, "the chart"),
+        (with_mirror, true, "the chart with controller.enabled"),
+    ] {
+        let agent = container(find(&docs, "DaemonSet", "latchkey-node"), "latchkey");
+        let set = args(agent).contains(&"--generator-finalizer");
+        assert_eq!(set, want, "{what}: --generator-finalizer");
+    }
+}
+
 /// The agent runs with glibc's allocator defaults, as it is benchmarked (scripts/bench-go-csi.sh):
 /// a malloc tunable in daemonset/ or the chart would make the deployment differ from the numbers.
 #[test]
