@@ -93,6 +93,21 @@ impl KubeStates {
     fn api(&self, namespace: &str) -> Api<GeneratorState> {
         Api::namespaced(self.client.clone(), namespace)
     }
+
+    /// Merges `spec` into the state's spec.
+    async fn merge_spec(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: serde_json::Value,
+    ) -> Result<(), StateError> {
+        let patch = json!({ "spec": spec });
+        self.api(namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| api_error(namespace, name, &e))
+    }
 }
 
 /// The API server's answer, as a [`StateError`].
@@ -137,12 +152,8 @@ impl StateStore for KubeStates {
         name: &str,
         state: &serde_json::Value,
     ) -> Result<(), StateError> {
-        let patch = json!({"spec": {"state": state}});
-        self.api(namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        self.merge_spec(namespace, name, json!({"state": state}))
             .await
-            .map(|_| ())
-            .map_err(|e| api_error(namespace, name, &e))
     }
 
     async fn set_deadline(
@@ -151,12 +162,12 @@ impl StateStore for KubeStates {
         name: &str,
         deadline: &str,
     ) -> Result<(), StateError> {
-        let patch = json!({"spec": {"garbageCollectionDeadline": deadline}});
-        self.api(namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
-            .map_err(|e| api_error(namespace, name, &e))
+        self.merge_spec(
+            namespace,
+            name,
+            json!({"garbageCollectionDeadline": deadline}),
+        )
+        .await
     }
 
     async fn remove(&self, namespace: &str, name: &str) -> Result<(), StateError> {
