@@ -28,7 +28,7 @@ LAYERS = [
     ["cache", "resolve", "generators"],
     ["fetch"],
     ["publish"],
-    ["csi", "mirror", "convert"],
+    ["csi", "mirror", "convert", "generator_gc"],
     ["cmd"],
 ]
 

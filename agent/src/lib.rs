@@ -15,6 +15,7 @@ pub mod convert;
 pub mod csi;
 pub mod events;
 pub mod fetch;
+pub mod generator_gc;
 pub mod generators;
 pub mod grpc_code;
 pub mod identity;

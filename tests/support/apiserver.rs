@@ -2,8 +2,9 @@
 //!
 //! It serves plain HTTP/1.1 on `127.0.0.1:<random port>` and answers what kube-rs sends for the
 //! kinds Latchkey uses: `latchkey.dev/v1alpha1` ExternalSecrets, SecretStores (namespaced) and
-//! ClusterSecretStores; `v1` Namespaces, Secrets, ServiceAccounts and Events;
-//! `events.k8s.io/v1` Events; `coordination.k8s.io/v1` Leases. The code is split by concern
+//! ClusterSecretStores; `generators.latchkey.dev/v1alpha1` GeneratorStates; `v1` Namespaces,
+//! Secrets, ServiceAccounts and Events; `events.k8s.io/v1` Events; `coordination.k8s.io/v1`
+//! Leases. The code is split by concern
 //! under `apiserver/`: kinds, storage, requests, handlers, managed fields, watches, auth.
 //!
 //! What it does, the way the real server does it:
@@ -68,11 +69,21 @@
 //! DeleteOptions `preconditions` (uid, resourceVersion: 409 `Conflict`); other DeleteOptions
 //! (propagationPolicy, gracePeriodSeconds, dryRun) are ignored.
 //!
+//! Finalizers as the registry handles them: deleting an object with `metadata.finalizers`
+//! only sets `deletionTimestamp` (and `deletionGracePeriodSeconds: 0`) and answers 200 with the
+//! object; deleting it again changes nothing; the write that removes its last finalizer deletes
+//! it (one DELETED event carrying that last state); adding a finalizer to it is a 422
+//! (`no new finalizers can be added if the object is being deleted`); clients cannot set or
+//! clear the deletion fields. The garbage collector ([`FakeApiServer::collect_garbage`]) marks
+//! such dependents the same way. Deleting a Namespace makes it `Terminating` (creating in it:
+//! 403 `Forbidden`, cause `NamespaceTerminating`); the namespace controller's work is done at
+//! once after every write: its objects are deleted (finalizers holding some), and the
+//! Namespace goes once none is left.
+//!
 //! What it does not do: TLS, discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
 //! validation of CRD objects and validation of other kinds beyond the above, strategic-merge and
 //! JSON patches (415), YAML apply bodies other than JSON, `dryRun`, `fieldValidation`,
-//! deletecollection, finalizers, graceful and foreground deletion, namespace termination
-//! (deleting a Namespace does not delete its contents), the cap of ten Update entries in
+//! deletecollection, graceful and foreground deletion, the cap of ten Update entries in
 //! managedFields, Table responses, periodic bookmarks, TokenRequests bound to objects
 //! (`boundObjectRef`: 400), impersonation, other authentication/authorization reviews, and
 //! signature checks (a token is known by its exact text). The history kept for watches grows
@@ -394,7 +405,8 @@ impl FakeApiServer {
             .unwrap_or_else(|e| panic!("apply {namespace}/{name}: {}", e.message))
     }
 
-    /// Deletes an object (test setup), notifying watchers; returns its last state.
+    /// Deletes an object as a client's delete does (finalizers and namespace termination
+    /// included), notifying watchers; returns its state after the call.
     pub fn delete(
         &self,
         api_version: &str,
@@ -407,10 +419,7 @@ impl FakeApiServer {
             namespace.unwrap_or(""),
             name,
         );
-        self.shared.mutate(|store| {
-            store.current(&key)?;
-            Some(store.write(key, None))
-        })
+        self.shared.mutate(|store| store.delete_object(key))
     }
 
     /// The current state of an object.
@@ -621,6 +630,7 @@ impl Shared {
     fn mutate<T>(&self, write: impl FnOnce(&mut Store) -> T) -> T {
         let mut store = lock(&self.store);
         let out = write(&mut store);
+        store.finish_namespaces();
         let rv = store.rv;
         self.changed.send_if_modified(|latest| {
             let modified = *latest != rv;

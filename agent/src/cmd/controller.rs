@@ -1,20 +1,30 @@
-//! `latchkey controller`: mirrors ExternalSecrets that ask for it into Kubernetes Secrets, with
+//! `latchkey controller`: mirrors ExternalSecrets that ask for it into Kubernetes Secrets, and
+//! cleans up after generators (GeneratorStates being deleted or past their deadline), with
 //! leader election, metrics and health endpoints.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use async_trait::async_trait;
+use futures::FutureExt;
 use tracing::info;
 
+use crate::api::StoreKind;
+use crate::api::validate::ProviderSpec;
 use crate::cache::CacheLimits;
 use crate::catalog::{Catalog, KubernetesCatalog};
 use crate::events::KubeEvents;
 use crate::fetch::Fetcher;
+use crate::generator_gc::{self, Collector, Identities, IdentityError};
+use crate::generators::GeneratorSpec;
 use crate::generators::states::KubeStates;
+use crate::identity::PodTokens;
+use crate::mirror::consent;
 use crate::mirror::generated::MirrorGenerators;
 use crate::mirror::leader::{Elector, Leadership, Timing};
 use crate::mirror::reconcile::{Parts, Reconciler};
+use crate::mirror::tokens::TokenMinter;
 use crate::mirror::{self, Scope};
 use crate::providers;
 use crate::telemetry::Metrics;
@@ -79,10 +89,58 @@ pub struct ControllerArgs {
     /// name a socket directly in it (no other path, no symbolic link).
     #[arg(long, default_value = providers::plugin::DEFAULT_SOCKET_DIR)]
     pub plugin_socket_dir: std::path::PathBuf,
+    /// Clean up generated credentials whose GeneratorState is deleted (a pod gone with its
+    /// node or agent, a namespace deleted) and delete states past their garbage-collection
+    /// deadline. Needs the GeneratorState CRD and RBAC on generatorstates.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub generator_gc: bool,
+    /// How long cleanup of a deleted GeneratorState is retried (from its deletion) before its
+    /// finalizer is released anyway and the credential left to its TTL: a deletion, or a
+    /// namespace's, never waits longer than this on Latchkey.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub generator_cleanup_timeout: Duration,
     /// How long the credentials of generators in a mirrored Secret stay valid once a sync has
     /// written new ones (ESO design 011): then their GeneratorStates are deleted and cleaned up.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub generator_grace_period: Duration,
+}
+
+/// Tokens for generator cleanup: minted as the state's service account under the mirror's
+/// rules (opt-in annotation, only the audiences the generator's auth needs, never the API
+/// server's for a backend). Credential Secrets are always read with namespaced-store rules.
+struct MintedIdentities {
+    minter: TokenMinter,
+}
+
+#[async_trait]
+impl Identities for MintedIdentities {
+    async fn tokens(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        generator: GeneratorSpec<'_>,
+    ) -> Result<PodTokens, IdentityError> {
+        let provider = match generator {
+            GeneratorSpec::Password(_) => return Ok(PodTokens::default()),
+            GeneratorSpec::VaultDynamicSecret(v) => ProviderSpec::Vault(&v.provider),
+            GeneratorSpec::Plugin(p) => ProviderSpec::Plugin(&p.provider),
+        };
+        // The controller's own identity is never lent to generators: no agentIdentity.
+        let audiences =
+            consent::audiences(provider, StoreKind::SecretStore, false).map_err(|e| {
+                IdentityError {
+                    message: e.to_string(),
+                    permanent: true,
+                }
+            })?;
+        self.minter
+            .tokens(namespace, service_account, &audiences)
+            .await
+            .map_err(|e| IdentityError {
+                message: e.to_string(),
+                permanent: false,
+            })
+    }
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -131,21 +189,22 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         (Leadership::always(), None)
     };
 
+    let env = providers::Env {
+        metrics: Arc::clone(&metrics),
+        kube: Some(config),
+        catalog: Arc::clone(&catalog),
+        agent_namespace: args.pod_namespace.clone(),
+        aws_sessions: Default::default(),
+        vault_tokens: Default::default(),
+        plugins: Arc::new(providers::plugin::Plugins::new(
+            args.plugin_socket_dir.clone(),
+        )),
+        // The controller runs on no particular node and mounts no provider directory: a
+        // secretsStoreCSI store is for the node agent (see docs/providers.md).
+        secrets_store: Default::default(),
+    };
     let fetcher = Fetcher::new(
-        providers::Env {
-            metrics: Arc::clone(&metrics),
-            kube: Some(config),
-            catalog: Arc::clone(&catalog),
-            agent_namespace: args.pod_namespace.clone(),
-            aws_sessions: Default::default(),
-            vault_tokens: Default::default(),
-            plugins: Arc::new(providers::plugin::Plugins::new(
-                args.plugin_socket_dir.clone(),
-            )),
-            // The controller runs on no particular node and mounts no provider directory: a
-            // secretsStoreCSI store is for the node agent (see docs/providers.md).
-            secrets_store: Default::default(),
-        },
+        env.clone(),
         CacheLimits {
             max_entries: args.cache_max_entries,
             max_bytes: args.cache_max_bytes,
@@ -167,8 +226,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         generators: MirrorGenerators {
             states: Arc::new(KubeStates::new(client.clone())),
             grace: args.generator_grace_period,
-            // This controller's GeneratorState loop releases it after cleanup.
-            finalizer: true,
+            // This controller's GeneratorState loop (generator_gc) releases it after cleanup;
+            // without that loop nobody would, and every deletion would hang.
+            finalizer: args.generator_gc,
         },
     }));
 
@@ -186,6 +246,27 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         %identity, leader_elect = args.leader_elect, dry_run = args.dry_run,
         namespaces = ?args.namespaces, "mirror controller started"
     );
+    let collector = args.generator_gc.then(|| {
+        let leading = leadership.clone();
+        Arc::new(Collector::new(generator_gc::Parts {
+            client: client.clone(),
+            namespaces: args.namespaces.clone(),
+            identities: Arc::new(MintedIdentities {
+                minter: TokenMinter::new(client.clone()),
+            }),
+            cleaner: generator_gc::Generators::new(env),
+            metrics: Arc::clone(&metrics),
+            leading: Arc::new(move || leading.is_leader()),
+            cleanup_timeout: args.generator_cleanup_timeout,
+        }))
+    });
+    let collecting = collector.map(|c| {
+        tokio::spawn(run_while_leading(
+            c,
+            leadership.clone(),
+            stopped().boxed().shared(),
+        ))
+    });
     let scope = Scope {
         namespaces: args.namespaces,
         selector: args.selector,
@@ -207,6 +288,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     )
     .await;
     readiness.set_serving(false);
+    if let Some(task) = collecting {
+        task.await.context("generator cleanup task")?;
+    }
     if let Some(elector) = elector {
         elector.await.context("leader election task")?;
     }
@@ -215,4 +299,28 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Runs the generator collector while this replica leads, until `stop` completes.
+async fn run_while_leading(
+    collector: Arc<Collector>,
+    mut leadership: Leadership,
+    stop: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.clone() => return,
+            _ = leadership.wait_for(true) => {}
+        }
+        let mut lost = leadership.clone();
+        let stop_now = stop.clone();
+        let ended = async move {
+            tokio::select! {
+                _ = lost.wait_for(false) => {}
+                _ = stop_now => {}
+            }
+        };
+        Arc::clone(&collector).run(ended).await;
+    }
 }

@@ -70,6 +70,16 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// Labels of a cleanup by the controller: the generator kind and how it ended (`cleaned`,
+/// `no_state`, `retried`, `left_to_ttl`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GeneratorCleanupLabels {
+    /// The generator kind, or `unknown`.
+    pub kind: &'static str,
+    /// How the attempt ended.
+    pub result: &'static str,
+}
+
 /// Every metric the agent exports, registered once at start.
 pub struct Metrics {
     registry: Registry,
@@ -115,6 +125,12 @@ pub struct Metrics {
     /// Generated credentials with something to clean up (a lease, an account) that this
     /// process holds, by generator kind.
     pub generator_leases: Family<KindLabel, Gauge>,
+    /// Cleanup attempts of GeneratorStates being deleted, by generator kind and result.
+    pub generator_cleanups: Family<GeneratorCleanupLabels, Counter>,
+    /// Generated credentials whose state was released without cleanup (they end by their TTL).
+    pub generator_left_to_ttl: Family<KindLabel, Counter>,
+    /// GeneratorStates deleted past their garbage-collection deadline.
+    pub generator_states_collected: Counter,
 }
 
 impl Default for Metrics {
@@ -154,6 +170,9 @@ impl Metrics {
             mirror_queued: Gauge::default(),
             mirror_leader: Gauge::default(),
             generator_leases: Family::default(),
+            generator_cleanups: Family::default(),
+            generator_left_to_ttl: Family::default(),
+            generator_states_collected: Counter::default(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`; the encoder appends it.
@@ -259,6 +278,22 @@ impl Metrics {
             "1 while this mirror controller replica leads",
             m.mirror_leader.clone(),
         );
+        registry.register(
+            "latchkey_generator_cleanups",
+            "Controller cleanups of GeneratorStates being deleted, by generator kind and result \
+             (cleaned, no_state, retried, left_to_ttl)",
+            m.generator_cleanups.clone(),
+        );
+        registry.register(
+            "latchkey_generator_left_to_ttl",
+            "Generated credentials released without cleanup (they end by their TTL), by kind",
+            m.generator_left_to_ttl.clone(),
+        );
+        registry.register(
+            "latchkey_generator_states_collected",
+            "GeneratorStates deleted past their garbage-collection deadline",
+            m.generator_states_collected.clone(),
+        );
         for kind in [
             "ExternalSecret",
             "SecretStore",
@@ -271,6 +306,10 @@ impl Metrics {
         // so dashboards and alerts see the family before the first login.
         for provider in ["aws", "vault"] {
             drop(m.logins.get_or_create(&ProviderLabel { provider }));
+        }
+        // An alert on credentials left to their TTL needs the series before the first one.
+        for kind in ["Password", "VaultDynamicSecret", "PluginGenerator"] {
+            drop(m.generator_left_to_ttl.get_or_create(&KindLabel { kind }));
         }
         Self { registry, ..m }
     }
@@ -303,6 +342,15 @@ mod tests {
         for family in [&m.publishes, &m.unpublishes, &m.refreshes, &m.mirror_syncs] {
             family.get_or_create(&ResultLabel { result }).inc();
         }
+        m.generator_leases
+            .get_or_create(&KindLabel { kind: "Password" })
+            .set(0);
+        m.generator_cleanups
+            .get_or_create(&GeneratorCleanupLabels {
+                kind: "Password",
+                result: "cleaned",
+            })
+            .inc();
         let backend = BackendLabels {
             provider: "fake",
             operation: "get",

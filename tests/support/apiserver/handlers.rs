@@ -1,4 +1,5 @@
-//! Request dispatch and the verbs: get, list, create, update, patch, apply, delete.
+//! Request dispatch and the verbs: get, list, create, update, patch, apply, delete (finalizers
+//! and namespace termination in [`Store::delete_object`]).
 
 use super::*;
 
@@ -276,7 +277,7 @@ pub(super) fn create_in(
         ));
     }
     if let Some(namespace) = &target.namespace {
-        store.require_namespace(namespace)?;
+        store.require_namespace(namespace, kind, &name)?;
     }
     let key = Key::new(
         target.kind,
@@ -517,7 +518,7 @@ fn apply_in(
             return Err(ApiError::not_found(kind, &key.name));
         }
         if let Some(namespace) = &target.namespace {
-            store.require_namespace(namespace)?;
+            store.require_namespace(namespace, kind, &key.name)?;
         }
         validate_name(kind, &key.name)?;
     }
@@ -580,6 +581,7 @@ pub(super) fn delete(shared: &Shared, target: &Target, body: &[u8]) -> Result<Va
                 }
             }
         }
-        Ok(store.write(key, None))
+        // Present: checked above.
+        Ok(store.delete_object(key).unwrap_or(Value::Null))
     })
 }

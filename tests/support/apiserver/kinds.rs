@@ -131,6 +131,16 @@ pub(super) const KINDS: &[Kind] = &[
         status_subresource: true,
         fields: &[],
     },
+    Kind {
+        group: "generators.latchkey.dev",
+        version: "v1alpha1",
+        plural: "generatorstates",
+        kind: "GeneratorState",
+        namespaced: true,
+        crd: true,
+        status_subresource: true,
+        fields: &[],
+    },
 ];
 
 impl Kind {

@@ -62,6 +62,8 @@ pub(super) struct Store {
     /// Service account uids by `(namespace, name)`, assigned on first use, so that a
     /// ServiceAccount object, its tokens and TokenReviews agree.
     pub(super) service_account_uids: HashMap<(String, String), String>,
+    /// Namespaces being deleted: their contents are deleted, then they are.
+    pub(super) terminating: std::collections::BTreeSet<String>,
 }
 
 impl Store {
@@ -74,6 +76,7 @@ impl Store {
             serial: 0,
             seed: RandomState::new().build_hasher().finish(),
             service_account_uids: HashMap::new(),
+            terminating: Default::default(),
         }
     }
 
@@ -115,10 +118,20 @@ impl Store {
 
     /// Stores a new version (or a deletion) under a fresh resourceVersion.
     pub(super) fn write(&mut self, key: Key, object: Option<Value>) -> Value {
+        let deleted = object.is_none();
+        self.record(key, object, deleted)
+    }
+
+    /// Deletes `key`, with `last` as the state watchers see deleted (an update that removed
+    /// the last finalizer of an object being deleted deletes it in the same write).
+    pub(super) fn write_deletion(&mut self, key: Key, last: Value) -> Value {
+        self.record(key, Some(last), true)
+    }
+
+    fn record(&mut self, key: Key, object: Option<Value>, deleted: bool) -> Value {
         self.rv += 1;
         let rv = self.rv;
         let before = self.current(&key).cloned();
-        let deleted = object.is_none();
         if deleted && key.kind == SERVICE_ACCOUNT_KIND {
             // A re-created account is a new one: its old tokens must not match it.
             let account = (key.namespace.clone(), key.name.clone());
@@ -150,7 +163,68 @@ impl Store {
                 return before.clone();
             }
         }
+        if being_deleted(&object) && finalizers(&object).is_empty() {
+            return self.write_deletion(key, object);
+        }
         self.write(key, Some(object))
+    }
+
+    /// Deletes as the registry does: an object with finalizers is only marked
+    /// (`deletionTimestamp`, `deletionGracePeriodSeconds: 0`) until its last finalizer is
+    /// removed; marking it again changes nothing. A Namespace turns `Terminating` and goes once
+    /// its contents are gone (see [`Self::finish_namespaces`]). Returns the object's state
+    /// after the call.
+    pub(super) fn delete_object(&mut self, key: Key) -> Option<Value> {
+        let live = self.current(&key)?.clone();
+        let is_namespace = key.kind == NAMESPACE_KIND;
+        if being_deleted(&live) {
+            return Some(live);
+        }
+        if !is_namespace && finalizers(&live).is_empty() {
+            return Some(self.write(key, None));
+        }
+        let mut marked = live;
+        set_meta(&mut marked, "deletionTimestamp", now());
+        set_meta(&mut marked, "deletionGracePeriodSeconds", json!(0));
+        if is_namespace {
+            marked["status"] = json!({"phase": "Terminating"});
+            self.terminating.insert(key.name.clone());
+        }
+        remove_meta(&mut marked, "resourceVersion");
+        Some(self.write(key, Some(marked)))
+    }
+
+    /// The namespace controller's work, done at once: every object of a terminating namespace
+    /// is deleted (finalizers holding some), and the namespace goes once none is left.
+    pub(super) fn finish_namespaces(&mut self) {
+        if self.terminating.is_empty() {
+            return;
+        }
+        for namespace in self.terminating.clone() {
+            let contents: Vec<(Key, bool)> = self
+                .objects
+                .iter()
+                .filter(|(key, _)| key.namespace == namespace && KINDS[key.kind].namespaced)
+                .filter_map(|(key, revisions)| {
+                    let object = revisions.last()?.object.as_ref()?;
+                    Some((key.clone(), being_deleted(object)))
+                })
+                .collect();
+            let held = contents.iter().filter(|(_, marked)| *marked).count();
+            let mut left = held;
+            for (key, marked) in contents {
+                if !marked && self.delete_object(key.clone()).is_some() {
+                    left += usize::from(self.current(&key).is_some());
+                }
+            }
+            if left == 0 {
+                self.terminating.remove(&namespace);
+                let key = Key::new(NAMESPACE_KIND, "", &namespace);
+                if self.current(&key).is_some() {
+                    self.write(key, None);
+                }
+            }
+        }
     }
 
     /// What the garbage collector eventually does with background propagation, done at once and
@@ -174,6 +248,9 @@ impl Store {
                 .collect();
             let mut work = Vec::new();
             for (key, object) in &live {
+                if being_deleted(object) {
+                    continue;
+                }
                 let Some(owners) = object
                     .pointer("/metadata/ownerReferences")
                     .and_then(Value::as_array)
@@ -200,10 +277,16 @@ impl Store {
                 return deleted;
             }
             for (key, update) in work {
-                let gone = update.is_none();
-                let stored = self.write(key, update);
-                if gone {
-                    deleted.push(stored);
+                match update {
+                    Some(update) => {
+                        self.write(key, Some(update));
+                    }
+                    None => {
+                        let after = self.delete_object(key.clone());
+                        if self.current(&key).is_none() {
+                            deleted.extend(after);
+                        }
+                    }
                 }
             }
         }
@@ -268,9 +351,30 @@ impl Store {
         name
     }
 
-    pub(super) fn require_namespace(&self, namespace: &str) -> Result<(), ApiError> {
+    /// Creating `name` of `kind` in `namespace` needs the namespace to exist and not be
+    /// terminating (403 `Forbidden`, as the NamespaceLifecycle admission plugin answers).
+    pub(super) fn require_namespace(
+        &self,
+        namespace: &str,
+        kind: &Kind,
+        name: &str,
+    ) -> Result<(), ApiError> {
         let key = Key::new(NAMESPACE_KIND, "", namespace);
         match self.current(&key) {
+            Some(ns) if being_deleted(ns) => {
+                let message = format!(
+                    "{} \"{name}\" is forbidden: unable to create new content in namespace \
+                     {namespace} because it is being terminated",
+                    kind.qualified()
+                );
+                let mut details = kind.details(name);
+                details["causes"] = json!([{
+                    "reason": "NamespaceTerminating",
+                    "message": format!("namespace {namespace} is being terminated"),
+                    "field": "metadata.namespace",
+                }]);
+                Err(ApiError::new(403, "Forbidden", message).with_details(details))
+            }
             Some(_) => Ok(()),
             None => Err(ApiError::not_found(&KINDS[NAMESPACE_KIND], namespace)),
         }
@@ -306,6 +410,13 @@ impl Store {
             None => json!(self.new_uid()),
         };
         set_meta(&mut object, "uid", uid);
+        // Only a delete sets these; writes keep what the stored object has.
+        for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
+            match before.and_then(|b| b.pointer(&format!("/metadata/{field}"))) {
+                Some(kept) => set_meta(&mut object, field, kept.clone()),
+                None => remove_meta(&mut object, field),
+            }
+        }
         let created = before.and_then(|b| b.pointer("/metadata/creationTimestamp"));
         set_meta(
             &mut object,
@@ -406,6 +517,24 @@ pub(super) fn validate(
     before: Option<&Value>,
     object: &Value,
 ) -> Result<(), ApiError> {
+    if let Some(before) = before.filter(|b| being_deleted(b)) {
+        let old = finalizers(before);
+        let new: Vec<&str> = finalizers(object)
+            .into_iter()
+            .filter(|f| !old.contains(f))
+            .collect();
+        if !new.is_empty() {
+            let listed: Vec<String> = new.iter().map(|f| format!("{f:?}")).collect();
+            let detail = format!(
+                "no new finalizers can be added if the object is being deleted, found new \
+                 finalizers []string{{{}}}",
+                listed.join(", ")
+            );
+            let name = meta_str(object, "name").unwrap_or_default();
+            let cause = Cause::forbidden("metadata.finalizers", &detail);
+            return Err(ApiError::invalid(kind, name, vec![cause]));
+        }
+    }
     if (kind.group, kind.kind) != ("", "Secret") {
         return Ok(());
     }
@@ -518,4 +647,20 @@ pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
         .get(field)?
         .as_str()
         .filter(|s| !s.is_empty())
+}
+
+/// Whether the object has a `deletionTimestamp` (it is being deleted).
+pub(super) fn being_deleted(object: &Value) -> bool {
+    object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+}
+
+/// `metadata.finalizers`.
+pub(super) fn finalizers(object: &Value) -> Vec<&str> {
+    object
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|list| list.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
