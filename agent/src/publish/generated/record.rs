@@ -10,17 +10,14 @@ use tracing::warn;
 
 use kube::ResourceExt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::{ANNOTATION_TARGET, Credential, Generated, Recorded};
-use crate::api::CLEANUP_FINALIZER;
 use crate::api::GENERATOR_API_VERSION;
 use crate::api::external_secret::GeneratorRef;
-use crate::api::generator::{GeneratorObject, GeneratorState, GeneratorStateSpec};
-use crate::generators::states::StateError;
+use crate::api::generator::{GeneratorObject, GeneratorState};
 use crate::generators::states::{
-    LABEL_EXTERNAL_SECRET, LABEL_GENERATOR, LABEL_NODE, LABEL_POD, LABEL_POD_UID,
-    LABEL_SERVICE_ACCOUNT, LABEL_VOLUME, label_value, short_hash, truncate,
+    self, LABEL_NODE, LABEL_POD, LABEL_POD_UID, LABEL_VOLUME, StateError, label_value, short_hash,
 };
 use crate::identity::PodInfo;
 use crate::publish::PublishRequest;
@@ -158,54 +155,34 @@ impl Generated {
     ) -> GeneratorState {
         let pod = &req.pod;
         let target = req.target.to_string_lossy();
-        let labels = BTreeMap::from([
-            (
-                LABEL_GENERATOR.to_string(),
-                label_value(&format!("{}.{}", reference.kind, reference.name)),
-            ),
+        let mut state = states::intent(
+            &pod.namespace,
+            &pod.name,
+            reference,
+            object,
+            &pod.service_account,
+            &ctx.external_secret,
+            self.config.finalizer,
+        );
+        let meta = &mut state.metadata;
+        meta.labels.get_or_insert_with(BTreeMap::new).extend([
             (LABEL_POD.to_string(), label_value(&pod.name)),
             (LABEL_POD_UID.to_string(), label_value(&pod.uid)),
             (LABEL_VOLUME.to_string(), short_hash(&target)),
             (LABEL_NODE.to_string(), label_value(&self.config.node)),
-            (
-                LABEL_SERVICE_ACCOUNT.to_string(),
-                label_value(&pod.service_account),
-            ),
-            (
-                LABEL_EXTERNAL_SECRET.to_string(),
-                label_value(&ctx.external_secret),
-            ),
         ]);
-        let mut state = GeneratorState::new(
-            "",
-            GeneratorStateSpec {
-                resource: object.to_resource(),
-                state: None,
-                garbage_collection_deadline: None,
-            },
-        );
-        state.metadata = ObjectMeta {
-            generate_name: Some(format!("{}-", truncate(&pod.name, 40))),
-            namespace: Some(pod.namespace.clone()),
-            labels: Some(labels),
-            annotations: Some(BTreeMap::from([(
-                ANNOTATION_TARGET.to_string(),
-                target.into_owned(),
-            )])),
-            // Kubernetes' garbage collector deletes the state with its pod.
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                ..OwnerReference::default()
-            }]),
-            finalizers: self
-                .config
-                .finalizer
-                .then(|| vec![CLEANUP_FINALIZER.to_string()]),
-            ..ObjectMeta::default()
-        };
+        meta.annotations = Some(BTreeMap::from([(
+            ANNOTATION_TARGET.to_string(),
+            target.into_owned(),
+        )]));
+        // Kubernetes' garbage collector deletes the state with its pod.
+        meta.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            ..OwnerReference::default()
+        }]);
         state
     }
 }
