@@ -66,9 +66,19 @@ fn key(doc: &Value) -> String {
     )
 }
 
-/// Null map entries are how a template says "not set"; the API server drops them too.
+/// Null map entries are how a template says "not set"; the API server drops them too. A whole
+/// float is the integer it equals: the CRDs' bounds are written `1024.0` (the Kubernetes types
+/// hold them as floats) and kustomize rewrites them as `1024`.
 fn normalise(v: &Value) -> Value {
     match v {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or_default();
+            if f.fract() == 0.0 && f.abs() < 9e15 {
+                json!(f as i64)
+            } else {
+                v.clone()
+            }
+        }
         Value::Object(m) => Value::Object(
             m.iter()
                 .filter(|(_, v)| !v.is_null())
@@ -161,6 +171,30 @@ fn chart_renders_what_kustomize_builds() {
         &without_namespace_object(kustomize("with-mirror")),
         "controller.enabled=true vs daemonset/with-mirror",
     );
+}
+
+/// The agent puts the cleanup finalizer on GeneratorStates exactly when the controller that
+/// releases it is installed: without it, a finalizer would hold states (and their namespace's
+/// deletion) with nobody to release them.
+#[test]
+fn the_agent_sets_the_generator_finalizer_only_with_the_controller() {
+    let chart = chart();
+    let mount_only = chart.render("latchkey", "latchkey", &helm::no_overrides());
+    let with_mirror = chart.render(
+        "latchkey",
+        "latchkey",
+        &json!({"controller": {"enabled": true}}),
+    );
+    for (docs, want, what) in [
+        (kustomize("."), false, "daemonset/"),
+        (kustomize("with-mirror"), true, "daemonset/with-mirror"),
+        (mount_only, false, "the chart"),
+        (with_mirror, true, "the chart with controller.enabled"),
+    ] {
+        let agent = container(find(&docs, "DaemonSet", "latchkey-node"), "latchkey");
+        let set = args(agent).contains(&"--generator-finalizer");
+        assert_eq!(set, want, "{what}: --generator-finalizer");
+    }
 }
 
 /// The agent runs with glibc's allocator defaults, as it is benchmarked (scripts/bench-go-csi.sh):
@@ -769,9 +803,11 @@ fn check_typed(doc: &Value, origin: &str) {
         }
         // The agent's own loader, which refuses unknown fields (see also
         // every_example_document_loads_strictly in agent/src/catalog/manifests/tests.rs).
-        ("latchkey.dev/v1alpha1", _) => latchkey::catalog::ManifestCatalog::default()
-            .add_documents(Path::new(origin), &serde_norway::to_string(doc).unwrap())
-            .map_err(|e| e.to_string()),
+        ("latchkey.dev/v1alpha1" | "generators.latchkey.dev/v1alpha1", _) => {
+            latchkey::catalog::ManifestCatalog::default()
+                .add_documents(Path::new(origin), &serde_norway::to_string(doc).unwrap())
+                .map_err(|e| e.to_string())
+        }
         _ => Err(format!("unknown kind {api} {kind}: add it to check_typed")),
     };
     if let Err(e) = result {
@@ -978,6 +1014,112 @@ fn chart_keeps_secret_permissions_where_the_design_puts_them() {
     }
     // The same invariant on the kustomize side is tests/mirror.rs's
     // secret_permissions_stay_where_the_design_puts_them.
+}
+
+// ---- RBAC: generators ----
+
+const GENERATOR_KINDS: [&str; 4] = [
+    "passwords",
+    "vaultdynamicsecrets",
+    "plugingenerators",
+    "clustergenerators",
+];
+
+/// Verbs on each resource of the generators group, over the named ClusterRoles and Roles.
+fn generator_grants(docs: &[Value], roles: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for role in docs.iter().filter(|d| {
+        matches!(d["kind"].as_str(), Some("ClusterRole" | "Role"))
+            && roles.contains(&str_at(d, "/metadata/name"))
+    }) {
+        for rule in role["rules"].as_array().unwrap() {
+            let groups = rule["apiGroups"].as_array().unwrap();
+            if !groups
+                .iter()
+                .any(|g| g == "generators.latchkey.dev" || g == "*")
+            {
+                continue;
+            }
+            for resource in rule["resources"].as_array().unwrap() {
+                let verbs = out.entry(resource.as_str().unwrap().into()).or_default();
+                for verb in rule["verbs"].as_array().unwrap() {
+                    verbs.push(verb.as_str().unwrap().into());
+                }
+                verbs.sort();
+                verbs.dedup();
+            }
+        }
+    }
+    out
+}
+
+fn grants(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    pairs
+        .iter()
+        .map(|(resource, verbs)| {
+            let mut verbs: Vec<String> = verbs.iter().map(|v| v.to_string()).collect();
+            verbs.sort();
+            (resource.to_string(), verbs)
+        })
+        .collect()
+}
+
+/// The node agent reads generators and records the states of what it generates for the pods it
+/// mounts; the controller reads both, and records, changes or deletes states (mirror
+/// generations, Cleanup, finalizer, GC) only where its write role is bound. Neither writes a generator: those are the tenants'.
+#[test]
+fn generator_permissions_are_what_each_part_needs() {
+    let chart = chart();
+    let mut node_want: Vec<(&str, &[&str])> =
+        GENERATOR_KINDS.iter().map(|k| (*k, &["get"][..])).collect();
+    node_want.push((
+        "generatorstates",
+        &["create", "get", "list", "watch", "patch", "delete"],
+    ));
+    let node_want = grants(&node_want);
+    let mut read_want: Vec<(&str, &[&str])> =
+        GENERATOR_KINDS.iter().map(|k| (*k, &["get"][..])).collect();
+    read_want.push(("generatorstates", &["get", "list", "watch"]));
+    let read_want = grants(&read_want);
+    // `create`: the mirror records a state per generation (agent/src/mirror/generated.rs).
+    let write_want = grants(&[("generatorstates", &["create", "patch", "update", "delete"])]);
+    let controller = ["latchkey-controller-read", "latchkey-controller-write"];
+    for (docs, what) in [
+        (kustomize("."), "daemonset/"),
+        (kustomize("with-mirror"), "daemonset/with-mirror"),
+        (chart.render("lk", "lk", &helm::no_overrides()), "the chart"),
+        (
+            chart.render("lk", "lk", &json!({"controller": {"enabled": true}})),
+            "the chart with the controller",
+        ),
+    ] {
+        assert_eq!(
+            generator_grants(&docs, &["latchkey-node"]),
+            node_want,
+            "{what}: node agent"
+        );
+        let with_controller = docs.iter().any(|d| d["kind"] == "Deployment");
+        if with_controller {
+            assert_eq!(
+                generator_grants(&docs, &controller[..1]),
+                read_want,
+                "{what}: controller, cluster-wide"
+            );
+            assert_eq!(
+                generator_grants(&docs, &controller[1..]),
+                write_want,
+                "{what}: controller, where it writes"
+            );
+        }
+        // No other role touches the generators group.
+        let every: Vec<&str> = docs
+            .iter()
+            .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+            .map(|d| str_at(d, "/metadata/name"))
+            .filter(|n| *n != "latchkey-node" && !controller.contains(n))
+            .collect();
+        assert!(generator_grants(&docs, &every).is_empty(), "{what}");
+    }
 }
 
 // ---- one version of the image ----

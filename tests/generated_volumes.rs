@@ -91,6 +91,31 @@ spec:
   - sourceRef: {generatorRef: {kind: VaultDynamicSecret, name: nowhere}}
 "#;
 
+/// A ClusterGenerator that admits `shop` only, and ExternalSecrets naming it in `shop` and `other`.
+const CLUSTER_GENERATOR: &str = r#"
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: ClusterGenerator
+metadata: {name: shared-pw}
+spec:
+  kind: Password
+  generator: {passwordSpec: {length: 16, symbols: 0}}
+  conditions: [{namespaces: [shop]}]
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: shared, namespace: shop}
+spec:
+  dataFrom:
+  - sourceRef: {generatorRef: {kind: ClusterGenerator, name: shared-pw}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {name: shared, namespace: other}
+spec:
+  dataFrom:
+  - sourceRef: {generatorRef: {kind: ClusterGenerator, name: shared-pw}}
+"#;
+
 /// Publishes `external_secret` for pod `pod` (service account `sa`), with `jwt` as its token for
 /// the `vault` audience; the target is the pod's.
 async fn publish(
@@ -217,6 +242,33 @@ async fn a_missing_or_foreign_generator_and_a_missing_key_are_clear_errors() {
             "a failed publish leaves nothing behind"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_generator_serves_only_the_namespaces_its_conditions_admit() {
+    let agent = Agent::start(&[("cluster.yaml", CLUSTER_GENERATOR)], &[]).await;
+    let t = publish(&agent, "a", "default", "shared", None)
+        .await
+        .unwrap();
+    assert_eq!(read(&t, "password").len(), 16);
+    let target = agent.target("b");
+    let volume = PodVolume::new("other", "b", "shared");
+    let e = agent
+        .node()
+        .await
+        .node_publish_volume(volume.publish_request(&volume_id_for(&target), &target))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message().contains(
+            "namespace \"other\", ExternalSecret \"shared\": ClusterGenerator \"shared-pw\" \
+             does not admit this namespace"
+        ),
+        "{}",
+        e.message()
+    );
+    assert!(!target.exists(), "a refused publish leaves nothing behind");
 }
 
 // ---- Vault / OpenBao ---------------------------------------------------------------------------
@@ -417,18 +469,19 @@ async fn crash_looping_pods_leave_no_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_after_the_grace_period()
  {
-    // PKI leases cannot be renewed: at 2/3 of the 3 s TTL a new certificate is issued and
-    // written, and the old one stays valid for the grace period before it is revoked.
+    // PKI leases cannot be renewed: before 2/3 of the 20 s TTL a new certificate is issued and
+    // written, and the old one stays valid for the 1 s grace period, then is revoked (well
+    // before it expires: OpenBao does not revoke a certificate at the end of its life).
     let (bao, issuer) = pki().await;
-    let m = vault_manifests(&bao, "cert", "3s");
-    let agent = Agent::start(&[("gen.yaml", &m)], &["--generator-grace-period", "2s"]).await;
+    let m = vault_manifests(&bao, "cert", "20s");
+    let agent = Agent::start(&[("gen.yaml", &m)], &["--generator-grace-period", "1s"]).await;
     let jwt = issuer.token("shop", "app", "vault");
     let a = publish(&agent, "a", "app", "tls", Some(&jwt))
         .await
         .unwrap();
     let first = serial_of(&a);
     eventually(
-        Duration::from_secs(15),
+        Duration::from_secs(25),
         "a new certificate is written",
         || async { serial_of(&a) != first },
     )
@@ -454,7 +507,7 @@ async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewable_lease_is_renewed_while_mounted_and_replaced_past_its_max_ttl() {
-    // A token with a 3 s TTL and a 9 s max TTL: renewed at 2/3 of its TTL, the same token stays
+    // A token with a 3 s TTL and a 9 s max TTL: renewed before 2/3 of its TTL, the same token stays
     // in the volume until renewal is capped, then a new one replaces it.
     let (bao, issuer) = pki().await;
     let m = vault_manifests(&bao, "token", "10m");

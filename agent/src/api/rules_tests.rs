@@ -459,14 +459,6 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Expect)> {
         ]}}}})
     };
     let one_source = format!("spec.dataFrom[0]: {}", rules::EXTRACT_XOR_FIND.message);
-    let generator = |kind: &str, name: &str| json!({"generatorRef": {"kind": kind, "name": name}});
-    let from_generator = |kind: &str, name: &str| json!({"spec": {"dataFrom": [{"sourceRef": generator(kind, name)}]}});
-    let key_from_generator = |kind: &str, name: &str| {
-        json!({"spec": {"data": [
-            {"secretKey": "password", "remoteRef": {"key": "password"}, "sourceRef": generator(kind, name)}
-        ]}})
-    };
-    let no_store = "spec.secretStoreRef: must be set unless every entry names a generator";
     let mut samples = vec![
         ("base", json!({}), Expect::Valid),
         (
@@ -868,131 +860,7 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Expect)> {
             )),
         ),
     ];
-    samples.extend(vec![
-        // Generators: `sourceRef.generatorRef` on `data[]` (one key of the result) and
-        // `dataFrom[]` (every key of it).
-        (
-            "every entry from a generator, without a store",
-            json!({"spec": {
-                "secretStoreRef": null,
-                "data": [{"secretKey": "password", "remoteRef": {"key": "password"},
-                          "sourceRef": generator("Password", "db-password")}],
-                "dataFrom": [{"sourceRef": {"generatorRef": {
-                    "apiVersion": "generators.latchkey.dev/v1alpha1",
-                    "kind": "ClusterGenerator", "name": "pki.example"}}}],
-            }}),
-            Expect::Valid,
-        ),
-        (
-            "a generator beside the store's entries",
-            json!({"spec": {
-                "data": [{"secretKey": "user", "remoteRef": {"key": "prod/db"}},
-                         {"secretKey": "password", "remoteRef": {"key": "password"},
-                          "sourceRef": generator("VaultDynamicSecret", "db")}],
-                "dataFrom": [{"extract": {"key": "prod/app"}},
-                             {"sourceRef": generator("PluginGenerator", "account")}],
-            }}),
-            Expect::Valid,
-        ),
-        (
-            "a generator with extract",
-            json!({"spec": {"dataFrom": [
-                {"extract": {"key": "a"}, "sourceRef": generator("Password", "pw")}
-            ]}}),
-            rejected(one_source.clone()),
-        ),
-        (
-            "a generator with find",
-            json!({"spec": {"dataFrom": [
-                {"find": {"path": "p"}, "sourceRef": generator("Password", "pw")}
-            ]}}),
-            rejected(one_source.clone()),
-        ),
-        (
-            "an empty sourceRef is no source",
-            json!({"spec": {"dataFrom": [{"sourceRef": {}}]}}),
-            rejected(one_source.clone()),
-        ),
-        (
-            "data from a generator of an unknown kind",
-            key_from_generator("Secret", "pw"),
-            rejected(format!(
-                "spec.data[0].sourceRef.generatorRef.kind: {}",
-                rules::GENERATOR_KIND.message
-            )),
-        ),
-        (
-            "dataFrom a generator of ESO's kind spelling",
-            from_generator("password", "pw"),
-            rejected(format!(
-                "spec.dataFrom[0].sourceRef.generatorRef.kind: {}",
-                rules::GENERATOR_KIND.message
-            )),
-        ),
-        (
-            "data from a badly named generator",
-            key_from_generator("Password", "../pw"),
-            rejected(format!(
-                "spec.data[0].sourceRef.generatorRef.name: {}",
-                DNS_SUBDOMAIN.message
-            )),
-        ),
-        (
-            "dataFrom a badly named generator",
-            from_generator("ClusterGenerator", "Pki_Issuer"),
-            rejected(format!(
-                "spec.dataFrom[0].sourceRef.generatorRef.name: {}",
-                DNS_SUBDOMAIN.message
-            )),
-        ),
-        (
-            "a generator name too long",
-            from_generator("Password", &"a".repeat(254)),
-            rejected(
-                "spec.dataFrom[0].sourceRef.generatorRef.name: must be at most 253 characters long",
-            ),
-        ),
-        // Agent-only rules. The CRD admits these: leaving out `secretStoreRef` is fine only when
-        // every entry of both lists names a generator, which a rule could only say by iterating
-        // the lists (`rules_stay_cheap_for_the_api_server` forbids it); and `apiVersion` has no
-        // pattern. The agent refuses them on every read.
-        (
-            "no store while an entry reads one",
-            json!({"spec": {
-                "secretStoreRef": null,
-                "data": [{"secretKey": "user", "remoteRef": {"key": "prod/db"}},
-                         {"secretKey": "password", "remoteRef": {"key": "password"},
-                          "sourceRef": generator("Password", "pw")}],
-            }}),
-            Expect::AgentOnly(no_store.into()),
-        ),
-        (
-            "no store while a dataFrom entry reads one",
-            json!({"spec": {
-                "secretStoreRef": null,
-                "data": [{"secretKey": "password", "remoteRef": {"key": "password"},
-                          "sourceRef": generator("Password", "pw")}],
-                "dataFrom": [{"extract": {"key": "prod/app"}}],
-            }}),
-            Expect::AgentOnly(no_store.into()),
-        ),
-        (
-            "no store and no generator",
-            json!({"spec": {"secretStoreRef": null}}),
-            Expect::AgentOnly(no_store.into()),
-        ),
-        (
-            "a generator of ESO's API group",
-            json!({"spec": {"dataFrom": [{"sourceRef": {"generatorRef": {
-                "apiVersion": "generators.external-secrets.io/v1alpha1",
-                "kind": "Password", "name": "pw"}}}]}}),
-            Expect::AgentOnly(
-                "spec.dataFrom[0].sourceRef.generatorRef.apiVersion: must be \
-                 generators.latchkey.dev/v1alpha1"
-                    .into(),
-            ),
-        ),
-    ]);
+    samples.extend(generators::external_secret_samples());
     samples
 }
 

@@ -50,5 +50,13 @@ pub async fn bind_generator(
             }
         })?;
     }
+    // A CRD rule is not a security boundary: the agent checks the generator as it reads it
+    // (after admission, so a namespace it does not serve learns nothing of its fields).
+    crate::api::validate::generator(&found).map_err(|reason| BindingError::InvalidGenerator {
+        namespace: namespace.into(),
+        external_secret: external_secret.into(),
+        generator: reference.to_string(),
+        reason,
+    })?;
     Ok(found)
 }

@@ -90,24 +90,33 @@ pub struct NodeArgs {
     pub generator_finalizer: bool,
 }
 
+/// Where the agent's objects come from and its records go: the API server, or a manifest
+/// directory and memory.
+struct Sources {
+    catalog: Arc<dyn Catalog>,
+    events: Arc<dyn PodEvents>,
+    kube_config: Option<kube::Config>,
+    states: Arc<dyn StateStore>,
+}
+
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
-    let (catalog, events, kube_config, states): (
-        Arc<dyn Catalog>,
-        Arc<dyn PodEvents>,
-        _,
-        Arc<dyn StateStore>,
-    ) = match &args.manifests {
+    let Sources {
+        catalog,
+        events,
+        kube_config,
+        states,
+    } = match &args.manifests {
         Some(dir) => {
             let catalog = ManifestCatalog::load_dir(dir)
                 .with_context(|| format!("loading manifests from {}", dir.display()))?;
-            (
-                Arc::new(catalog),
-                Arc::new(NoEvents),
-                None,
-                Arc::new(MemoryStates::default()),
-            )
+            Sources {
+                catalog: Arc::new(catalog),
+                events: Arc::new(NoEvents),
+                kube_config: None,
+                states: Arc::new(MemoryStates::default()),
+            }
         }
         None => {
             no_api_server_hint(Some("Pass --manifests DIR to serve from YAML files"))?;
@@ -119,12 +128,12 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             let client = kube::Client::try_from(config.clone())
                 .context("connecting to the Kubernetes API")?;
             let events = KubeEvents::new(client.clone(), &args.node_id);
-            (
-                Arc::new(KubernetesCatalog::start(client.clone(), &metrics)),
-                Arc::new(events),
-                Some(config),
-                Arc::new(KubeStates::new(client)),
-            )
+            Sources {
+                catalog: Arc::new(KubernetesCatalog::start(client.clone(), &metrics)),
+                events: Arc::new(events),
+                kube_config: Some(config),
+                states: Arc::new(KubeStates::new(client)),
+            }
         }
     };
     let limits = BudgetLimits::with_share(args.volume_budget, args.namespace_volume_share);

@@ -11,12 +11,14 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use crate::api::CLEANUP_FINALIZER;
-use crate::api::generator::GeneratorState;
+use crate::api::external_secret::GeneratorRef;
+use crate::api::generator::{GeneratorObject, GeneratorState, GeneratorStateSpec};
 
 /// Label: `<Kind>.<name>` of the generator the state is for.
 pub const LABEL_GENERATOR: &str = "generators.latchkey.dev/generator";
@@ -93,6 +95,21 @@ impl KubeStates {
     fn api(&self, namespace: &str) -> Api<GeneratorState> {
         Api::namespaced(self.client.clone(), namespace)
     }
+
+    /// Merges `spec` into the state's spec.
+    async fn merge_spec(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: serde_json::Value,
+    ) -> Result<(), StateError> {
+        let patch = json!({ "spec": spec });
+        self.api(namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| api_error(namespace, name, &e))
+    }
 }
 
 /// The API server's answer, as a [`StateError`].
@@ -137,12 +154,8 @@ impl StateStore for KubeStates {
         name: &str,
         state: &serde_json::Value,
     ) -> Result<(), StateError> {
-        let patch = json!({"spec": {"state": state}});
-        self.api(namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        self.merge_spec(namespace, name, json!({"state": state}))
             .await
-            .map(|_| ())
-            .map_err(|e| api_error(namespace, name, &e))
     }
 
     async fn set_deadline(
@@ -151,12 +164,12 @@ impl StateStore for KubeStates {
         name: &str,
         deadline: &str,
     ) -> Result<(), StateError> {
-        let patch = json!({"spec": {"garbageCollectionDeadline": deadline}});
-        self.api(namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
-            .map_err(|e| api_error(namespace, name, &e))
+        self.merge_spec(
+            namespace,
+            name,
+            json!({"garbageCollectionDeadline": deadline}),
+        )
+        .await
     }
 
     async fn remove(&self, namespace: &str, name: &str) -> Result<(), StateError> {
@@ -300,6 +313,50 @@ impl StateStore for MemoryStates {
                 .collect()
         }))
     }
+}
+
+/// The GeneratorState recorded before Generate runs (no `spec.state` yet), in `namespace`, named
+/// by the API server after `name_prefix`, labelled with the generator, the service account whose
+/// identity makes (and cleans up) the credential, and the ExternalSecret it is for. Callers add
+/// what links it to its owner (a pod, or the ExternalSecret).
+pub fn intent(
+    namespace: &str,
+    name_prefix: &str,
+    reference: &GeneratorRef,
+    object: &GeneratorObject,
+    service_account: &str,
+    external_secret: &str,
+    finalizer: bool,
+) -> GeneratorState {
+    let mut state = GeneratorState::new(
+        "",
+        GeneratorStateSpec {
+            resource: object.to_resource(),
+            state: None,
+            garbage_collection_deadline: None,
+        },
+    );
+    state.metadata = ObjectMeta {
+        generate_name: Some(format!("{}-", truncate(name_prefix, 40))),
+        namespace: Some(namespace.to_string()),
+        labels: Some(BTreeMap::from([
+            (
+                LABEL_GENERATOR.to_string(),
+                label_value(&format!("{}.{}", reference.kind, reference.name)),
+            ),
+            (
+                LABEL_SERVICE_ACCOUNT.to_string(),
+                label_value(service_account),
+            ),
+            (
+                LABEL_EXTERNAL_SECRET.to_string(),
+                label_value(external_secret),
+            ),
+        ])),
+        finalizers: finalizer.then(|| vec![CLEANUP_FINALIZER.to_string()]),
+        ..ObjectMeta::default()
+    };
+    state
 }
 
 /// `s` as a label value (at most 63 characters): kept when it fits, else a prefix and a hash.

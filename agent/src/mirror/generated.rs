@@ -14,18 +14,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
+use crate::api::ExternalSecret;
 use crate::api::external_secret::{DeletionPolicy, GeneratorRef};
-use crate::api::generator::{GeneratorObject, GeneratorState, GeneratorStateSpec};
-use crate::api::{CLEANUP_FINALIZER, ExternalSecret};
+use crate::api::generator::{GeneratorObject, GeneratorState};
 use crate::catalog::{Catalog, bind_generator};
-use crate::generators::states::{
-    LABEL_EXTERNAL_SECRET, LABEL_GENERATOR, LABEL_SERVICE_ACCOUNT, StateStore, label_value,
-    truncate,
-};
+use crate::generators::states::{self, LABEL_EXTERNAL_SECRET, StateStore, label_value};
 use crate::generators::{self, Generator, GeneratorSpec};
 use crate::identity::PodInfo;
 use crate::providers::{self, BuildContext};
@@ -254,32 +251,16 @@ impl MirrorGenerators {
             uid: es.metadata.uid.clone().unwrap_or_default(),
             ..OwnerReference::default()
         });
-        let mut state = GeneratorState::new(
-            "",
-            GeneratorStateSpec {
-                resource: object.to_resource(),
-                state: None,
-                garbage_collection_deadline: None,
-            },
+        let mut state = states::intent(
+            &es.namespace().unwrap_or_default(),
+            &name,
+            reference,
+            object,
+            &identity.service_account,
+            &name,
+            self.finalizer,
         );
-        state.metadata = ObjectMeta {
-            generate_name: Some(format!("{}-", truncate(&name, 40))),
-            namespace: es.namespace(),
-            labels: Some(BTreeMap::from([
-                (
-                    LABEL_GENERATOR.to_string(),
-                    label_value(&format!("{}.{}", reference.kind, reference.name)),
-                ),
-                (LABEL_EXTERNAL_SECRET.to_string(), label_value(&name)),
-                (
-                    LABEL_SERVICE_ACCOUNT.to_string(),
-                    label_value(&identity.service_account),
-                ),
-            ])),
-            owner_references: owner.map(|o| vec![o]),
-            finalizers: self.finalizer.then(|| vec![CLEANUP_FINALIZER.to_string()]),
-            ..ObjectMeta::default()
-        };
+        state.metadata.owner_references = owner.map(|o| vec![o]);
         state
     }
 }

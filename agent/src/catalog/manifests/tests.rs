@@ -596,3 +596,41 @@ fn generator_state_documents_are_not_read() {
     );
     assert!(err.contains("unsupported kind GeneratorState"), "{err}");
 }
+
+#[tokio::test]
+async fn an_invalid_generator_is_refused_when_bound_not_when_loaded() {
+    // Loading only reads (as for stores); binding, on every publish and mirror, validates.
+    let mut c = ManifestCatalog::default();
+    c.add_documents(
+        Path::new("g.yaml"),
+        "apiVersion: generators.latchkey.dev/v1alpha1\nkind: Password\n\
+         metadata: {name: pw, namespace: shop}\nspec: {length: 8, digits: 5, symbols: 5}\n---\n\
+         apiVersion: generators.latchkey.dev/v1alpha1\nkind: ClusterGenerator\n\
+         metadata: {name: pki}\nspec: {kind: Password, generator: {passwordSpec: {symbolCharacters: ''}},\n\
+         \x20 conditions: [{namespaces: [shop]}]}\n",
+    )
+    .unwrap();
+    let reference = |kind: &str, name: &str| crate::api::external_secret::GeneratorRef {
+        api_version: crate::api::GENERATOR_API_VERSION.into(),
+        kind: kind.into(),
+        name: name.into(),
+    };
+    let err = crate::catalog::bind_generator(&c, "shop", "creds", &reference("Password", "pw"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "namespace \"shop\", ExternalSecret \"creds\", generator Password \"pw\": invalid: \
+         spec: digits + symbols must not exceed length"
+    );
+    let err =
+        crate::catalog::bind_generator(&c, "shop", "creds", &reference("ClusterGenerator", "pki"))
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.ends_with("invalid: spec.generator.passwordSpec.symbolCharacters: must not be empty"),
+        "{err}"
+    );
+}

@@ -27,6 +27,8 @@ impl Generated {
                 };
                 match outcome {
                     Ok(()) => {
+                        info!(namespace = %recorded.namespace, state = %recorded.name,
+                            generator = %c.reference, "generated credential cleaned up");
                         this.drop_state(&recorded.namespace, &recorded.name).await;
                         this.leases(&c.object).dec();
                         return;

@@ -39,6 +39,9 @@ const CLEANUP_PATIENCE: Duration = Duration::from_secs(300);
 /// A lease is renewed once this fraction of its TTL has passed.
 const RENEW_AT: f64 = 2.0 / 3.0;
 
+/// How often the publisher's tick runs (the node agent calls it once a second).
+const TICK: Duration = Duration::from_secs(1);
+
 /// A failed renewal is tried again this much later (or at the lease's end, if sooner).
 const RENEW_RETRY: Duration = Duration::from_secs(5);
 
@@ -76,6 +79,8 @@ pub(super) struct Credential {
     object: GeneratorObject,
     /// Its GeneratorState, when there is something to clean up.
     state: Option<Recorded>,
+    /// The uid of the pod it was made for.
+    pod_uid: String,
     values: Arc<BTreeMap<String, SecretBytes>>,
     renew_at: Option<Instant>,
     /// Renewal said it cannot be extended any more: the next publish makes a new one.
@@ -320,6 +325,7 @@ impl Generated {
             reference: reference.clone(),
             object,
             state: recorded,
+            pod_uid: req.pod.uid.clone(),
             values: Arc::new(made.values),
             renew_at: made.lease.and_then(|l| renew_time(Instant::now(), l)),
             replace: false,
@@ -389,7 +395,12 @@ impl Generated {
 
     /// The volume at `target` is gone: cleans up all its credentials, in the background.
     pub(super) fn forget(self: &Arc<Self>, target: &Path) {
-        if let Some(orphans) = self.take_orphans(target) {
+        let orphans = self
+            .orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(target);
+        if let Some(orphans) = orphans {
             // No pod token to clean them up with: hand them over, or leave them to their TTL.
             let this = Arc::clone(self);
             tokio::spawn(async move {
@@ -469,7 +480,17 @@ impl Generated {
     }
 }
 
-/// When a lease should be renewed: after 2/3 of its TTL (`None` when it need not be).
+/// When a lease should be renewed: before 2/3 of its TTL, by one tick of the loop that looks
+/// (so a short lease is not renewed at its very end), but not before 1/3 (`None` when it need
+/// not be).
 fn renew_time(now: Instant, lease: Lease) -> Option<Instant> {
-    (!lease.ttl.is_zero()).then(|| now + lease.ttl.mul_f64(RENEW_AT))
+    if lease.ttl.is_zero() {
+        return None;
+    }
+    let at = lease
+        .ttl
+        .mul_f64(RENEW_AT)
+        .saturating_sub(TICK)
+        .max(lease.ttl / 3);
+    Some(now + at)
 }

@@ -6,20 +6,20 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError};
 
+use tracing::warn;
+
 use kube::ResourceExt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::{ANNOTATION_TARGET, Credential, Generated, Recorded};
-use crate::api::CLEANUP_FINALIZER;
 use crate::api::GENERATOR_API_VERSION;
 use crate::api::external_secret::GeneratorRef;
-use crate::api::generator::{GeneratorObject, GeneratorState, GeneratorStateSpec};
-use crate::generators::states::StateError;
+use crate::api::generator::{GeneratorObject, GeneratorState};
 use crate::generators::states::{
-    LABEL_EXTERNAL_SECRET, LABEL_GENERATOR, LABEL_NODE, LABEL_POD, LABEL_POD_UID,
-    LABEL_SERVICE_ACCOUNT, LABEL_VOLUME, label_value, short_hash, truncate,
+    self, LABEL_NODE, LABEL_POD, LABEL_POD_UID, LABEL_VOLUME, StateError, label_value, short_hash,
 };
+use crate::identity::PodInfo;
 use crate::publish::PublishRequest;
 use crate::resolve::Context;
 
@@ -47,7 +47,12 @@ impl Generated {
             .annotations()
             .get(ANNOTATION_TARGET)
             .map(PathBuf::from);
-        let object = GeneratorObject::from_resource(&state.spec.resource);
+        // Tenant-writable: checked like a live generator before it is ever used.
+        let object = GeneratorObject::from_resource(&state.spec.resource).and_then(|o| {
+            crate::api::validate::generator(&o)
+                .map(|_| o)
+                .map_err(|e| e.to_string())
+        });
         let (Some(target), Ok(object), Some(recorded)) = (target, object, state.spec.state.clone())
         else {
             // Generate never answered (or the state is not one this agent wrote): nothing it
@@ -55,6 +60,11 @@ impl Generated {
             self.drop_state(&namespace, &name).await;
             return false;
         };
+        let pod_uid = state
+            .labels()
+            .get(LABEL_POD_UID)
+            .cloned()
+            .unwrap_or_default();
         let credential = Credential {
             reference: GeneratorRef {
                 api_version: GENERATOR_API_VERSION.to_string(),
@@ -67,6 +77,7 @@ impl Generated {
                 name,
                 state: recorded,
             }),
+            pod_uid,
             values: Arc::default(),
             renew_at: None,
             replace: true,
@@ -88,13 +99,36 @@ impl Generated {
         true
     }
 
-    /// The credentials an earlier run made for `target`, if any.
-    pub(in crate::publish) fn take_orphans(&self, target: &Path) -> Option<Vec<Credential>> {
-        let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
-        if orphans.is_empty() {
-            return None;
+    /// The credentials an earlier run made for `target`, if any, as `pod` may take them over.
+    /// A state is tenant-writable: one that claims `target` but was not recorded for this very
+    /// pod (its namespace and uid) is never cleaned up with this pod's identity; it is left
+    /// alone.
+    pub(in crate::publish) fn take_orphans(
+        &self,
+        target: &Path,
+        pod: &PodInfo,
+    ) -> Option<Vec<Credential>> {
+        let found = {
+            let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
+            if orphans.is_empty() {
+                return None;
+            }
+            orphans.remove(target)?
+        };
+        let (own, foreign): (Vec<_>, Vec<_>) = found.into_iter().partition(|c| {
+            c.pod_uid == pod.uid
+                && c.state
+                    .as_ref()
+                    .is_some_and(|r| r.namespace == pod.namespace)
+        });
+        for c in foreign {
+            if let Some(r) = &c.state {
+                warn!(namespace = %r.namespace, state = %r.name, pod = %pod.name,
+                    "a GeneratorState names this pod's volume but was not recorded for this \
+                     pod; it is left alone");
+            }
         }
-        orphans.remove(target)
+        (!own.is_empty()).then_some(own)
     }
 
     /// Puts back what [`Self::take_orphans`] took, when the publish that was to replace them
@@ -121,54 +155,34 @@ impl Generated {
     ) -> GeneratorState {
         let pod = &req.pod;
         let target = req.target.to_string_lossy();
-        let labels = BTreeMap::from([
-            (
-                LABEL_GENERATOR.to_string(),
-                label_value(&format!("{}.{}", reference.kind, reference.name)),
-            ),
+        let mut state = states::intent(
+            &pod.namespace,
+            &pod.name,
+            reference,
+            object,
+            &pod.service_account,
+            &ctx.external_secret,
+            self.config.finalizer,
+        );
+        let meta = &mut state.metadata;
+        meta.labels.get_or_insert_with(BTreeMap::new).extend([
             (LABEL_POD.to_string(), label_value(&pod.name)),
             (LABEL_POD_UID.to_string(), label_value(&pod.uid)),
             (LABEL_VOLUME.to_string(), short_hash(&target)),
             (LABEL_NODE.to_string(), label_value(&self.config.node)),
-            (
-                LABEL_SERVICE_ACCOUNT.to_string(),
-                label_value(&pod.service_account),
-            ),
-            (
-                LABEL_EXTERNAL_SECRET.to_string(),
-                label_value(&ctx.external_secret),
-            ),
         ]);
-        let mut state = GeneratorState::new(
-            "",
-            GeneratorStateSpec {
-                resource: object.to_resource(),
-                state: None,
-                garbage_collection_deadline: None,
-            },
-        );
-        state.metadata = ObjectMeta {
-            generate_name: Some(format!("{}-", truncate(&pod.name, 40))),
-            namespace: Some(pod.namespace.clone()),
-            labels: Some(labels),
-            annotations: Some(BTreeMap::from([(
-                ANNOTATION_TARGET.to_string(),
-                target.into_owned(),
-            )])),
-            // Kubernetes' garbage collector deletes the state with its pod.
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                ..OwnerReference::default()
-            }]),
-            finalizers: self
-                .config
-                .finalizer
-                .then(|| vec![CLEANUP_FINALIZER.to_string()]),
-            ..ObjectMeta::default()
-        };
+        meta.annotations = Some(BTreeMap::from([(
+            ANNOTATION_TARGET.to_string(),
+            target.into_owned(),
+        )]));
+        // Kubernetes' garbage collector deletes the state with its pod.
+        meta.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            ..OwnerReference::default()
+        }]);
         state
     }
 }
