@@ -21,7 +21,7 @@ impl Generated {
             let started = Instant::now();
             let mut wait = Duration::from_millis(500);
             loop {
-                let outcome = match this.build(&c.object, &pod).await {
+                let outcome = match this.build(&c.object, c.scope, &pod).await {
                     Ok(g) => g.cleanup(&recorded.state).await,
                     Err(e) => Err(e),
                 };

@@ -16,6 +16,7 @@ mod cleanup;
 mod record;
 
 use super::{PublishError, PublishRequest};
+use crate::api::StoreKind;
 use crate::api::external_secret::GeneratorRef;
 use crate::api::generator::GeneratorObject;
 use crate::generators::states::{MemoryStates, StateStore};
@@ -81,6 +82,9 @@ pub(super) struct Credential {
     state: Option<Recorded>,
     /// The uid of the pod it was made for.
     pod_uid: String,
+    /// Where its credential Secrets may be read: the generator's own scope when it came from
+    /// the catalog, always namespaced when it was read back from a (tenant-writable) state.
+    scope: StoreKind,
     values: Arc<BTreeMap<String, SecretBytes>>,
     renew_at: Option<Instant>,
     /// Renewal said it cannot be extended any more: the next publish makes a new one.
@@ -223,7 +227,7 @@ impl Generated {
         });
         for c in due {
             let Some(recorded) = &c.state else { continue };
-            let outcome = match self.build(&c.object, pod).await {
+            let outcome = match self.build(&c.object, c.scope, pod).await {
                 Ok(g) => g.renew(&recorded.state).await,
                 Err(e) => Err(e),
             };
@@ -265,7 +269,8 @@ impl Generated {
             generator: reference.to_string(),
             source,
         };
-        let generator = self.build(&object, &req.pod).await.map_err(failed)?;
+        let scope = GeneratorSpec::scope(&object);
+        let generator = self.build(&object, scope, &req.pod).await.map_err(failed)?;
         let stateless = GeneratorSpec::of(&object).is_some_and(|s| s.is_stateless());
         let intent = if stateless {
             None
@@ -326,6 +331,7 @@ impl Generated {
             object,
             state: recorded,
             pod_uid: req.pod.uid.clone(),
+            scope,
             values: Arc::new(made.values),
             renew_at: made.lease.and_then(|l| renew_time(Instant::now(), l)),
             replace: false,
@@ -453,6 +459,7 @@ impl Generated {
     async fn build(
         &self,
         object: &GeneratorObject,
+        scope: StoreKind,
         pod: &PodInfo,
     ) -> Result<Arc<dyn generators::Generator>, GeneratorError> {
         let spec = GeneratorSpec::of(object).ok_or_else(|| {
@@ -464,7 +471,7 @@ impl Generated {
         let ctx = BuildContext {
             env: &self.env,
             pod,
-            store_kind: GeneratorSpec::scope(object),
+            store_kind: scope,
             max_age: None,
         };
         generators::build(spec, &ctx).await

@@ -13,9 +13,9 @@ use kube::ResourceExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::{ANNOTATION_TARGET, Credential, Generated, Recorded};
-use crate::api::GENERATOR_API_VERSION;
 use crate::api::external_secret::GeneratorRef;
 use crate::api::generator::{GeneratorObject, GeneratorState};
+use crate::api::{GENERATOR_API_VERSION, StoreKind};
 use crate::generators::states::{
     self, LABEL_NODE, LABEL_POD, LABEL_POD_UID, LABEL_VOLUME, StateError, label_value, short_hash,
 };
@@ -78,6 +78,9 @@ impl Generated {
                 state: recorded,
             }),
             pod_uid,
+            // Read back from a tenant-writable state: never the agent's namespace for
+            // credential Secrets, whatever kind the recorded resource claims.
+            scope: StoreKind::SecretStore,
             values: Arc::default(),
             renew_at: None,
             replace: true,
