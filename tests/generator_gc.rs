@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
+use support::openbao::{OpenBao, random_hex};
 
 const CONTROLLER_TOKEN: &str = "controller-token-gc";
 const ADMIN_TOKEN: &str = "admin-token-gc";
@@ -508,19 +509,12 @@ path "pki/issue/example-dot-com" { capabilities = ["create", "update"] }
 path "sys/leases/revoke" { capabilities = ["update"] }
 "#;
 
-/// Real OpenBao: a PKI certificate made for a pod whose node is gone is revoked by the
-/// controller, logged in through kubernetes auth as the pod's own service account (a token it
-/// minted for the `vault` audience only). A state a tenant re-labelled to a service account
-/// that did not opt in is never revoked by anyone: its lease is left to its TTL.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_real_lease_is_revoked_as_the_state_s_own_service_account() {
-    use support::openbao::{OpenBao, random_hex};
-
-    let s = cluster(&["shop"]).await;
+/// OpenBao with a PKI role and kubernetes auth (role `shop`, bound to `shop/web`, audience
+/// `vault`), checking tokens with the fake API server's TokenReview.
+async fn openbao_for(s: &FakeApiServer) -> OpenBao {
     let bao = OpenBao::start().await;
     bao.pki("pki", "example-dot-com", "72h").await;
     bao.policy("gen", PKI_POLICY).await;
-    // OpenBao checks the minted tokens with the fake API server's TokenReview.
     let reviewer = format!("reviewer-{}", random_hex(16));
     let openbao_sa = Identity::service_account("openbao", "openbao");
     s.add_identity(&reviewer, openbao_sa.clone());
@@ -540,6 +534,17 @@ async fn a_real_lease_is_revoked_as_the_state_s_own_service_account() {
         &["gen"],
     )
     .await;
+    bao
+}
+
+/// Real OpenBao: a PKI certificate made for a pod whose node is gone is revoked by the
+/// controller, logged in through kubernetes auth as the pod's own service account (a token it
+/// minted for the `vault` audience only). A state a tenant re-labelled to a service account
+/// that did not opt in is never revoked by anyone: its lease is left to its TTL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_real_lease_is_revoked_as_the_state_s_own_service_account() {
+    let s = cluster(&["shop"]).await;
+    let bao = openbao_for(&s).await;
     s.apply(service_account("shop", "web", true));
     s.apply(service_account("shop", "shy", false));
 
@@ -619,5 +624,140 @@ async fn a_real_lease_is_revoked_as_the_state_s_own_service_account() {
         );
     }
     assert!(!s.token_requests().is_empty());
+    assert_no_token_logged(&c);
+}
+
+/// The serial of the certificate in the mirrored Secret `shop/tls`, once there is one.
+fn mirrored_serial(s: &FakeApiServer) -> Option<String> {
+    use base64::Engine as _;
+    let secret = s.get("v1", "Secret", Some("shop"), "tls")?;
+    let encoded = secret["data"]["serial_number"].as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// ESO design 011 in the mirror, against real OpenBao: every sync that writes the Secret issues a
+/// new certificate as the ExternalSecret's service account and records its state; the earlier
+/// state gets a deadline one grace period away, after which it is collected and its certificate
+/// revoked. Deleting the ExternalSecret (deletionPolicy Delete) revokes the last one too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mirrored_secret_gets_new_credentials_each_sync_and_the_old_ones_are_revoked() {
+    let s = cluster(&["shop"]).await;
+    let bao = openbao_for(&s).await;
+    s.apply(service_account("shop", "web", true));
+    s.apply(json!({"apiVersion": GROUP, "kind": "VaultDynamicSecret",
+        "metadata": {"name": "cert", "namespace": "shop"},
+        "spec": {"path": "pki/issue/example-dot-com", "method": "POST",
+            "parameters": {"common_name": "localhost", "ttl": "30m"},
+            "provider": {"server": bao.url,
+                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
+                                         "audience": "vault"}}}}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "tls", "namespace": "shop"},
+        "spec": {"serviceAccountName": "web", "refreshInterval": "2s",
+            "target": {"name": "tls", "creationPolicy": "Owner", "deletionPolicy": "Delete"},
+            "dataFrom": [{"sourceRef": {"generatorRef": {"apiVersion": GROUP,
+                "kind": "VaultDynamicSecret", "name": "cert"}}}]}}),
+    );
+    let timeout = humantime::format_duration(TIMEOUT).to_string();
+    let c = ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "gc-a",
+        &[
+            "--generator-cleanup-timeout",
+            &timeout,
+            "--generator-grace-period",
+            "1s",
+        ],
+    )
+    .await;
+    let limit = Duration::from_secs(30);
+    until(limit, "the Secret holds a certificate", || {
+        mirrored_serial(&s).is_some()
+    })
+    .await;
+    let first = mirrored_serial(&s).unwrap();
+    until(limit, "a later sync writes a new certificate", || {
+        mirrored_serial(&s).is_some_and(|now| now != first)
+    })
+    .await;
+    let revoked = |serial: &str| {
+        let serial = serial.to_string();
+        let bao = &bao;
+        async move {
+            bao.revoked_serials("pki")
+                .await
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(&serial))
+        }
+    };
+    let start = Instant::now();
+    while !revoked(&first).await {
+        assert!(
+            start.elapsed() < limit,
+            "the first certificate was never revoked:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for st in s.objects(GROUP, "GeneratorState") {
+        let text = st.to_string();
+        assert!(
+            !text.contains("PRIVATE KEY"),
+            "a GeneratorState holds a key"
+        );
+        assert_eq!(
+            st["metadata"]["labels"]["generators.latchkey.dev/external-secret"],
+            "tls"
+        );
+        assert_eq!(
+            st["metadata"]["ownerReferences"][0]["kind"],
+            "ExternalSecret"
+        );
+    }
+
+    // Deleting the ExternalSecret: its states go with it, and their certificates are revoked.
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "ExternalSecret",
+        Some("shop"),
+        "tls",
+    );
+    until(limit, "the ExternalSecret is gone", || {
+        s.get(
+            "latchkey.dev/v1alpha1",
+            "ExternalSecret",
+            Some("shop"),
+            "tls",
+        )
+        .is_none()
+    })
+    .await;
+    let start = Instant::now();
+    loop {
+        s.collect_garbage();
+        let left = s.objects(GROUP, "GeneratorState");
+        let (code, leases) = bao
+            .request("LIST", "sys/leases/lookup/pki/issue/example-dot-com/", None)
+            .await;
+        let live = if code == 404 {
+            0
+        } else {
+            leases["data"]["keys"].as_array().map_or(0, Vec::len)
+        };
+        if left.is_empty() && live == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{} states and {live} leases left:\n{}",
+            left.len(),
+            c.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_no_token_logged(&c);
 }
