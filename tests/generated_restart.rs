@@ -3,7 +3,8 @@
 //! pod, labelled with its node, holding a lease id and never a value); killed with SIGKILL and
 //! restarted, it takes its states over: each mounted volume gets a new certificate at its next
 //! republish and the old one is revoked after the grace period with the pod's fresh token, and
-//! once every volume is unpublished no lease and no state is left.
+//! once every volume is unpublished no lease and no state is left. A state another tenant forges
+//! for a pod's volume is never cleaned up with that pod's identity.
 
 mod support;
 
@@ -66,7 +67,9 @@ async fn cluster(bao: &OpenBao) -> FakeApiServer {
             None,
         );
     }
-    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}));
+    for ns in ["shop", "other"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
     s.apply(json!({
         "apiVersion": "generators.latchkey.dev/v1alpha1", "kind": "VaultDynamicSecret",
         "metadata": {"name": "cert", "namespace": "shop"},
@@ -193,6 +196,15 @@ async fn a_killed_agent_takes_its_states_over_and_leaves_no_lease_behind() {
     }
     assert_eq!(live_leases(&bao).await, 5);
 
+    // Another tenant writes a state claiming web-0's volume (its target, node and pod uid): it
+    // must never be cleaned up with web-0's identity.
+    let mut forged = states[0].clone();
+    forged["metadata"] = json!({"name": "forged", "namespace": "other",
+        "labels": states[0]["metadata"]["labels"].clone(),
+        "annotations": states[0]["metadata"]["annotations"].clone()});
+    forged["spec"]["state"]["leaseId"] = json!(format!("pki/issue/{ROLE}/forged"));
+    server.apply(forged);
+
     agent.kill9();
     agent.restart().await;
     // kubelet republishes every mounted volume, with fresh tokens.
@@ -226,12 +238,32 @@ async fn a_killed_agent_takes_its_states_over_and_leaves_no_lease_behind() {
     for t in &targets {
         unpublish(&agent, t).await;
     }
+    let own = || {
+        server
+            .objects(STATES.0, STATES.1)
+            .into_iter()
+            .filter(|s| s["metadata"]["namespace"] == "shop")
+            .count()
+    };
     eventually(
         Duration::from_secs(20),
-        "no lease and no state is left",
-        || async { live_leases(&bao).await == 0 && server.objects(STATES.0, STATES.1).is_empty() },
+        "no lease and no state of shop is left",
+        || async { live_leases(&bao).await == 0 && own() == 0 },
     )
     .await;
+    assert!(
+        server
+            .get(STATES.0, STATES.1, Some("other"), "forged")
+            .is_some(),
+        "a state another tenant forged is left alone"
+    );
+    assert!(
+        agent
+            .log_text()
+            .contains("was not recorded for this pod; it is left alone"),
+        "{}",
+        agent.log_text()
+    );
     let log = agent.log_text();
     assert!(
         !log.contains(key.trim()),

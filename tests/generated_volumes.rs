@@ -325,6 +325,15 @@ spec:
 ---
 apiVersion: latchkey.dev/v1alpha1
 kind: ExternalSecret
+metadata: {{name: bad-key, namespace: shop}}
+spec:
+  data:
+  - secretKey: x
+    remoteRef: {{key: no-such-key}}
+    sourceRef: {{generatorRef: {{kind: VaultDynamicSecret, name: cert}}}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
 metadata: {{name: tls, namespace: shop}}
 spec:
   dataFrom:
@@ -434,6 +443,40 @@ async fn each_pod_gets_its_own_certificate_and_unpublish_revokes_it() {
         0.0
     );
     assert_no_leak(&agent, &[], &[key, jwt]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_failing_after_generate_revokes_what_it_made() {
+    let (bao, issuer) = pki().await;
+    let m = vault_manifests(&bao, "cert", "10m");
+    let agent = Agent::start(&[("gen.yaml", &m)], &[]).await;
+    let jwt = issuer.token("shop", "app", "vault");
+    let e = publish(&agent, "a", "app", "bad-key", Some(&jwt))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("no key \"no-such-key\""),
+        "{}",
+        e.message()
+    );
+    assert!(!agent.target("a").exists(), "nothing is left mounted");
+    eventually(
+        Duration::from_secs(20),
+        "the certificate is revoked",
+        || async {
+            live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+    assert_eq!(
+        agent
+            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
+            .await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
