@@ -273,10 +273,13 @@ async fn failing_cleanups_release_the_finalizer_within_the_timeout() {
         "identity failures are retried until the timeout, not given up at once: {:?}",
         started.elapsed()
     );
-    let left = c
-        .metric("latchkey_generator_left_to_ttl_total{kind=\"VaultDynamicSecret\"}")
-        .await;
-    assert_eq!(left, 3.0);
+    // Counted as each finalizer is released: the last count may land just after its state went.
+    let left_series = "latchkey_generator_left_to_ttl_total{kind=\"VaultDynamicSecret\"}";
+    let counted = Instant::now();
+    while c.metric(left_series).await < 3.0 && counted.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.metric(left_series).await, 3.0);
     let retried =
         "latchkey_generator_cleanups_total{kind=\"VaultDynamicSecret\",result=\"retried\"}";
     assert!(c.metric(retried).await >= 2.0);
@@ -684,18 +687,8 @@ async fn a_mirrored_secret_gets_new_credentials_each_sync_and_the_old_ones_are_r
         mirrored_serial(&s).is_some_and(|now| now != first)
     })
     .await;
-    let revoked = |serial: &str| {
-        let serial = serial.to_string();
-        let bao = &bao;
-        async move {
-            bao.revoked_serials("pki")
-                .await
-                .iter()
-                .any(|r| r.eq_ignore_ascii_case(&serial))
-        }
-    };
     let start = Instant::now();
-    while !revoked(&first).await {
+    while !is_revoked(&bao, &first).await {
         assert!(
             start.elapsed() < limit,
             "the first certificate was never revoked:\n{}",
@@ -760,4 +753,103 @@ async fn a_mirrored_secret_gets_new_credentials_each_sync_and_the_old_ones_are_r
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_no_token_logged(&c);
+}
+
+/// Whether OpenBao lists `serial` as revoked.
+async fn is_revoked(bao: &OpenBao, serial: &str) -> bool {
+    bao.revoked_serials("pki")
+        .await
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(serial))
+}
+
+/// Switching a mirrored ExternalSecret from a generator to a store retires the generated
+/// certificate; switching back makes a new one, which later syncs and collections never revoke.
+#[tokio::test(flavor = "multi_thread")]
+async fn switching_a_generator_to_a_store_and_back_never_revokes_the_newer_credential() {
+    let s = cluster(&["shop"]).await;
+    let bao = openbao_for(&s).await;
+    s.apply(service_account("shop", "web", true));
+    s.apply(json!({"apiVersion": GROUP, "kind": "VaultDynamicSecret",
+        "metadata": {"name": "cert", "namespace": "shop"},
+        "spec": {"path": "pki/issue/example-dot-com", "method": "POST",
+            "parameters": {"common_name": "localhost", "ttl": "30m"},
+            "provider": {"server": bao.url,
+                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
+                                         "audience": "vault"}}}}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "fake", "namespace": "shop"},
+        "spec": {"provider": {"fake": {"data": [{"key": "serial", "value": "from-a-store"}]}}}}),
+    );
+    let es = |from_generator: bool| {
+        let data = if from_generator {
+            json!({"dataFrom": [{"sourceRef": {"generatorRef": {"apiVersion": GROUP,
+                "kind": "VaultDynamicSecret", "name": "cert"}}}]})
+        } else {
+            json!({"data": [{"secretKey": "serial_number", "remoteRef": {"key": "serial"}}]})
+        };
+        let mut spec = json!({"serviceAccountName": "web", "refreshInterval": "1h",
+            "secretStoreRef": {"name": "fake"},
+            "target": {"name": "tls", "creationPolicy": "Owner", "deletionPolicy": "Delete"}});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(data.as_object().unwrap().clone());
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": "tls", "namespace": "shop"}, "spec": spec})
+    };
+    s.apply(es(true));
+    let timeout = humantime::format_duration(TIMEOUT).to_string();
+    let c = ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "gc-a",
+        &[
+            "--generator-cleanup-timeout",
+            &timeout,
+            "--generator-grace-period",
+            "1s",
+        ],
+    )
+    .await;
+    let limit = Duration::from_secs(30);
+    until(limit, "the Secret holds a certificate", || {
+        mirrored_serial(&s).is_some()
+    })
+    .await;
+    let first = mirrored_serial(&s).unwrap();
+
+    // To the store: the generated certificate retires.
+    s.apply(es(false));
+    until(limit, "the Secret holds the store's value", || {
+        mirrored_serial(&s).as_deref() == Some("from-a-store")
+    })
+    .await;
+    let start = Instant::now();
+    while !is_revoked(&bao, &first).await {
+        assert!(start.elapsed() < limit, "never revoked:\n{}", c.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // And back: a new certificate, which stays valid.
+    s.apply(es(true));
+    until(limit, "the Secret holds a new certificate", || {
+        mirrored_serial(&s).is_some_and(|now| now != "from-a-store" && now != first)
+    })
+    .await;
+    let second = mirrored_serial(&s).unwrap();
+    // Several grace periods and collections later, the newer one is still valid.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!is_revoked(&bao, &second).await, "{}", c.log_text());
+    assert_eq!(mirrored_serial(&s).as_deref(), Some(second.as_str()));
+    let live: Vec<Value> = s
+        .objects(GROUP, "GeneratorState")
+        .into_iter()
+        .filter(|st| st["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "only the newer credential's state is left: {live:#?}"
+    );
+    assert!(live[0]["spec"]["garbageCollectionDeadline"].is_null());
 }
