@@ -479,3 +479,81 @@ async fn hostile_answers_are_refused_and_cleaned_up_without_quoting_them() {
     assert_clean(&format!("{text} {err:?}"));
     assert_eq!(plugin.count("Cleanup"), 1);
 }
+
+/// Through the real agent: a pod mounting an ExternalSecret that names a PluginGenerator gets its
+/// own account, with the pod's token for the listed audience; the unmount deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounted_volume_gets_its_own_account_and_the_unmount_deletes_it() {
+    use latchkey::csi::client::{PodVolume, unpublish_request, volume_id_for};
+
+    support::require_root();
+    let plugin = Plugin::generator(&[]).await;
+    let manifests = format!(
+        r#"
+apiVersion: generators.latchkey.dev/v1alpha1
+kind: PluginGenerator
+metadata: {{name: accounts, namespace: shop}}
+spec:
+  provider: {{endpoint: "{endpoint}", audiences: ["{AUDIENCE}"]}}
+---
+apiVersion: latchkey.dev/v1alpha1
+kind: ExternalSecret
+metadata: {{name: account, namespace: shop}}
+spec:
+  dataFrom:
+  - sourceRef: {{generatorRef: {{kind: PluginGenerator, name: accounts}}}}
+"#,
+        endpoint = plugin.endpoint()
+    );
+    let dir = plugin.socket_dir.display().to_string();
+    let agent =
+        support::Agent::start(&[("gen.yaml", &manifests)], &["--plugin-socket-dir", &dir]).await;
+    let mut targets = Vec::new();
+    for pod in ["web-0", "web-1"] {
+        let target = agent.target(pod);
+        let mut volume = PodVolume::new("shop", pod, "account");
+        volume.service_account = "web".into();
+        volume.tokens_json = Some(
+            serde_json::json!({AUDIENCE: {"token": PLUGIN_TOKEN}, "other": {"token": OTHER_TOKEN}})
+                .to_string(),
+        );
+        let req = volume.publish_request(&volume_id_for(&target), &target);
+        agent
+            .node()
+            .await
+            .node_publish_volume(req)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}\n{}", agent.log_text()));
+        targets.push(target);
+    }
+    let user = |t: &PathBuf| std::fs::read_to_string(t.join("username")).unwrap();
+    assert_ne!(
+        user(&targets[0]),
+        user(&targets[1]),
+        "each pod has its own account"
+    );
+    assert_eq!(
+        std::fs::read_to_string(targets[0].join("password")).unwrap(),
+        PASSWORD
+    );
+    assert_eq!((plugin.count("Generate"), plugin.live()), (2, 2));
+    for t in &targets {
+        agent
+            .node()
+            .await
+            .node_unpublish_volume(unpublish_request(&volume_id_for(t), t))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while plugin.live() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "accounts left: {:?}",
+            plugin.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(plugin.count("Cleanup"), 2);
+    assert_clean(&agent.log_text());
+}
