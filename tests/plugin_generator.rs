@@ -555,5 +555,12 @@ spec:
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(plugin.count("Cleanup"), 2);
+    for operation in ["generate", "cleanup"] {
+        let series = format!(
+            "latchkey_backend_requests_total{{provider=\"plugin\",operation=\"{operation}\",\
+             result=\"success\"}}"
+        );
+        assert_eq!(agent.metric(&series).await, 2.0, "{series}");
+    }
     assert_clean(&agent.log_text());
 }

@@ -64,6 +64,7 @@ const CLEANUP: grpc_answer::Method = grpc_answer::Method {
 /// A plugin generator for one identity (the pod's, or the one the controller acts as).
 pub struct PluginGenerator {
     plugin: Plugin,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
 }
 
 impl std::fmt::Debug for PluginGenerator {
@@ -88,7 +89,21 @@ impl PluginGenerator {
     ) -> Result<Self, GeneratorError> {
         Ok(Self {
             plugin: Plugin::new(&spec.provider, ctx).await?,
+            metrics: std::sync::Arc::clone(&ctx.env.metrics),
         })
+    }
+
+    /// Counts one call in the backend metrics, as the store providers' calls are.
+    fn count<T>(&self, operation: &'static str, result: &Result<T, GeneratorError>) {
+        let labels = crate::telemetry::metrics::BackendLabels {
+            provider: "plugin",
+            operation,
+            result: result
+                .as_ref()
+                .err()
+                .map_or("success", GeneratorError::kind),
+        };
+        self.metrics.backend_requests.get_or_create(&labels).inc();
     }
 
     /// The error for a plugin without `rpc` (`Generate` or `Cleanup`); `why` adds the reason
@@ -312,10 +327,16 @@ fn lease(ttl_seconds: Option<i64>, renewable: bool) -> Result<Option<Lease>, Str
 impl Generator for PluginGenerator {
     async fn generate(&self) -> Result<Generated, GeneratorError> {
         // No retry (see the module comment); a transport failure still resets the handshake.
-        let (answer, held) = self
+        let called = self
             .plugin
             .with_retries_up_to(0, || self.generate_once())
-            .await??;
+            .await;
+        let served = match called {
+            Ok(served) => served,
+            Err(e) => Err(GeneratorError::from(e)),
+        };
+        self.count("generate", &served);
+        let (answer, held) = served?;
         self.accept(answer, held).await
     }
 
@@ -335,7 +356,9 @@ impl Generator for PluginGenerator {
                 bytes.len()
             )));
         }
-        self.cleanup_bytes(&bytes).await
+        let cleaned = self.cleanup_bytes(&bytes).await;
+        self.count("cleanup", &cleaned);
+        cleaned
     }
 }
 
