@@ -447,6 +447,8 @@ impl Generated {
                 v.retiring = kept;
                 expired.extend(gone.into_iter().map(|(_, c)| (c, v.request.pod.clone())));
             }
+            // A volume whose ExternalSecret no longer names a generator has nothing left here.
+            volumes.retain(|_, v| !(v.live.is_empty() && v.retiring.is_empty()));
             (due, expired)
         });
         for (c, pod) in expired {
