@@ -383,6 +383,21 @@ where
     }
 }
 
+/// Waits until no certificate lease is left and the agent's gauge says so too (it drops just
+/// after the revoke, once the state is removed).
+async fn no_lease_left(bao: &OpenBao, agent: &Agent, what: &str) {
+    eventually(Duration::from_secs(30), what, || async {
+        live_leases(bao, &format!("pki/issue/{PKI_ROLE}/"))
+            .await
+            .is_empty()
+            && agent
+                .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
+                .await
+                == 0.0
+    })
+    .await;
+}
+
 fn serial_of(target: &Path) -> String {
     read(target, "serial_number")
 }
@@ -430,18 +445,7 @@ async fn each_pod_gets_its_own_certificate_and_unpublish_revokes_it() {
     assert!(is_revoked(&bao, &sa).await, "{sa} is revoked");
     assert!(!is_revoked(&bao, &sb).await, "only the unpublished one");
     unpublish(&agent, &b).await;
-    eventually(Duration::from_secs(20), "no lease is left", || async {
-        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
-            .await
-            .is_empty()
-    })
-    .await;
-    assert_eq!(
-        agent
-            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
-            .await,
-        0.0
-    );
+    no_lease_left(&bao, &agent, "no lease is left").await;
     assert_no_leak(&agent, &[], &[key, jwt]);
 }
 
@@ -461,22 +465,7 @@ async fn a_publish_failing_after_generate_revokes_what_it_made() {
         e.message()
     );
     assert!(!agent.target("a").exists(), "nothing is left mounted");
-    eventually(
-        Duration::from_secs(20),
-        "the certificate is revoked",
-        || async {
-            live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
-                .await
-                .is_empty()
-        },
-    )
-    .await;
-    assert_eq!(
-        agent
-            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
-            .await,
-        0.0
-    );
+    no_lease_left(&bao, &agent, "the certificate is revoked").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -491,22 +480,7 @@ async fn crash_looping_pods_leave_no_lease() {
             .unwrap();
         unpublish(&agent, &t).await;
     }
-    eventually(
-        Duration::from_secs(30),
-        "every lease is revoked",
-        || async {
-            live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
-                .await
-                .is_empty()
-        },
-    )
-    .await;
-    assert_eq!(
-        agent
-            .metric("latchkey_generator_leases{kind=\"VaultDynamicSecret\"}")
-            .await,
-        0.0
-    );
+    no_lease_left(&bao, &agent, "every lease is revoked").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,12 +514,7 @@ async fn a_short_certificate_is_replaced_while_mounted_and_the_old_one_revoked_a
     )
     .await;
     unpublish(&agent, &a).await;
-    eventually(Duration::from_secs(20), "no lease is left", || async {
-        live_leases(&bao, &format!("pki/issue/{PKI_ROLE}/"))
-            .await
-            .is_empty()
-    })
-    .await;
+    no_lease_left(&bao, &agent, "no lease is left").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

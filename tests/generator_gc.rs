@@ -630,6 +630,38 @@ async fn a_real_lease_is_revoked_as_the_state_s_own_service_account() {
     assert_no_token_logged(&c);
 }
 
+/// A cluster for the mirror tests: OpenBao as [`openbao_for`], the opted-in service account
+/// `shop/web`, and a VaultDynamicSecret `shop/cert` issuing 30-minute certificates as it.
+async fn mirror_cluster() -> (FakeApiServer, OpenBao) {
+    let s = cluster(&["shop"]).await;
+    let bao = openbao_for(&s).await;
+    s.apply(service_account("shop", "web", true));
+    s.apply(json!({"apiVersion": GROUP, "kind": "VaultDynamicSecret",
+        "metadata": {"name": "cert", "namespace": "shop"},
+        "spec": {"path": "pki/issue/example-dot-com", "method": "POST",
+            "parameters": {"common_name": "localhost", "ttl": "30m"},
+            "provider": {"server": bao.url,
+                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
+                                         "audience": "vault"}}}}}));
+    (s, bao)
+}
+
+/// The controller with the short cleanup timeout of these tests and a 1 s grace period.
+async fn start_mirroring_controller(s: &FakeApiServer) -> ControllerProcess {
+    let timeout = humantime::format_duration(TIMEOUT).to_string();
+    ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "gc-a",
+        &[
+            "--generator-cleanup-timeout",
+            &timeout,
+            "--generator-grace-period",
+            "1s",
+        ],
+    )
+    .await
+}
+
 /// The serial of the certificate in the mirrored Secret `shop/tls`, once there is one.
 fn mirrored_serial(s: &FakeApiServer) -> Option<String> {
     use base64::Engine as _;
@@ -647,16 +679,7 @@ fn mirrored_serial(s: &FakeApiServer) -> Option<String> {
 /// revoked. Deleting the ExternalSecret (deletionPolicy Delete) revokes the last one too.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mirrored_secret_gets_new_credentials_each_sync_and_the_old_ones_are_revoked() {
-    let s = cluster(&["shop"]).await;
-    let bao = openbao_for(&s).await;
-    s.apply(service_account("shop", "web", true));
-    s.apply(json!({"apiVersion": GROUP, "kind": "VaultDynamicSecret",
-        "metadata": {"name": "cert", "namespace": "shop"},
-        "spec": {"path": "pki/issue/example-dot-com", "method": "POST",
-            "parameters": {"common_name": "localhost", "ttl": "30m"},
-            "provider": {"server": bao.url,
-                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
-                                         "audience": "vault"}}}}}));
+    let (s, bao) = mirror_cluster().await;
     s.apply(
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
         "metadata": {"name": "tls", "namespace": "shop"},
@@ -665,18 +688,7 @@ async fn a_mirrored_secret_gets_new_credentials_each_sync_and_the_old_ones_are_r
             "dataFrom": [{"sourceRef": {"generatorRef": {"apiVersion": GROUP,
                 "kind": "VaultDynamicSecret", "name": "cert"}}}]}}),
     );
-    let timeout = humantime::format_duration(TIMEOUT).to_string();
-    let c = ControllerProcess::start(
-        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
-        "gc-a",
-        &[
-            "--generator-cleanup-timeout",
-            &timeout,
-            "--generator-grace-period",
-            "1s",
-        ],
-    )
-    .await;
+    let c = start_mirroring_controller(&s).await;
     let limit = Duration::from_secs(30);
     until(limit, "the Secret holds a certificate", || {
         mirrored_serial(&s).is_some()
@@ -767,16 +779,7 @@ async fn is_revoked(bao: &OpenBao, serial: &str) -> bool {
 /// certificate; switching back makes a new one, which later syncs and collections never revoke.
 #[tokio::test(flavor = "multi_thread")]
 async fn switching_a_generator_to_a_store_and_back_never_revokes_the_newer_credential() {
-    let s = cluster(&["shop"]).await;
-    let bao = openbao_for(&s).await;
-    s.apply(service_account("shop", "web", true));
-    s.apply(json!({"apiVersion": GROUP, "kind": "VaultDynamicSecret",
-        "metadata": {"name": "cert", "namespace": "shop"},
-        "spec": {"path": "pki/issue/example-dot-com", "method": "POST",
-            "parameters": {"common_name": "localhost", "ttl": "30m"},
-            "provider": {"server": bao.url,
-                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
-                                         "audience": "vault"}}}}}));
+    let (s, bao) = mirror_cluster().await;
     s.apply(
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
         "metadata": {"name": "fake", "namespace": "shop"},
@@ -799,18 +802,7 @@ async fn switching_a_generator_to_a_store_and_back_never_revokes_the_newer_crede
             "metadata": {"name": "tls", "namespace": "shop"}, "spec": spec})
     };
     s.apply(es(true));
-    let timeout = humantime::format_duration(TIMEOUT).to_string();
-    let c = ControllerProcess::start(
-        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
-        "gc-a",
-        &[
-            "--generator-cleanup-timeout",
-            &timeout,
-            "--generator-grace-period",
-            "1s",
-        ],
-    )
-    .await;
+    let c = start_mirroring_controller(&s).await;
     let limit = Duration::from_secs(30);
     until(limit, "the Secret holds a certificate", || {
         mirrored_serial(&s).is_some()
