@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use latchkey::csi::client::{PodVolume, unpublish_request, volume_id_for};
 use serde_json::json;
-use support::Agent;
 use support::apiserver::{FakeApiServer, Identity};
 use support::openbao::{JwtIssuer, OpenBao};
+use support::{Agent, eventually};
 
 const AGENT_TOKEN: &str = "eyJ.agent-token-generated-restart.sig";
 const ROLE: &str = "example-dot-com";
@@ -145,18 +145,6 @@ async fn live_leases(bao: &OpenBao) -> usize {
         "listing leases: {code} {listed}"
     );
     listed["data"]["keys"].as_array().map_or(0, Vec::len)
-}
-
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,12 +7,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use latchkey::csi::client::{PodVolume, unpublish_request, volume_id_for};
 use serde_json::{Value, json};
-use support::Agent;
 use support::openbao::{JwtIssuer, OpenBao};
+use support::{Agent, eventually};
 use tonic::Code;
 
 const STORE_VALUE: &str = "store-value-next-to-a-generated-one-5521";
@@ -368,19 +368,6 @@ async fn live_leases(bao: &OpenBao, prefix: &str) -> Vec<String> {
 async fn is_revoked(bao: &OpenBao, serial: &str) -> bool {
     let revoked = bao.revoked_serials("pki").await;
     revoked.iter().any(|s| s.eq_ignore_ascii_case(serial))
-}
-
-/// Waits until `check` holds, for at most `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Waits until no certificate lease is left and the agent's gauge says so too (it drops just

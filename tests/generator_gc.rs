@@ -27,37 +27,8 @@ fn controller_identity() -> Identity {
 /// Grants the controller what `daemonset/components/mirror/rbac.yaml` grants it, plus the
 /// GeneratorState verbs the collector uses.
 fn allow_controller(s: &FakeApiServer, generator_states: bool) {
-    use serde::Deserialize as _;
     let who = controller_identity();
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../daemonset/components/mirror/rbac.yaml"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    for doc in serde_norway::Deserializer::from_str(&text) {
-        let doc = serde_json::to_value(serde_norway::Value::deserialize(doc).unwrap()).unwrap();
-        if !matches!(doc["kind"].as_str(), Some("ClusterRole" | "Role")) {
-            continue;
-        }
-        let namespace = doc["metadata"]["namespace"].as_str();
-        for rule in doc["rules"].as_array().unwrap() {
-            let list = |field: &str| -> Vec<String> {
-                rule[field]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_str().unwrap().to_string())
-                    .collect()
-            };
-            for group in list("apiGroups") {
-                for resource in list("resources") {
-                    for verb in list("verbs") {
-                        s.allow(who.clone(), &verb, &group, &resource, namespace);
-                    }
-                }
-            }
-        }
-    }
+    s.allow_roles_of(who.clone(), "daemonset/components/mirror/rbac.yaml");
     let verbs: &[&str] = if generator_states {
         &["get", "list", "watch", "patch", "delete"]
     } else {

@@ -24,40 +24,8 @@ fn controller_identity(name: &str) -> Identity {
 /// service account (ClusterRoles through ClusterRoleBindings cluster-wide, Roles in their
 /// namespace), so these tests fail when the deploy files lack a permission the controller uses.
 fn allow_controller(s: &FakeApiServer, who: Identity) {
-    use serde::Deserialize as _;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../daemonset/components/mirror/rbac.yaml"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let docs: Vec<Value> = serde_norway::Deserializer::from_str(&text)
-        .map(|d| serde_json::to_value(serde_norway::Value::deserialize(d).unwrap()).unwrap())
-        .collect();
-    let mut granted = 0;
-    for role in docs
-        .iter()
-        .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
-    {
-        let namespace = role["metadata"]["namespace"].as_str();
-        for rule in role["rules"].as_array().unwrap() {
-            let list = |field: &str| -> Vec<String> {
-                rule[field]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_str().unwrap().to_string())
-                    .collect()
-            };
-            for group in list("apiGroups") {
-                for resource in list("resources") {
-                    for verb in list("verbs") {
-                        s.allow(who.clone(), &verb, &group, &resource, namespace);
-                        granted += 1;
-                    }
-                }
-            }
-        }
-    }
+    let path = "daemonset/components/mirror/rbac.yaml";
+    let granted = s.allow_roles_of(who, path);
     assert!(granted > 10, "no rules read from {path}");
 }
 

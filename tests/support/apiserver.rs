@@ -367,6 +367,42 @@ impl FakeApiServer {
         self.add_rule(subject.into(), verb, group, resource, scope);
     }
 
+    /// Grants `who` every rule of the ClusterRoles and Roles in the deploy file `path` (from the
+    /// repository root): cluster-wide for a ClusterRole, in its namespace for a Role, so a test
+    /// fails when the deploy files lack a permission the process uses. Returns the grants made.
+    pub fn allow_roles_of(&self, who: Identity, path: &str) -> usize {
+        use serde::Deserialize as _;
+        let file = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut granted = 0;
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let doc = serde_json::to_value(serde_norway::Value::deserialize(doc).unwrap()).unwrap();
+            if !matches!(doc["kind"].as_str(), Some("ClusterRole" | "Role")) {
+                continue;
+            }
+            let namespace = doc["metadata"]["namespace"].as_str();
+            for rule in doc["rules"].as_array().unwrap() {
+                let list = |field: &str| -> Vec<String> {
+                    rule[field]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap().to_string())
+                        .collect()
+                };
+                for group in list("apiGroups") {
+                    for resource in list("resources") {
+                        for verb in list("verbs") {
+                            self.allow(who.clone(), &verb, &group, &resource, namespace);
+                            granted += 1;
+                        }
+                    }
+                }
+            }
+        }
+        granted
+    }
+
     /// Allows `verb` on `resource` in the requester's own (service account) namespace only.
     pub fn allow_in_own_namespace(
         &self,

@@ -461,3 +461,16 @@ pub fn peak_rss_mib_of(pid: u32) -> u64 {
         .expect("VmHWM in /proc/PID/status");
     kib / 1024
 }
+
+/// Waits until the asynchronous `check` holds, polling every 200 ms for at most `limit`.
+pub async fn eventually<F, Fut>(limit: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -128,6 +128,8 @@ pub(super) struct Generated {
     /// Credentials an earlier run of the agent made for volumes still mounted: replaced at the
     /// volume's next publish (their values are not known any more), then cleaned up.
     orphans: Mutex<HashMap<PathBuf, Vec<Credential>>>,
+    /// Whether `orphans` has any entry: only after a restart, so publishes skip its lock.
+    any_orphan: AtomicBool,
     /// Whether `volumes` has any entry: most nodes mount no generated volume, and their warm
     /// publishes then skip the lock.
     any: AtomicBool,
@@ -140,6 +142,7 @@ impl Generated {
             env,
             volumes: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashMap::new()),
+            any_orphan: AtomicBool::new(false),
             any: AtomicBool::new(false),
         }
     }
@@ -149,6 +152,23 @@ impl Generated {
         let mut volumes = self.volumes.lock().unwrap_or_else(PoisonError::into_inner);
         let out = f(&mut volumes);
         self.any.store(!volumes.is_empty(), Ordering::Relaxed);
+        out
+    }
+
+    /// Runs `f` on the earlier run's credentials, skipped (as `default`) while there are none.
+    fn with_orphans<T>(
+        &self,
+        default: T,
+        f: impl FnOnce(&mut HashMap<PathBuf, Vec<Credential>>) -> T,
+    ) -> T {
+        if !self.any_orphan.load(Ordering::Relaxed) {
+            return default;
+        }
+        // Every operation leaves a well-formed map, so a poisoned lock is still safe to use.
+        let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
+        let out = f(&mut orphans);
+        self.any_orphan
+            .store(!orphans.is_empty(), Ordering::Relaxed);
         out
     }
 
@@ -401,12 +421,7 @@ impl Generated {
 
     /// The volume at `target` is gone: cleans up all its credentials, in the background.
     pub(super) fn forget(self: &Arc<Self>, target: &Path) {
-        let orphans = self
-            .orphans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(target);
-        if let Some(orphans) = orphans {
+        if let Some(orphans) = self.with_orphans(None, |o| o.remove(target)) {
             // No pod token to clean them up with: hand them over, or leave them to their TTL.
             let this = Arc::clone(self);
             tokio::spawn(async move {

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tracing::warn;
 
@@ -93,12 +94,9 @@ impl Generated {
             }
             return false;
         }
-        self.orphans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(target)
-            .or_default()
-            .push(credential);
+        // Set first, so that `with_orphans` looks at the map.
+        self.any_orphan.store(true, Ordering::Relaxed);
+        self.with_orphans((), |o| o.entry(target).or_default().push(credential));
         true
     }
 
@@ -111,13 +109,7 @@ impl Generated {
         target: &Path,
         pod: &PodInfo,
     ) -> Option<Vec<Credential>> {
-        let found = {
-            let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
-            if orphans.is_empty() {
-                return None;
-            }
-            orphans.remove(target)?
-        };
+        let found = self.with_orphans(None, |o| o.remove(target))?;
         let (own, foreign): (Vec<_>, Vec<_>) = found.into_iter().partition(|c| {
             c.pod_uid == pod.uid
                 && c.state
@@ -140,12 +132,12 @@ impl Generated {
         if credentials.is_empty() {
             return;
         }
-        self.orphans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(target.to_path_buf())
-            .or_default()
-            .extend(credentials);
+        self.any_orphan.store(true, Ordering::Relaxed);
+        self.with_orphans((), |o| {
+            o.entry(target.to_path_buf())
+                .or_default()
+                .extend(credentials);
+        });
     }
 
     /// The GeneratorState recorded before Generate runs.
