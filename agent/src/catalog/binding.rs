@@ -296,8 +296,17 @@ pub async fn bind(
     })
 }
 
-/// ESO semantics: no conditions admit every namespace; otherwise any one condition must match,
-/// and a condition matches when each of its set criteria matches. Errors say which rule refused.
+/// ESO's rule (`ShouldProcessStore` in external-secrets): no conditions admit every namespace;
+/// otherwise a namespace is admitted when ANY criterion of ANY condition matches it: its name is
+/// in `namespaces`, OR a `namespaceRegexes` entry matches its name, OR `namespaceSelector`
+/// matches its labels. Several criteria in one condition therefore admit the union of what each
+/// admits, not the intersection. Errors say which criterion of which condition refused.
+///
+/// An invalid criterion (a regex that does not compile, a selector with an invalid requirement)
+/// admits nothing by itself and never makes another criterion admit less or more: under a union
+/// the smallest safe reading of a criterion the agent cannot evaluate is the empty set, so a
+/// broken entry can only narrow who is admitted, never widen it. (ESO refuses the whole store on
+/// an invalid selector; here the other, valid criteria still admit what they say.)
 pub(super) fn admits(
     conditions: &[ClusterStoreCondition],
     namespace: &str,
@@ -316,6 +325,7 @@ pub(super) fn admits(
     Err(refusals.join("; "))
 }
 
+/// One condition: `Ok` when any of its criteria admits the namespace, else why each refused.
 fn condition_matches(
     c: &ClusterStoreCondition,
     namespace: &str,
@@ -324,24 +334,33 @@ fn condition_matches(
     if c.namespaces.is_empty() && c.namespace_regexes.is_empty() && c.namespace_selector.is_none() {
         return Err("empty condition admits nothing".into());
     }
-    if !c.namespaces.is_empty() && !c.namespaces.iter().any(|n| n == namespace) {
-        return Err("namespace not in namespaces".into());
+    let mut refusals = Vec::new();
+    if !c.namespaces.is_empty() {
+        if c.namespaces.iter().any(|n| n == namespace) {
+            return Ok(());
+        }
+        refusals.push("namespace not in namespaces".to_string());
     }
     if !c.namespace_regexes.is_empty() {
-        let mut matched = false;
-        for r in &c.namespace_regexes {
-            let re = Regex::new(r).map_err(|_| format!("invalid namespaceRegexes entry {r:?}"))?;
-            matched |= re.is_match(namespace);
+        let mut invalid = Vec::new();
+        for (j, r) in c.namespace_regexes.iter().enumerate() {
+            // A regex that does not compile admits nothing (see `admits`); the others still count.
+            match Regex::new(r) {
+                Ok(re) if re.is_match(namespace) => return Ok(()),
+                Ok(_) => {}
+                Err(_) => invalid.push(format!("namespaceRegexes[{j}] is invalid")),
+            }
         }
-        if !matched {
-            return Err("namespace matches none of namespaceRegexes".into());
-        }
+        refusals.push("namespace matches none of namespaceRegexes".to_string());
+        refusals.extend(invalid);
     }
     if let Some(sel) = &c.namespace_selector {
-        selector_matches(sel, labels)
-            .map_err(|why| format!("namespaceSelector does not match: {why}"))?;
+        match selector_matches(sel, labels) {
+            Ok(()) => return Ok(()),
+            Err(why) => refusals.push(format!("namespaceSelector does not match: {why}")),
+        }
     }
-    Ok(())
+    Err(refusals.join(", "))
 }
 
 /// Kubernetes label-selector semantics (matchLabels AND every matchExpression).
@@ -499,6 +518,148 @@ spec:
         );
         let err = bind(&c, "plain", "es").await.unwrap_err().to_string();
         assert!(err.contains("label tier=gold required"), "{err}");
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn shop_selector() -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: BTreeMap::from([("team".to_string(), "shop".to_string())]),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_condition_with_names_only_admits_exactly_those_names() {
+        let c = [ClusterStoreCondition {
+            namespaces: vec!["shop-legacy".into(), "billing".into()],
+            ..Default::default()
+        }];
+        assert!(admits(&c, "shop-legacy", &labels(&[])).is_ok());
+        assert!(admits(&c, "billing", &labels(&[("team", "shop")])).is_ok());
+        let err = admits(&c, "shop", &labels(&[("team", "shop")])).unwrap_err();
+        assert_eq!(err, "conditions[0]: namespace not in namespaces");
+    }
+
+    #[test]
+    fn a_condition_with_regexes_only_admits_any_match_and_skips_invalid_ones() {
+        let c = [ClusterStoreCondition {
+            namespace_regexes: vec!["(".into(), "^prod-".into(), "^billing$".into()],
+            ..Default::default()
+        }];
+        assert!(admits(&c, "prod-eu", &labels(&[])).is_ok());
+        assert!(admits(&c, "billing", &labels(&[])).is_ok());
+        let err = admits(&c, "dev", &labels(&[])).unwrap_err();
+        assert_eq!(
+            err,
+            "conditions[0]: namespace matches none of namespaceRegexes, \
+             namespaceRegexes[0] is invalid"
+        );
+        // Only invalid regexes: nothing is admitted.
+        let c = [ClusterStoreCondition {
+            namespace_regexes: vec!["[".into()],
+            ..Default::default()
+        }];
+        assert!(admits(&c, "[", &labels(&[])).is_err());
+    }
+
+    #[test]
+    fn a_condition_with_a_selector_only_admits_matching_labels() {
+        let c = [ClusterStoreCondition {
+            namespace_selector: shop_selector(),
+            ..Default::default()
+        }];
+        assert!(admits(&c, "anything", &labels(&[("team", "shop")])).is_ok());
+        let err = admits(&c, "shop", &labels(&[("team", "ops")])).unwrap_err();
+        assert_eq!(
+            err,
+            "conditions[0]: namespaceSelector does not match: label team=shop required"
+        );
+    }
+
+    /// ESO's rule: each criterion of one condition admits on its own (a union, not an
+    /// intersection), as a store converted from ESO expects.
+    #[test]
+    fn a_combined_condition_admits_by_each_criterion_separately() {
+        let c = [ClusterStoreCondition {
+            namespaces: vec!["shop-legacy".into()],
+            namespace_regexes: vec!["^shop-v[0-9]+$".into()],
+            namespace_selector: shop_selector(),
+        }];
+        // By name alone: unlabelled, and no regex matches.
+        assert!(admits(&c, "shop-legacy", &labels(&[])).is_ok());
+        // By regex alone.
+        assert!(admits(&c, "shop-v2", &labels(&[("team", "ops")])).is_ok());
+        // By selector alone.
+        assert!(admits(&c, "storefront", &labels(&[("team", "shop")])).is_ok());
+        // None of them: each criterion says why, under its condition.
+        let err = admits(&c, "ops", &labels(&[("team", "ops")])).unwrap_err();
+        assert_eq!(
+            err,
+            "conditions[0]: namespace not in namespaces, namespace matches none of \
+             namespaceRegexes, namespaceSelector does not match: label team=shop required"
+        );
+    }
+
+    #[test]
+    fn an_invalid_criterion_admits_nothing_but_leaves_the_others_in_force() {
+        let c = [ClusterStoreCondition {
+            namespaces: vec!["shop-legacy".into()],
+            // `NotIn` without values would match every namespace if read literally.
+            namespace_selector: Some(req("NotIn", &[])),
+            ..Default::default()
+        }];
+        assert!(admits(&c, "shop-legacy", &labels(&[])).is_ok());
+        let err = admits(&c, "other", &labels(&[])).unwrap_err();
+        assert!(err.contains("invalid requirement on \"env\""), "{err}");
+        assert!(
+            err.starts_with("conditions[0]: namespace not in namespaces, "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_conditions_admit_all_and_an_empty_condition_admits_nothing() {
+        assert!(admits(&[], "any", &labels(&[])).is_ok());
+        let c = [ClusterStoreCondition::default()];
+        assert_eq!(
+            admits(&c, "any", &labels(&[])).unwrap_err(),
+            "conditions[0]: empty condition admits nothing"
+        );
+        // A later condition still admits.
+        let c = [
+            ClusterStoreCondition::default(),
+            ClusterStoreCondition {
+                namespaces: vec!["any".into()],
+                ..Default::default()
+            },
+        ];
+        assert!(admits(&c, "any", &labels(&[])).is_ok());
+    }
+
+    /// The store `latchkey convert` writes from ESO's `{namespaces: [shop-legacy],
+    /// namespaceSelector: {matchLabels: {team: shop}}}`: both kinds of namespace bind.
+    #[tokio::test]
+    async fn a_converted_store_admits_the_listed_and_the_labelled_namespaces() {
+        let store = "apiVersion: latchkey.dev/v1alpha1\nkind: ClusterSecretStore\n\
+                     metadata: {name: shop}\nspec:\n  provider: {fake: {data: []}}\n  \
+                     conditions: [{namespaces: [shop-legacy], namespaceSelector: {matchLabels: {team: shop}}}]\n\
+                     ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: shop-eu, labels: {team: shop}}\n";
+        let c = catalog(&[
+            store.to_string(),
+            es("shop-legacy", "shop", "ClusterSecretStore"),
+            es("shop-eu", "shop", "ClusterSecretStore"),
+            es("ops", "shop", "ClusterSecretStore"),
+        ]);
+        assert!(bind(&c, "shop-legacy", "es").await.is_ok());
+        assert!(bind(&c, "shop-eu", "es").await.is_ok());
+        let err = bind(&c, "ops", "es").await.unwrap_err();
+        assert!(matches!(err, BindingError::NotAdmitted { .. }), "{err}");
     }
 
     /// A selector with one requirement on the label `env`.
