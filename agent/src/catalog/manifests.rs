@@ -57,7 +57,7 @@ pub enum ManifestError {
         source: std::io::Error,
     },
     /// A document is not valid YAML, does not match its kind's schema, or has fields it does not know.
-    #[error("{}: document {}{what}: {reason}", origin.path.display(), origin.index)]
+    #[error("{origin}{what}: {reason}")]
     Invalid {
         /// Where.
         origin: Origin,
@@ -167,7 +167,14 @@ impl ManifestCatalog {
                 "skipping a manifest of a kind this agent does not read{}", s.hint);
         }
         for problem in &self.problems {
-            error!("{problem}; not loaded, the other objects are served");
+            let consequence = match problem {
+                ManifestError::Invalid { .. } => "; not loaded, the other objects are served",
+                ManifestError::Read { .. } | ManifestError::Refused { .. } => {
+                    "; the file is skipped, the other files are served"
+                }
+                ManifestError::Duplicate { .. } => "",
+            };
+            error!("{problem}{consequence}");
         }
         let served = self.objects.values().filter(|d| d.entry.is_ok()).count();
         info!(dir = %dir.display(), served, skipped = self.skipped.len(),

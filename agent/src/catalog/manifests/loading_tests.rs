@@ -69,7 +69,7 @@ async fn a_bad_object_is_reported_and_the_others_are_served() {
     let problems = problems(&c);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
-        problems[0].starts_with("apps.yaml: document 2 (ExternalSecret shop/bad): "),
+        problems[0].starts_with("apps.yaml document 2 (ExternalSecret shop/bad): "),
         "{problems:?}"
     );
     assert!(bind(&c, "shop", "good").await.is_ok());
@@ -135,16 +135,16 @@ fn type_errors_name_the_object_and_the_field_never_the_value() {
     let problems = problems(&c);
     assert_eq!(
         problems[0],
-        "es.yaml: document 1 (ExternalSecret shop/creds): spec.refreshInterval: invalid type: \
+        "es.yaml document 1 (ExternalSecret shop/creds): spec.refreshInterval: invalid type: \
          integer `90`, expected a string"
     );
     assert_eq!(
         problems[1],
-        "secret.yaml: document 1 (Secret shop/aws): data.key: does not match the schema"
+        "secret.yaml document 1 (Secret shop/aws): data.key: does not match the schema"
     );
     assert!(
         problems[2].starts_with(
-            "gen.yaml: document 1 (VaultDynamicSecret default/v): spec.resultType: unknown \
+            "gen.yaml document 1 (VaultDynamicSecret default/v): spec.resultType: unknown \
              variant, expected one of"
         ),
         "{}",
@@ -152,7 +152,7 @@ fn type_errors_name_the_object_and_the_field_never_the_value() {
     );
     assert_eq!(
         problems[3],
-        "meta.yaml: document 1: metadata.name: invalid type, expected a string"
+        "meta.yaml document 1: metadata.name: invalid type, expected a string"
     );
     for p in &problems {
         assert!(!p.contains("hunter2"), "{p}");
@@ -230,9 +230,9 @@ fn lists_and_headerless_documents_are_reported_not_skipped() {
     assert_eq!(
         problems(&c),
         [
-            "list.yaml: document 1 (List): a List: write its items as separate documents (`---`)",
-            "list.yaml: document 2 (x): apiVersion and kind are required",
-            "noname.yaml: document 1 (Secret): metadata.name is missing",
+            "list.yaml document 1 (List): a List: write its items as separate documents (`---`)",
+            "list.yaml document 2 (x): apiVersion and kind are required",
+            "noname.yaml document 1 (Secret): metadata.name is missing",
         ]
     );
     assert!(c.skipped().is_empty());
@@ -250,7 +250,7 @@ async fn a_refused_or_unreadable_file_is_reported_and_the_others_served() {
     assert_eq!(problems.len(), 2, "{problems:?}");
     assert!(problems[0].contains("a-deep.yaml: "), "{problems:?}");
     assert!(
-        problems[1].contains("c-broken.yml: document 1: YAML syntax error"),
+        problems[1].contains("c-broken.yml document 1: YAML syntax error"),
         "{problems:?}"
     );
     assert!(c.secret_store("shop", "demo").await.unwrap().is_some());
