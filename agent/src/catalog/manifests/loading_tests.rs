@@ -296,3 +296,27 @@ async fn a_store_ref_of_the_wrong_kind_says_which_kind_exists() {
         "{err}"
     );
 }
+
+#[test]
+fn control_characters_in_names_and_keys_are_escaped_in_messages() {
+    let c = load(&[
+        (
+            "a.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: \"x\\nERROR forged\"}\n",
+        ),
+        (
+            "b.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: \"s\\nERROR forged\"}\n\
+             data: {\"k\\nERROR forged\": \"!!\"}\n",
+        ),
+    ]);
+    assert_eq!(c.skipped()[0].name, "x\\nERROR forged");
+    let problems = problems(&c);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(!problems[0].contains('\n'), "{}", problems[0]);
+    assert!(
+        problems[0].contains("data.k\\nERROR forged: "),
+        "{}",
+        problems[0]
+    );
+}

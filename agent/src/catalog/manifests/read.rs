@@ -14,6 +14,7 @@ use crate::api::generator::{
     ClusterGenerator, GeneratorObject, Password, PluginGenerator, VaultDynamicSecret,
 };
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+use crate::telemetry::escape::printable;
 
 /// The label the API server sets on every Namespace; set here too so selectors behave the same.
 pub(super) const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -51,12 +52,27 @@ pub(super) struct Meta {
     pub namespace: Option<String>,
 }
 
-/// Reads the header of a document; the reason names the field, not its value.
+/// Longest header field or reason kept; far past any valid name, so only hostile text is cut.
+const MAX_SHOWN_CHARS: usize = 1000;
+
+/// Reads the header of a document; the reason names the field, not its value. Its fields reach
+/// log lines and messages, so control characters are escaped (no valid name has any).
 pub(super) fn header(value: &serde_norway::Value) -> Result<Header, String> {
-    serde_path_to_error::deserialize::<_, Header>(value.clone()).map_err(|e| {
+    let mut header = serde_path_to_error::deserialize::<_, Header>(value.clone()).map_err(|e| {
         let path = e.path().to_string();
-        format!("{path}: {}", without_values(&e.into_inner().to_string()))
-    })
+        at(&path, &without_values(&e.into_inner().to_string()))
+    })?;
+    for field in [
+        &mut header.api_version,
+        &mut header.kind,
+        &mut header.metadata.name,
+    ] {
+        *field = printable(field, MAX_SHOWN_CHARS);
+    }
+    if let Some(ns) = &mut header.metadata.namespace {
+        *ns = printable(ns, MAX_SHOWN_CHARS);
+    }
+    Ok(header)
 }
 
 /// What the loader does with a document, by its `apiVersion` and `kind`.
@@ -196,12 +212,14 @@ pub(crate) fn syntax_error(e: &serde_norway::Error) -> String {
 }
 
 /// `spec.refreshInterval: invalid type, expected a string`; no path at the root.
+/// Map keys in the path are the document's own text: escaped like the header.
 fn at(path: &str, reason: &str) -> String {
-    if path.is_empty() {
+    let full = if path.is_empty() || path == "." {
         reason.to_string()
     } else {
         format!("{path}: {reason}")
-    }
+    };
+    printable(&full, MAX_SHOWN_CHARS)
 }
 
 /// The reason for a document that holds no values (an ExternalSecret): where, and serde's full
