@@ -11,6 +11,7 @@ mod eso;
 mod eso_store;
 mod fields;
 pub mod input;
+mod mirrored;
 mod notes;
 mod output;
 mod spc;

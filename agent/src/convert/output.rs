@@ -67,7 +67,7 @@ impl Document {
     /// The document as YAML (without the `---` separator).
     pub fn to_yaml(&self) -> Result<String, ConvertError> {
         let rendered = match self {
-            Document::ExternalSecret(o) => serde_norway::to_string(o),
+            Document::ExternalSecret(o) => serde_norway::to_string(o).map(|y| octal_modes(&y)),
             Document::SecretStore(o) => {
                 serde_norway::to_value(o).and_then(|v| serde_norway::to_string(&with_audiences(v)))
             }
@@ -78,6 +78,38 @@ impl Document {
             source,
         })
     }
+}
+
+/// An ExternalSecret's YAML with its file modes written in octal (`mode: 0440`) as users write
+/// them, rather than in decimal (288). kubectl reads YAML 1.1, where `0440` is the integer 288,
+/// and the agent's standalone loader reads it as octal text (`api::mode`): both get the same mode.
+/// The only integers an ExternalSecret holds are `defaultMode` and `items[].mode`, and strings
+/// that look like numbers are quoted by the emitter, so a line `mode: <digits>` is always one.
+fn octal_modes(yaml: &str) -> String {
+    let mut out = String::with_capacity(yaml.len() + 16);
+    for line in yaml.split_inclusive('\n') {
+        let body = line.trim_end_matches('\n');
+        let indent = body.len() - body.trim_start_matches([' ', '-']).len();
+        let (head, rest) = body.split_at(indent);
+        let octal = ["mode: ", "defaultMode: "].iter().find_map(|key| {
+            let digits = rest.strip_prefix(key)?;
+            let mode: u32 = digits
+                .parse()
+                .ok()
+                .filter(|_| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))?;
+            Some(format!("{head}{key}{mode:#05o}").replace("0o", "0"))
+        });
+        match octal {
+            Some(l) => {
+                out.push_str(&l);
+                if line.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 /// A `secretsStoreCSI` store with `audiences: []` written out (serialization leaves an empty list
@@ -197,5 +229,25 @@ fn push_lines(out: &mut String, lines: &[String]) {
     for line in lines {
         out.push_str(&super::notes::one_line(line));
         out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_written_in_octal() {
+        let yaml = "spec:\n  target:\n    files:\n      defaultMode: 288\n      items:\n      - key: a\n        path: a\n        mode: 256\n      - mode: 4\n    template:\n      data:\n        mode: '288'\n";
+        let out = octal_modes(yaml);
+        assert!(out.contains("      defaultMode: 0440\n"), "{out}");
+        assert!(out.contains("        mode: 0400\n"), "{out}");
+        assert!(out.contains("      - mode: 0004\n"), "{out}");
+        assert!(out.contains("        mode: '288'\n"), "{out}");
+        let files: crate::api::external_secret::Files =
+            serde_norway::from_str("defaultMode: 0440\nitems: [{key: a, path: a, mode: 0004}]")
+                .unwrap();
+        assert_eq!(files.default_mode, Some(0o440));
+        assert_eq!(files.items[0].mode, Some(0o4));
     }
 }

@@ -50,6 +50,7 @@ pub fn convert(
         parameters,
         audiences: Vec::new(),
         timeout: None,
+        node_publish_secret_ref: None,
     };
     crate::api::validate::plugin::secrets_store_csi(&csi).map_err(|e| e.to_string())?;
     notes.warn(

@@ -27,8 +27,15 @@ pub const TARGET_PATH: &str = "/nonexistent/latchkey/provider-must-return-files"
 /// The `permission` sent: 0644 in decimal, as the driver sends it by default.
 pub const PERMISSION: &str = "420";
 
-/// The `secrets` sent: nodePublishSecretRef is not supported, so no credentials.
-pub const SECRETS: &str = "{}";
+/// The `secrets` sent without a `nodePublishSecretRef`: no credentials.
+pub const NO_SECRETS: &str = "{}";
+
+/// The `secrets` JSON for the keys of a `nodePublishSecretRef` Secret: an object of strings, as
+/// the driver sends the Secret kubelet passed it. Never logged.
+pub fn secrets(data: &BTreeMap<String, SecretString>) -> Result<SecretString, ProviderError> {
+    let map: BTreeMap<&str, &str> = data.iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    Ok(SecretString::new(to_json(&map)?))
+}
 
 /// One token as the driver passes it.
 #[derive(Serialize)]
