@@ -95,6 +95,38 @@ const CASES: &[Case] = &[
         stdin: None,
         code: 1,
     },
+    // Unknown fields in entries dropped for other reasons, in objects YAML and provider blocks.
+    Case {
+        name: "unknown-nested",
+        args: &["unknown-nested.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    Case {
+        name: "spc-vault-dynamic",
+        args: &["spc-vault-dynamic.input.yaml"],
+        stdin: None,
+        code: 0,
+    },
+    Case {
+        name: "eso-generators",
+        args: &["eso-generators.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    // Rows of docs/migrating.md's tables no other case exercises.
+    Case {
+        name: "eso-table",
+        args: &["eso-table.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    Case {
+        name: "spc-table",
+        args: &["spc-table.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
     Case {
         name: "bad-yaml",
         args: &["spc-vault.input.yaml", "bad-yaml.input.yaml"],

@@ -207,10 +207,13 @@ fn source_ref(f: &mut Fields<'_>, in_data_from: bool, notes: &mut Notes) -> Sour
                 format!(
                     "carried over as generators.latchkey.dev/v1alpha1 {kind} {}: latchkey \
                      convert does not convert generator objects, so write that {kind} by hand \
-                     from ESO's (the same spec fields; docs/generators.md), in the \
-                     ExternalSecret's namespace (a ClusterGenerator: cluster-wide, with \
-                     conditions admitting it)",
-                    quoted(&name)
+                     from ESO's (the same spec fields; docs/generators.md){}",
+                    quoted(&name),
+                    if kind == "ClusterGenerator" {
+                        ", with conditions admitting this namespace"
+                    } else {
+                        ", in the ExternalSecret's namespace"
+                    }
                 ),
             );
             Source::Generator(GeneratorRef {

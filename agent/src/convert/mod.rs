@@ -133,9 +133,19 @@ fn source(api_version: &str, kind: &str) -> Result<Source, String> {
                 "{kind} has no Latchkey equivalent"
             ))),
         },
-        "generators.external-secrets.io" => Ok(Source::Unsupported(format!(
-            "generators ({kind}) have no Latchkey equivalent"
-        ))),
+        "generators.external-secrets.io" => Ok(Source::Unsupported(match kind {
+            "Password" | "VaultDynamicSecret" | "ClusterGenerator" => format!(
+                "latchkey convert does not convert generator objects: write it by hand as a \
+                     generators.latchkey.dev/v1alpha1 {kind} (the same spec fields; \
+                     docs/generators.md); the ExternalSecrets naming it are converted to name \
+                     that one"
+            ),
+            _ => format!(
+                "the {kind} generator has no Latchkey equivalent (Latchkey has Password, \
+                     VaultDynamicSecret, PluginGenerator and ClusterGenerator: \
+                     docs/generators.md)"
+            ),
+        })),
         "latchkey.dev" => Err("already a Latchkey object".into()),
         _ => Err("not a SecretProviderClass or an External Secrets Operator object".into()),
     }

@@ -93,7 +93,7 @@ pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<C
     );
     Ok(Converted {
         documents,
-        trailer: volume_snippet(&meta.name, &names),
+        trailer: volume_snippet(&meta.name, &names, false),
     })
 }
 

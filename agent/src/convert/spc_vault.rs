@@ -369,8 +369,8 @@ fn object(f: &mut Fields<'_>, notes: &mut Notes) -> Option<(KvPath, Entry)> {
         notes.warn(
             f.at("method"),
             format!(
-                "{} {}: a write makes a credential (dynamic secrets, PKI); KV is read with GET; \
-                 {USE_A_GENERATOR}",
+                "{} on {}: a write makes a credential (dynamic secrets, PKI); KV is read with \
+                 GET; {USE_A_GENERATOR}",
                 quoted(&method),
                 quoted(&secret_path)
             ),
