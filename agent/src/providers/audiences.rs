@@ -156,5 +156,21 @@ mod tests {
             ),
             ["api://AzureADTokenExchange", "vault"]
         );
+        // Its nodePublishSecretRef Secret is read as the caller in a SecretStore only.
+        let with_secret = SecretsStoreCsiProvider {
+            node_publish_secret_ref: Some(SecretNameRef {
+                name: "creds".into(),
+            }),
+            ..sscsi
+        };
+        let spec = ProviderSpec::SecretsStoreCsi(&with_secret);
+        assert_eq!(
+            token_audiences(spec, StoreKind::SecretStore),
+            ["", "api://AzureADTokenExchange", "vault"]
+        );
+        assert_eq!(
+            token_audiences(spec, StoreKind::ClusterSecretStore),
+            ["api://AzureADTokenExchange", "vault"]
+        );
     }
 }
