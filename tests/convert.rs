@@ -293,6 +293,24 @@ fn every_golden_output_loads_and_validates() {
                     let s: ClusterSecretStore = serde_norway::from_value(value).expect("schema");
                     validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
                 }
+                "Password" | "VaultDynamicSecret" | "ClusterGenerator" => {
+                    let g: latchkey::api::generator::GeneratorObject = match kind.as_str() {
+                        "Password" => latchkey::api::generator::GeneratorObject::Password(
+                            std::sync::Arc::new(serde_norway::from_value(value).expect("schema")),
+                        ),
+                        "VaultDynamicSecret" => {
+                            latchkey::api::generator::GeneratorObject::VaultDynamicSecret(
+                                std::sync::Arc::new(
+                                    serde_norway::from_value(value).expect("schema"),
+                                ),
+                            )
+                        }
+                        _ => latchkey::api::generator::GeneratorObject::Cluster(
+                            std::sync::Arc::new(serde_norway::from_value(value).expect("schema")),
+                        ),
+                    };
+                    validate::generator(&g).map(|_| ())
+                }
                 other => panic!("{}: unexpected kind {other:?}", path.display()),
             };
             if let Err(e) = result {

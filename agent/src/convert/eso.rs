@@ -205,14 +205,14 @@ fn source_ref(f: &mut Fields<'_>, in_data_from: bool, notes: &mut Notes) -> Sour
             notes.warn(
                 &at,
                 format!(
-                    "carried over as generators.latchkey.dev/v1alpha1 {kind} {}: latchkey \
-                     convert does not convert generator objects, so write that {kind} by hand \
-                     from ESO's (the same spec fields; docs/generators.md){}",
+                    "carried over as generators.latchkey.dev/v1alpha1 {kind} {}: convert and \
+                     apply ESO's {kind} of that name along with it (latchkey convert converts \
+                     it; docs/generators.md){}",
                     quoted(&name),
                     if kind == "ClusterGenerator" {
-                        ", with conditions admitting this namespace"
+                        "; its conditions must admit this namespace"
                     } else {
-                        ", in the ExternalSecret's namespace"
+                        ", in this namespace"
                     }
                 ),
             );

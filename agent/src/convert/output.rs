@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::errors::ConvertError;
 use super::notes::Notes;
+use crate::api::generator::{ClusterGenerator, Password, VaultDynamicSecret};
 use crate::api::validate::{self, Invalid};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 
@@ -22,6 +23,12 @@ pub enum Document {
     SecretStore(Box<SecretStore>),
     /// `latchkey.dev/v1alpha1` ClusterSecretStore.
     ClusterSecretStore(Box<ClusterSecretStore>),
+    /// `generators.latchkey.dev/v1alpha1` Password.
+    Password(Box<Password>),
+    /// `generators.latchkey.dev/v1alpha1` VaultDynamicSecret.
+    VaultDynamicSecret(Box<VaultDynamicSecret>),
+    /// `generators.latchkey.dev/v1alpha1` ClusterGenerator.
+    ClusterGenerator(Box<ClusterGenerator>),
 }
 
 impl Document {
@@ -31,9 +38,12 @@ impl Document {
             Document::ExternalSecret(o) => ("ExternalSecret", &o.metadata),
             Document::SecretStore(o) => ("SecretStore", &o.metadata),
             Document::ClusterSecretStore(o) => ("ClusterSecretStore", &o.metadata),
+            Document::Password(o) => ("Password", &o.metadata),
+            Document::VaultDynamicSecret(o) => ("VaultDynamicSecret", &o.metadata),
+            Document::ClusterGenerator(o) => ("ClusterGenerator", &o.metadata),
         };
         let ns = match self {
-            Document::ClusterSecretStore(_) => String::new(),
+            Document::ClusterSecretStore(_) | Document::ClusterGenerator(_) => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
         (kind, ns, meta.name.clone().unwrap_or_default())
@@ -61,6 +71,11 @@ impl Document {
             Document::ClusterSecretStore(o) => {
                 validate::provider(&o.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
             }
+            Document::Password(o) => validate::generator::password("spec", &o.spec),
+            Document::VaultDynamicSecret(o) => {
+                validate::generator::vault_dynamic_secret("spec", &o.spec)
+            }
+            Document::ClusterGenerator(o) => validate::generator::cluster_generator(&o.spec),
         }
     }
 
@@ -72,6 +87,9 @@ impl Document {
                 serde_norway::to_value(o).and_then(|v| serde_norway::to_string(&with_audiences(v)))
             }
             Document::ClusterSecretStore(o) => serde_norway::to_string(o),
+            Document::Password(o) => serde_norway::to_string(o),
+            Document::VaultDynamicSecret(o) => serde_norway::to_string(o),
+            Document::ClusterGenerator(o) => serde_norway::to_string(o),
         };
         rendered.map_err(|source| ConvertError::Render {
             what: self.describe(),
