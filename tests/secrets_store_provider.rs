@@ -512,3 +512,97 @@ async fn a_node_publish_secret_is_sent_as_the_mount_secrets_and_a_missing_one_is
     );
     assert_no_leak(&s.agent, err.message());
 }
+
+/// In a cluster, a SecretStore's `nodePublishSecretRef` Secret is read as the pod, with its
+/// token: a pod whose service account may not read it gets no Mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_the_node_publish_secret_is_read_as_the_pod() {
+    use serde_json::json;
+    use support::apiserver::{FakeApiServer, Identity};
+    const AGENT_TOKEN: &str = "agent-token-sscsi-e2e";
+    const WEB_TOKEN: &str = "eyJ.web-sscsi-e2e.sig";
+    const OTHER: &str = "eyJ.intruder-sscsi-e2e.sig";
+    require_root();
+    let provider = Provider::start().await;
+    let server = FakeApiServer::start().await;
+    server.add_identity(AGENT_TOKEN, Identity::Agent);
+    server.add_identity(WEB_TOKEN, Identity::service_account("shop", "web"));
+    server.add_identity(OTHER, Identity::service_account("shop", "intruder"));
+    server.allow_roles_of(Identity::Agent, "daemonset/base/rbac.yaml");
+    server.allow(
+        Identity::service_account("shop", "web"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    for ns in ["shop", "latchkey"] {
+        server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    server.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "provider-creds", "namespace": "shop"},
+        "stringData": {"clientsecret": CLIENT_SECRET}}));
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "creds", "namespace": "shop"},
+        "spec": {"provider": {"secretsStoreCSI": {"provider": "files",
+                 "nodePublishSecretRef": {"name": "provider-creds"}}}}}),
+    );
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "creds", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "creds"},
+                 "data": [{"secretKey": "password", "remoteRef": {"key": "db/password"}}]}}),
+    );
+    let dir = provider.dir.display().to_string();
+    let agent = Agent::start_in_cluster(
+        &server.kubeconfig_yaml(AGENT_TOKEN),
+        &["--secrets-store-provider-dir", &dir],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while agent.http_get("/readyz").await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let publish_as = |pod: &str, sa: &str, token: &str| {
+        let target = agent.target(pod);
+        let mut p = PodVolume::new("shop", pod, "creds");
+        p.service_account = sa.into();
+        p.tokens_json = Some(format!(r#"{{"":{{"token":"{token}"}}}}"#));
+        (p.publish_request(&volume_id_for(&target), &target), target)
+    };
+
+    let (req, target) = publish_as("web-0", "web", WEB_TOKEN);
+    agent.node().await.node_publish_volume(req).await.unwrap();
+    assert_eq!(read(&target, "password"), DB_PASSWORD.as_bytes());
+    let calls = provider.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(calls[0]["secrets"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["clientsecret"], CLIENT_SECRET);
+
+    let (req, _) = publish_as("intruder-0", "intruder", OTHER);
+    let err = agent
+        .node()
+        .await
+        .node_publish_volume(req)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("nodePublishSecretRef"),
+        "{:?}",
+        err.message()
+    );
+    assert_eq!(
+        provider.calls().len(),
+        1,
+        "no Mount without its credentials"
+    );
+    assert_no_leak(&agent, err.message());
+}

@@ -103,6 +103,24 @@ mod tests {
     }
 
     #[test]
+    fn node_publish_secrets_are_a_json_object_of_strings_never_debugged() {
+        let data: BTreeMap<String, SecretString> = [
+            ("clientid".to_string(), SecretString::new("id".into())),
+            (
+                "clientsecret".to_string(),
+                SecretString::new("hunter2\"\n".into()),
+            ),
+        ]
+        .into();
+        let json = secrets(&data).unwrap();
+        let map: BTreeMap<String, String> = serde_json::from_str(json.expose()).unwrap();
+        assert_eq!(map["clientid"], "id");
+        assert_eq!(map["clientsecret"], "hunter2\"\n");
+        assert!(!format!("{json:?} {data:?}").contains("hunter2"));
+        assert_eq!(secrets(&BTreeMap::new()).unwrap().expose(), NO_SECRETS);
+    }
+
+    #[test]
     fn parameters_pod_attributes_and_only_the_listed_tokens() {
         let spec = SecretsStoreCsiProvider {
             provider: "vault".into(),
