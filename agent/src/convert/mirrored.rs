@@ -13,7 +13,8 @@ pub const ALLOW_CONTROLLER: &str = "latchkey.dev/allow-controller";
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 
 /// Who read the backend before: ESO's operator.
-pub const BEFORE_ESO: &str = "not with ESO's own (operator) identity as before";
+pub const BEFORE_ESO: &str = "not with the identity ESO used (its operator's own, or the \
+     store's serviceAccountRef)";
 
 /// Who read the backend before: the CSI driver's provider, as the pod.
 pub const BEFORE_CSI: &str = "not as the pod mounting the class as before (set it to the \
