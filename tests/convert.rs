@@ -95,6 +95,38 @@ const CASES: &[Case] = &[
         stdin: None,
         code: 1,
     },
+    // Unknown fields in entries dropped for other reasons, in objects YAML and provider blocks.
+    Case {
+        name: "unknown-nested",
+        args: &["unknown-nested.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    Case {
+        name: "spc-vault-dynamic",
+        args: &["spc-vault-dynamic.input.yaml"],
+        stdin: None,
+        code: 0,
+    },
+    Case {
+        name: "eso-generators",
+        args: &["eso-generators.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    // Rows of docs/migrating.md's tables no other case exercises.
+    Case {
+        name: "eso-table",
+        args: &["eso-table.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    Case {
+        name: "spc-table",
+        args: &["spc-table.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
     Case {
         name: "bad-yaml",
         args: &["spc-vault.input.yaml", "bad-yaml.input.yaml"],
@@ -260,6 +292,24 @@ fn every_golden_output_loads_and_validates() {
                 "ClusterSecretStore" => {
                     let s: ClusterSecretStore = serde_norway::from_value(value).expect("schema");
                     validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
+                }
+                "Password" | "VaultDynamicSecret" | "ClusterGenerator" => {
+                    let g: latchkey::api::generator::GeneratorObject = match kind.as_str() {
+                        "Password" => latchkey::api::generator::GeneratorObject::Password(
+                            std::sync::Arc::new(serde_norway::from_value(value).expect("schema")),
+                        ),
+                        "VaultDynamicSecret" => {
+                            latchkey::api::generator::GeneratorObject::VaultDynamicSecret(
+                                std::sync::Arc::new(
+                                    serde_norway::from_value(value).expect("schema"),
+                                ),
+                            )
+                        }
+                        _ => latchkey::api::generator::GeneratorObject::Cluster(
+                            std::sync::Arc::new(serde_norway::from_value(value).expect("schema")),
+                        ),
+                    };
+                    validate::generator(&g).map(|_| ())
                 }
                 other => panic!("{}: unexpected kind {other:?}", path.display()),
             };

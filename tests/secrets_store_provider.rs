@@ -23,6 +23,8 @@ const VAULT_TOKEN: &str = "eyJ.sscsi-vault-token-e2e.sig";
 const OTHER_TOKEN: &str = "eyJ.sscsi-other-token-e2e.sig";
 /// A parameter value: attributes must not reach the agent's log either.
 const PARAMETER: &str = "sscsi-parameter-marker-3392";
+/// The value of the `nodePublishSecretRef` Secret: a provider credential.
+const CLIENT_SECRET: &str = "sscsi-client-secret-e2e-5523";
 
 /// A running provider and its scratch space.
 struct Provider {
@@ -104,6 +106,20 @@ fn store(name: &str, provider: &str, parameters: &str) -> String {
     )
 }
 
+/// A SecretStore `name` on the `files` provider sending Secret `secret` as the Mount's secrets.
+fn store_with_secret(name: &str, secret: &str) -> String {
+    format!(
+        "---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {{name: {name}, namespace: shop}}\n\
+         spec:\n  provider:\n    secretsStoreCSI:\n      provider: files\n      timeout: 2s\n\
+         \x20     nodePublishSecretRef: {{name: {secret}}}\n"
+    )
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
 /// An ExternalSecret `name` on `store` with the given `spec` lines after secretStoreRef.
 fn es(name: &str, store: &str, spec: &str) -> String {
     format!(
@@ -124,6 +140,18 @@ fn manifests() -> String {
     out += &store("old", "files", ", writesFiles: \"true\"");
     out += &store("link", "link", "");
     out += &store("absent", "absent", "");
+    // Provider credentials from a Secret of the store's namespace, as a pod volume's
+    // nodePublishSecretRef; and one naming a Secret that does not exist.
+    out += &store_with_secret("creds", "provider-creds");
+    out += &store_with_secret("no-creds", "not-there");
+    out += &format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: provider-creds, namespace: shop}}\n\
+         data: {{clientid: {}, clientsecret: {}}}\n",
+        b64("shop-client"),
+        b64(CLIENT_SECRET)
+    );
+    out += &es("creds", "creds", ALL);
+    out += &es("no-creds", "no-creds", ALL);
     out += &es(
         "pick",
         "files",
@@ -222,7 +250,14 @@ fn mode(target: &Path, file: &str) -> u32 {
 
 fn assert_no_leak(agent: &Agent, text: &str) {
     let log = agent.log_text();
-    for secret in [DB_PASSWORD, API_KEY, VAULT_TOKEN, OTHER_TOKEN, PARAMETER] {
+    for secret in [
+        DB_PASSWORD,
+        API_KEY,
+        VAULT_TOKEN,
+        OTHER_TOKEN,
+        PARAMETER,
+        CLIENT_SECRET,
+    ] {
         assert!(!text.contains(secret), "a status leaks {secret:?}: {text}");
         assert!(!log.contains(secret), "the agent log leaks {secret:?}");
     }
@@ -434,4 +469,140 @@ async fn a_mount_storm_makes_one_mount_call() {
         "200 more pods, dataFrom.find on one store as one service account: one more Mount call"
     );
     assert_no_leak(&s.agent, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_publish_secret_is_sent_as_the_mount_secrets_and_a_missing_one_is_named() {
+    let s = setup().await;
+    let t = publish(&s.agent, "creds", "creds", "creds").await.unwrap();
+    assert_eq!(read(&t, "db/password"), DB_PASSWORD.as_bytes());
+    let calls = s.provider.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(calls[0]["secrets"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        sent,
+        [
+            ("clientid".to_string(), "shop-client".to_string()),
+            ("clientsecret".to_string(), CLIENT_SECRET.to_string()),
+        ]
+        .into(),
+        "every key of the Secret, as the driver sends a nodePublishSecretRef"
+    );
+
+    let err = publish(&s.agent, "no-creds", "no-creds", "no-creds")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    for want in [
+        "nodePublishSecretRef",
+        "credential Secret shop/not-there not found",
+        "SecretStore \"no-creds\"",
+    ] {
+        assert!(
+            err.message().contains(want),
+            "{:?} lacks {want:?}",
+            err.message()
+        );
+    }
+    assert_eq!(
+        s.provider.calls().len(),
+        1,
+        "no Mount without its credentials"
+    );
+    assert_no_leak(&s.agent, err.message());
+}
+
+/// In a cluster, a SecretStore's `nodePublishSecretRef` Secret is read as the pod, with its
+/// token: a pod whose service account may not read it gets no Mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_the_node_publish_secret_is_read_as_the_pod() {
+    use serde_json::json;
+    use support::apiserver::{FakeApiServer, Identity};
+    const AGENT_TOKEN: &str = "agent-token-sscsi-e2e";
+    const WEB_TOKEN: &str = "eyJ.web-sscsi-e2e.sig";
+    const OTHER: &str = "eyJ.intruder-sscsi-e2e.sig";
+    require_root();
+    let provider = Provider::start().await;
+    let server = FakeApiServer::start().await;
+    server.add_identity(AGENT_TOKEN, Identity::Agent);
+    server.add_identity(WEB_TOKEN, Identity::service_account("shop", "web"));
+    server.add_identity(OTHER, Identity::service_account("shop", "intruder"));
+    server.allow_roles_of(Identity::Agent, "daemonset/base/rbac.yaml");
+    server.allow(
+        Identity::service_account("shop", "web"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    for ns in ["shop", "latchkey"] {
+        server.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    server.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "provider-creds", "namespace": "shop"},
+        "stringData": {"clientsecret": CLIENT_SECRET}}));
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "creds", "namespace": "shop"},
+        "spec": {"provider": {"secretsStoreCSI": {"provider": "files",
+                 "nodePublishSecretRef": {"name": "provider-creds"}}}}}),
+    );
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "creds", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "creds"},
+                 "data": [{"secretKey": "password", "remoteRef": {"key": "db/password"}}]}}),
+    );
+    let dir = provider.dir.display().to_string();
+    let agent = Agent::start_in_cluster(
+        &server.kubeconfig_yaml(AGENT_TOKEN),
+        &["--secrets-store-provider-dir", &dir],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while agent.http_get("/readyz").await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let publish_as = |pod: &str, sa: &str, token: &str| {
+        let target = agent.target(pod);
+        let mut p = PodVolume::new("shop", pod, "creds");
+        p.service_account = sa.into();
+        p.tokens_json = Some(format!(r#"{{"":{{"token":"{token}"}}}}"#));
+        (p.publish_request(&volume_id_for(&target), &target), target)
+    };
+
+    let (req, target) = publish_as("web-0", "web", WEB_TOKEN);
+    agent.node().await.node_publish_volume(req).await.unwrap();
+    assert_eq!(read(&target, "password"), DB_PASSWORD.as_bytes());
+    let calls = provider.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(calls[0]["secrets"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["clientsecret"], CLIENT_SECRET);
+
+    let (req, _) = publish_as("intruder-0", "intruder", OTHER);
+    let err = agent
+        .node()
+        .await
+        .node_publish_volume(req)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("nodePublishSecretRef"),
+        "{:?}",
+        err.message()
+    );
+    assert_eq!(
+        provider.calls().len(),
+        1,
+        "no Mount without its credentials"
+    );
+    assert_no_leak(&agent, err.message());
 }

@@ -997,6 +997,23 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             )),
         ),
         (
+            "secretsStoreCSI nodePublishSecretRef",
+            json!({"fake": null, "secretsStoreCSI": {
+                "provider": "azure", "nodePublishSecretRef": {"name": "azure-creds"},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "secretsStoreCSI nodePublishSecretRef climbing out",
+            json!({"fake": null, "secretsStoreCSI": {
+                "provider": "azure", "nodePublishSecretRef": {"name": "../kube-system/x"},
+            }}),
+            rejected(format!(
+                "spec.provider.secretsStoreCSI.nodePublishSecretRef.name: {}",
+                DNS_SUBDOMAIN.message
+            )),
+        ),
+        (
             "secretsStoreCSI timeout that is no duration",
             json!({"fake": null, "secretsStoreCSI": {"provider": "gcp", "timeout": "soon"}}),
             rejected(format!(

@@ -422,6 +422,23 @@ pub struct SecretsStoreCsiProvider {
         regex(pattern = crate::api::rules::DURATION.regex)
     )]
     pub timeout: Option<String>,
+    /// A Secret whose keys are sent as the Mount's `secrets`, as the driver sends a pod volume's
+    /// `nodePublishSecretRef` (provider credentials, e.g. Azure's clientid/clientsecret). Read
+    /// as a credential Secret: a SecretStore's in its own namespace, as the pod; a
+    /// ClusterSecretStore's in the agent's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_publish_secret_ref: Option<SecretNameRef>,
+}
+
+/// A Secret named by name alone (all its keys are used).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct SecretNameRef {
+    /// Secret name.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
+    pub name: String,
 }
 
 /// Observed state of a store, written by the mirror controller (`latchkey controller`).

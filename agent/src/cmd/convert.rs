@@ -12,9 +12,9 @@ use crate::convert::{self, ConvertError, Input};
 #[command(after_help = "\
 Reads Secrets Store CSI Driver SecretProviderClasses (aws and vault natively, any other provider \
 through its provider pod) and External \
-Secrets Operator ExternalSecrets, SecretStores and ClusterSecretStores (v1, v1beta1), in \
-multi-document YAML or kubectl's List output, and prints the equivalent latchkey.dev/v1alpha1 \
-manifests on stdout. Every field that could not be carried over is named in a \
+Secrets Operator ExternalSecrets, SecretStores and ClusterSecretStores (v1, v1beta1) and its \
+Password, VaultDynamicSecret and ClusterGenerator generators, in multi-document YAML or \
+kubectl's List output, and prints the equivalent Latchkey manifests on stdout. Every field that could not be carried over is named in a \
 `# latchkey convert:` comment and on stderr; for a SecretProviderClass, a commented pod volume \
 shows what replaces the CSI driver's. Other kinds are skipped (noted on stderr).
 

@@ -39,7 +39,7 @@ pub enum ConvertError {
     #[error(
         "nothing could be converted ({objects} object(s) read; see the messages above); \
          latchkey convert reads SecretProviderClasses and External Secrets Operator \
-         ExternalSecrets, SecretStores and ClusterSecretStores"
+         ExternalSecrets, SecretStores, ClusterSecretStores and generators"
     )]
     NothingConverted {
         /// How many objects the inputs held.

@@ -6,13 +6,14 @@
 use std::collections::BTreeMap;
 
 use super::fields::Fields;
+use super::mirrored::{BEFORE_ESO, DEFAULT_SERVICE_ACCOUNT, service_account_note};
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
 use super::template::go_to_cel;
 use crate::api::external_secret::{
     CreationPolicy, DataFrom, DecodingStrategy, DeletionPolicy, ExternalSecretData, FindName,
-    FindRef, RefreshPolicy, Rewrite, RewriteRegexp, SecretStoreRef, Target, Template,
-    TemplateMergePolicy, TemplateMetadata,
+    FindRef, GeneratorRef, RefreshPolicy, Rewrite, RewriteRegexp, SecretStoreRef, SourceRef,
+    Target, Template, TemplateMergePolicy, TemplateMetadata,
 };
 use crate::api::{ExternalSecret, ExternalSecretSpec, RemoteRef, StoreKind};
 
@@ -76,13 +77,34 @@ pub fn external_secret(
     }
     let target = target(&mut spec, notes);
     spec.finish(notes);
+    if target.creation_policy != Some(CreationPolicy::None) {
+        let secret = target.name.as_deref().unwrap_or(&meta.name);
+        notes.warn(
+            "spec.target",
+            service_account_note(
+                meta.namespace.as_deref(),
+                DEFAULT_SERVICE_ACCOUNT,
+                secret,
+                BEFORE_ESO,
+            ),
+        );
+    }
     if data.is_empty() && data_from.is_empty() {
         return Err("no entry of spec.data or spec.dataFrom could be converted".into());
+    }
+    let reads_store = !data.is_empty() || data_from.iter().any(|d| d.source_ref.is_none());
+    if reads_store && secret_store_ref.is_none() {
+        return Err(
+            "spec.secretStoreRef is missing, and entries other than generators need a store \
+             (entries naming their own store with sourceRef.storeRef have no Latchkey \
+             equivalent: an ExternalSecret reads one store)"
+                .into(),
+        );
     }
     let mut es = ExternalSecret::new(
         &meta.name,
         ExternalSecretSpec {
-            secret_store_ref: Some(secret_store_ref),
+            secret_store_ref,
             refresh_interval,
             data,
             data_from,
@@ -95,12 +117,11 @@ pub fn external_secret(
     Ok(vec![Document::ExternalSecret(Box::new(es))])
 }
 
-/// `spec.secretStoreRef`.
-fn store_ref(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<SecretStoreRef, String> {
-    let mut r = spec.object("secretStoreRef", notes).ok_or(
-        "spec.secretStoreRef is missing (entries that name their own store or generator with \
-         sourceRef have no Latchkey equivalent: an ExternalSecret reads one store)",
-    )?;
+/// `spec.secretStoreRef`; `None` when absent (ESO allows that when every entry is generated).
+fn store_ref(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<Option<SecretStoreRef>, String> {
+    let Some(mut r) = spec.object("secretStoreRef", notes) else {
+        return Ok(None);
+    };
     let name = r
         .string("name", notes)
         .ok_or("spec.secretStoreRef.name is missing")?;
@@ -115,29 +136,126 @@ fn store_ref(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<SecretStoreRef,
         }
     };
     r.finish(notes);
-    Ok(SecretStoreRef { name, kind })
+    Ok(Some(SecretStoreRef { name, kind }))
 }
 
-/// Whether an entry names its own store or a generator (`sourceRef`), which Latchkey cannot
-/// carry over: noted.
-fn has_source_ref(f: &Fields<'_>, notes: &mut Notes) -> bool {
-    if !f.has("sourceRef") {
-        return false;
+/// What an entry's `sourceRef` names.
+enum Source {
+    /// No `sourceRef`: the ExternalSecret's store.
+    Store,
+    /// A generator Latchkey has too: carried over.
+    Generator(GeneratorRef),
+    /// Not carried over (noted).
+    Dropped,
+}
+
+/// ESO generator kinds that have a `generators.latchkey.dev` kind of the same name and fields.
+const GENERATOR_KINDS: &[&str] = &["Password", "VaultDynamicSecret", "ClusterGenerator"];
+
+/// An entry's `sourceRef` (every field read, so that none is unknown). `in_data_from`: ESO runs
+/// generators in `dataFrom` only (its `data[].sourceRef.generatorRef` is deprecated and unused).
+fn source_ref(f: &mut Fields<'_>, in_data_from: bool, notes: &mut Notes) -> Source {
+    let at = f.at("sourceRef");
+    let Some(mut s) = f.object("sourceRef", notes) else {
+        return Source::Store;
+    };
+    let store = s.object("storeRef", notes).map(|mut r| {
+        r.string("name", notes);
+        r.string("kind", notes);
+        r.finish(notes);
+    });
+    let generator = s.object("generatorRef", notes).map(|mut g| {
+        let api_version = g.string("apiVersion", notes);
+        let kind = g.string("kind", notes);
+        let name = g.string("name", notes);
+        g.finish(notes);
+        (api_version, kind, name)
+    });
+    s.finish(notes);
+    if store.is_some() {
+        notes.warn(
+            format!("{at}.storeRef"),
+            "per-entry stores have no Latchkey equivalent (an ExternalSecret reads its one \
+             store); entry not carried over",
+        );
+        return Source::Dropped;
     }
-    notes.warn(
-        f.at("sourceRef"),
-        "per-entry stores and generators have no Latchkey equivalent (an ExternalSecret reads \
-         its one store); entry not carried over",
-    );
-    true
+    let Some((api_version, kind, name)) = generator else {
+        notes.warn(
+            at,
+            "names neither storeRef nor generatorRef; entry not carried over",
+        );
+        return Source::Dropped;
+    };
+    let at = format!("{at}.generatorRef");
+    if !in_data_from {
+        notes.warn(
+            at,
+            "ESO does not run generators in data[] (deprecated and unused there); entry not \
+             carried over (a Latchkey data[] entry may name a generator, remoteRef.key picking \
+             one key of its result: docs/generators.md)",
+        );
+        return Source::Dropped;
+    }
+    let eso_group = api_version
+        .as_deref()
+        .is_none_or(|v| v.starts_with("generators.external-secrets.io/"));
+    match (kind, name) {
+        (Some(kind), Some(name)) if eso_group && GENERATOR_KINDS.contains(&kind.as_str()) => {
+            notes.warn(
+                &at,
+                format!(
+                    "carried over as generators.latchkey.dev/v1alpha1 {kind} {}: convert and \
+                     apply ESO's {kind} of that name along with it (latchkey convert converts \
+                     it; docs/generators.md){}",
+                    quoted(&name),
+                    if kind == "ClusterGenerator" {
+                        "; its conditions must admit this namespace"
+                    } else {
+                        ", in this namespace"
+                    }
+                ),
+            );
+            Source::Generator(GeneratorRef {
+                api_version: crate::api::GENERATOR_API_VERSION.to_string(),
+                kind,
+                name,
+            })
+        }
+        (Some(kind), Some(_)) => {
+            notes.warn(
+                at,
+                format!(
+                    "generator {} has no Latchkey equivalent (Latchkey has Password, \
+                     VaultDynamicSecret, PluginGenerator and ClusterGenerator: \
+                     docs/generators.md); entry not carried over",
+                    quoted(&kind)
+                ),
+            );
+            Source::Dropped
+        }
+        _ => {
+            notes.warn(at, "needs kind and name; entry not carried over");
+            Source::Dropped
+        }
+    }
 }
 
 /// One `spec.data` item.
 fn data_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<ExternalSecretData> {
-    if has_source_ref(f, notes) {
+    // Every field is read before the entry is judged, so that a typo is reported as unknown
+    // even in an entry that is dropped for another reason.
+    let source = source_ref(f, false, notes);
+    let secret_key = f.string("secretKey", notes);
+    let remote_at = f.at("remoteRef");
+    let remote = f
+        .object("remoteRef", notes)
+        .map(|mut r| remote_ref(&mut r, notes));
+    f.finish(notes);
+    if !matches!(source, Source::Store) {
         return None;
     }
-    let Some(secret_key) = f.string("secretKey", notes) else {
+    let Some(secret_key) = secret_key else {
         notes.warn(f.at("secretKey"), "is missing; entry not carried over");
         return None;
     };
@@ -152,39 +270,21 @@ fn data_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<ExternalSecretDat
         );
         return None;
     }
-    let path = f.at("remoteRef");
-    let Some(mut r) = f.object("remoteRef", notes) else {
-        notes.warn(path, "is missing; entry not carried over");
+    let Some(remote) = remote else {
+        notes.warn(remote_at, "is missing; entry not carried over");
         return None;
     };
-    let remote_ref = remote_ref(&mut r, notes)?;
-    f.finish(notes);
     Some(ExternalSecretData {
         source_ref: None,
         secret_key,
-        remote_ref,
+        remote_ref: remote?,
     })
 }
 
 /// A `remoteRef` or `dataFrom[].extract`; `None` (with a note) when it cannot mean the same.
 fn remote_ref(f: &mut Fields<'_>, notes: &mut Notes) -> Option<RemoteRef> {
-    let Some(key) = f.string("key", notes) else {
-        notes.warn(f.at("key"), "is missing; entry not carried over");
-        return None;
-    };
-    if let Some(policy) = f.string("metadataPolicy", notes)
-        && policy != "None"
-    {
-        notes.warn(
-            f.at("metadataPolicy"),
-            format!(
-                "{} (reading the secret's metadata or tags) has no Latchkey equivalent; entry \
-                 not carried over",
-                quoted(&policy)
-            ),
-        );
-        return None;
-    }
+    let key = f.string("key", notes);
+    let metadata_policy = f.string("metadataPolicy", notes);
     let property = f.string("property", notes);
     let version = f.string("version", notes);
     let decoding_strategy = decoding(f, notes);
@@ -201,6 +301,23 @@ fn remote_ref(f: &mut Fields<'_>, notes: &mut Notes) -> Option<RemoteRef> {
         );
     }
     f.finish(notes);
+    let Some(key) = key else {
+        notes.warn(f.at("key"), "is missing; entry not carried over");
+        return None;
+    };
+    if let Some(policy) = metadata_policy
+        && policy != "None"
+    {
+        notes.warn(
+            f.at("metadataPolicy"),
+            format!(
+                "{} (reading the secret's metadata or tags) has no Latchkey equivalent; entry \
+                 not carried over",
+                quoted(&policy)
+            ),
+        );
+        return None;
+    }
     Some(RemoteRef {
         key,
         property,
@@ -249,69 +366,103 @@ fn conversion(f: &mut Fields<'_>, notes: &mut Notes) {
 
 /// One `spec.dataFrom` item.
 fn data_from_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<DataFrom> {
-    if has_source_ref(f, notes) {
-        return None;
-    }
-    let extract = match f.object("extract", notes) {
-        Some(mut e) => Some(remote_ref(&mut e, notes)?),
-        None => None,
+    // Every field is read before the entry is judged (see `data_entry`).
+    let source = source_ref(f, true, notes);
+    let has_extract = f.has("extract");
+    let extract = f
+        .object("extract", notes)
+        .map(|mut e| remote_ref(&mut e, notes));
+    let has_find = f.has("find");
+    let find = f.object("find", notes).map(|mut e| find(&mut e, notes));
+    let rewrite = rewrites(f, notes);
+    f.finish(notes);
+    let generator = match source {
+        Source::Dropped => return None,
+        Source::Generator(g) => Some(g),
+        Source::Store => None,
     };
-    let find = match f.object("find", notes) {
-        Some(mut e) => Some(find(&mut e, notes)?),
-        None => None,
-    };
-    if extract.is_some() == find.is_some() {
+    if usize::from(has_extract) + usize::from(has_find) + usize::from(generator.is_some()) != 1 {
         notes.warn(
             f.path(),
-            "needs exactly one of extract and find; entry not carried over",
+            "needs exactly one of extract, find and sourceRef.generatorRef; entry not carried \
+             over",
         );
         return None;
     }
-    let mut rewrite = Vec::new();
-    for (path, item) in f.list("rewrite", notes) {
-        let mut r = Fields::of(item, &path, notes)?;
-        let Some(mut re) = r.object("regexp", notes) else {
-            notes.warn(
-                &path,
-                "only regexp rewrites have a Latchkey equivalent (transform and merge do not); \
-                 the whole dataFrom entry is not carried over, since its names would differ",
-            );
-            return None;
-        };
-        let source = re.string("source", notes);
-        let target = re.string("target", notes);
-        re.finish(notes);
-        r.finish(notes);
-        let (Some(source), Some(target)) = (source, target) else {
-            notes.warn(
-                &path,
-                "needs regexp.source and regexp.target; dataFrom entry not carried over",
-            );
-            return None;
-        };
-        rewrite.push(Rewrite {
-            regexp: Some(RewriteRegexp { source, target }),
-        });
-    }
-    f.finish(notes);
+    let extract = match extract {
+        Some(e) => Some(e?),
+        None => None,
+    };
+    let find = match find {
+        Some(e) => Some(e?),
+        None => None,
+    };
     Some(DataFrom {
-        source_ref: None,
+        source_ref: generator.map(|g| SourceRef {
+            generator_ref: Some(g),
+        }),
         extract,
         find,
-        rewrite,
+        rewrite: rewrite?,
     })
+}
+
+/// `dataFrom[].rewrite`; `None` (noted) when one cannot be carried over, since the entry's names
+/// would then differ.
+fn rewrites(f: &mut Fields<'_>, notes: &mut Notes) -> Option<Vec<Rewrite>> {
+    let mut out = Some(Vec::new());
+    for (path, item) in f.list("rewrite", notes) {
+        let Some(mut r) = Fields::of(item, &path, notes) else {
+            out = None;
+            continue;
+        };
+        let regexp = r.object("regexp", notes).map(|mut re| {
+            let source = re.string("source", notes);
+            let target = re.string("target", notes);
+            re.finish(notes);
+            (source, target)
+        });
+        for other in ["transform", "merge"] {
+            if let Some(mut o) = r.object(other, notes) {
+                // Read so that they are not unknown; the entry is dropped below.
+                for k in o.keys() {
+                    o.value(&k);
+                }
+            }
+        }
+        r.finish(notes);
+        match regexp {
+            None => {
+                notes.warn(
+                    &path,
+                    "only regexp rewrites have a Latchkey equivalent (transform and merge do \
+                     not); the whole dataFrom entry is not carried over, since its names would \
+                     differ",
+                );
+                out = None;
+            }
+            Some((Some(source), Some(target))) => {
+                if let Some(list) = &mut out {
+                    list.push(Rewrite {
+                        regexp: Some(RewriteRegexp { source, target }),
+                    });
+                }
+            }
+            Some(_) => {
+                notes.warn(
+                    &path,
+                    "needs regexp.source and regexp.target; dataFrom entry not carried over",
+                );
+                out = None;
+            }
+        }
+    }
+    out
 }
 
 /// `dataFrom[].find`.
 fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
-    if f.has("tags") {
-        notes.warn(
-            f.at("tags"),
-            "selecting by tags has no Latchkey equivalent, and dropping it would select more \
-             secrets; entry not carried over",
-        );
-        return None;
-    }
+    let tags = f.value("tags");
     let path = f.string("path", notes);
     let name = match f.object("name", notes) {
         Some(mut n) => {
@@ -324,6 +475,14 @@ fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
     let decoding_strategy = decoding(f, notes);
     conversion(f, notes);
     f.finish(notes);
+    if tags.is_some() {
+        notes.warn(
+            f.at("tags"),
+            "selecting by tags has no Latchkey equivalent, and dropping it would select more \
+             secrets; entry not carried over",
+        );
+        return None;
+    }
     if name.is_none() && path.is_none() {
         notes.warn(f.path(), "needs name or path; entry not carried over");
         return None;

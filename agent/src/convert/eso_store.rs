@@ -326,7 +326,7 @@ fn aws(
 }
 
 /// `provider.vault`.
-fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvider, String> {
+pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvider, String> {
     let server = f
         .string("server", notes)
         .ok_or("spec.provider.vault.server is missing")?;

@@ -8,9 +8,11 @@
 
 pub mod errors;
 mod eso;
+mod eso_generator;
 mod eso_store;
 mod fields;
 pub mod input;
+mod mirrored;
 mod notes;
 mod output;
 mod spc;
@@ -101,6 +103,8 @@ enum Source {
     SecretProviderClass,
     ExternalSecret,
     Store(StoreKind),
+    /// An ESO generator of a kind Latchkey has.
+    Generator(&'static str),
     /// A kind of the converted families that has no Latchkey equivalent: the reason.
     Unsupported(String),
 }
@@ -132,9 +136,19 @@ fn source(api_version: &str, kind: &str) -> Result<Source, String> {
                 "{kind} has no Latchkey equivalent"
             ))),
         },
-        "generators.external-secrets.io" => Ok(Source::Unsupported(format!(
-            "generators ({kind}) have no Latchkey equivalent"
-        ))),
+        "generators.external-secrets.io" => {
+            match eso_generator::KINDS.iter().find(|k| **k == kind) {
+                Some(k) if version == "v1alpha1" => Ok(Source::Generator(k)),
+                Some(_) => Ok(Source::Unsupported(format!(
+                    "apiVersion {api_version} is not supported (v1alpha1 is)"
+                ))),
+                None => Ok(Source::Unsupported(format!(
+                    "the {kind} generator has no Latchkey equivalent (Latchkey has Password, \
+                     VaultDynamicSecret, PluginGenerator and ClusterGenerator: \
+                     docs/generators.md)"
+                ))),
+            }
+        }
         "latchkey.dev" => Err("already a Latchkey object".into()),
         _ => Err("not a SecretProviderClass or an External Secrets Operator object".into()),
     }
@@ -185,6 +199,9 @@ fn convert_object(obj: &Object) -> Result<Outcome, String> {
         }
         Source::Store(kind) => {
             eso_store::store(&mut top, &meta, kind, &mut notes).map(|d| (d, Vec::new()))
+        }
+        Source::Generator(kind) => {
+            eso_generator::generator(&mut top, &meta, kind, &mut notes).map(|d| (d, Vec::new()))
         }
     };
     if result.is_ok() {

@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::errors::ConvertError;
 use super::notes::Notes;
+use crate::api::generator::{ClusterGenerator, Password, VaultDynamicSecret};
 use crate::api::validate::{self, Invalid};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 
@@ -22,6 +23,12 @@ pub enum Document {
     SecretStore(Box<SecretStore>),
     /// `latchkey.dev/v1alpha1` ClusterSecretStore.
     ClusterSecretStore(Box<ClusterSecretStore>),
+    /// `generators.latchkey.dev/v1alpha1` Password.
+    Password(Box<Password>),
+    /// `generators.latchkey.dev/v1alpha1` VaultDynamicSecret.
+    VaultDynamicSecret(Box<VaultDynamicSecret>),
+    /// `generators.latchkey.dev/v1alpha1` ClusterGenerator.
+    ClusterGenerator(Box<ClusterGenerator>),
 }
 
 impl Document {
@@ -31,9 +38,12 @@ impl Document {
             Document::ExternalSecret(o) => ("ExternalSecret", &o.metadata),
             Document::SecretStore(o) => ("SecretStore", &o.metadata),
             Document::ClusterSecretStore(o) => ("ClusterSecretStore", &o.metadata),
+            Document::Password(o) => ("Password", &o.metadata),
+            Document::VaultDynamicSecret(o) => ("VaultDynamicSecret", &o.metadata),
+            Document::ClusterGenerator(o) => ("ClusterGenerator", &o.metadata),
         };
         let ns = match self {
-            Document::ClusterSecretStore(_) => String::new(),
+            Document::ClusterSecretStore(_) | Document::ClusterGenerator(_) => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
         (kind, ns, meta.name.clone().unwrap_or_default())
@@ -61,23 +71,63 @@ impl Document {
             Document::ClusterSecretStore(o) => {
                 validate::provider(&o.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
             }
+            Document::Password(o) => validate::generator::password("spec", &o.spec),
+            Document::VaultDynamicSecret(o) => {
+                validate::generator::vault_dynamic_secret("spec", &o.spec)
+            }
+            Document::ClusterGenerator(o) => validate::generator::cluster_generator(&o.spec),
         }
     }
 
     /// The document as YAML (without the `---` separator).
     pub fn to_yaml(&self) -> Result<String, ConvertError> {
         let rendered = match self {
-            Document::ExternalSecret(o) => serde_norway::to_string(o),
+            Document::ExternalSecret(o) => serde_norway::to_string(o).map(|y| octal_modes(&y)),
             Document::SecretStore(o) => {
                 serde_norway::to_value(o).and_then(|v| serde_norway::to_string(&with_audiences(v)))
             }
             Document::ClusterSecretStore(o) => serde_norway::to_string(o),
+            Document::Password(o) => serde_norway::to_string(o),
+            Document::VaultDynamicSecret(o) => serde_norway::to_string(o),
+            Document::ClusterGenerator(o) => serde_norway::to_string(o),
         };
         rendered.map_err(|source| ConvertError::Render {
             what: self.describe(),
             source,
         })
     }
+}
+
+/// An ExternalSecret's YAML with its file modes written in octal (`mode: 0440`) as users write
+/// them, rather than in decimal (288). kubectl reads YAML 1.1, where `0440` is the integer 288,
+/// and the agent's standalone loader reads it as octal text (`api::mode`): both get the same mode.
+/// The only integers an ExternalSecret holds are `defaultMode` and `items[].mode`, and strings
+/// that look like numbers are quoted by the emitter, so a line `mode: <digits>` is always one.
+fn octal_modes(yaml: &str) -> String {
+    let mut out = String::with_capacity(yaml.len() + 16);
+    for line in yaml.split_inclusive('\n') {
+        let body = line.trim_end_matches('\n');
+        let indent = body.len() - body.trim_start_matches([' ', '-']).len();
+        let (head, rest) = body.split_at(indent);
+        let octal = ["mode: ", "defaultMode: "].iter().find_map(|key| {
+            let digits = rest.strip_prefix(key)?;
+            let mode: u32 = digits
+                .parse()
+                .ok()
+                .filter(|_| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))?;
+            Some(format!("{head}{key}{mode:#05o}").replace("0o", "0"))
+        });
+        match octal {
+            Some(l) => {
+                out.push_str(&l);
+                if line.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 /// A `secretsStoreCSI` store with `audiences: []` written out (serialization leaves an empty list
@@ -197,5 +247,25 @@ fn push_lines(out: &mut String, lines: &[String]) {
     for line in lines {
         out.push_str(&super::notes::one_line(line));
         out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_written_in_octal() {
+        let yaml = "spec:\n  target:\n    files:\n      defaultMode: 288\n      items:\n      - key: a\n        path: a\n        mode: 256\n      - mode: 4\n    template:\n      data:\n        mode: '288'\n";
+        let out = octal_modes(yaml);
+        assert!(out.contains("      defaultMode: 0440\n"), "{out}");
+        assert!(out.contains("        mode: 0400\n"), "{out}");
+        assert!(out.contains("      - mode: 0004\n"), "{out}");
+        assert!(out.contains("        mode: '288'\n"), "{out}");
+        let files: crate::api::external_secret::Files =
+            serde_norway::from_str("defaultMode: 0440\nitems: [{key: a, path: a, mode: 0004}]")
+                .unwrap();
+        assert_eq!(files.default_mode, Some(0o440));
+        assert_eq!(files.items[0].mode, Some(0o4));
     }
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use serde_norway::Mapping;
 
 use super::fields::Fields;
+use super::mirrored::{BEFORE_CSI, DEFAULT_SERVICE_ACCOUNT, service_account_note};
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
 use super::spc_entries::{Entry, Group};
@@ -92,7 +93,7 @@ pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<C
     );
     Ok(Converted {
         documents,
-        trailer: volume_snippet(&meta.name, &names),
+        trailer: volume_snippet(&meta.name, &names, false),
     })
 }
 
@@ -208,11 +209,13 @@ fn secret_objects(
         notes.warn(
             &s.path,
             format!(
-                "Secret {} is mirrored by Latchkey's controller (latchkey controller): it exists \
-                 whether or not a pod mounts the class, and is read as the ExternalSecret's \
-                 spec.serviceAccountName (default \"default\"): set that to your pods' service \
-                 account",
-                quoted(&s.secret_name)
+                "mirrored whether or not a pod mounts the class: {}",
+                service_account_note(
+                    meta.namespace.as_deref(),
+                    DEFAULT_SERVICE_ACCOUNT,
+                    &s.secret_name,
+                    BEFORE_CSI,
+                )
             ),
         );
         let target = Target {
@@ -261,13 +264,7 @@ fn synced_secret(
     notes: &mut Notes,
 ) -> Option<SyncedSecret> {
     let mut f = Fields::of(item, path, notes)?;
-    let Some(secret_name) = f.string("secretName", notes) else {
-        notes.warn(
-            f.at("secretName"),
-            "is missing; this Secret is not carried over",
-        );
-        return None;
-    };
+    let secret_name = f.string("secretName", notes);
     let type_ = f.string("type", notes);
     let labels = f.strings("labels", notes);
     let annotations = f.strings("annotations", notes);
@@ -315,6 +312,13 @@ fn synced_secret(
         }
     }
     f.finish(notes);
+    let Some(secret_name) = secret_name else {
+        notes.warn(
+            f.at("secretName"),
+            "is missing; this Secret is not carried over",
+        );
+        return None;
+    };
     if keys.is_empty() {
         notes.warn(path, "has no key that could be converted; not carried over");
         return None;

@@ -126,11 +126,21 @@ fn path_translation(params: &mut Fields<'_>, notes: &mut Notes) -> Option<char> 
 
 /// One item of `objects`: the secret's own file and its `jmesPath` files.
 fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> Vec<Entry> {
-    let Some(name) = f.string("objectName", notes) else {
+    // Every field is read before the object is judged, so that a typo is reported as unknown
+    // even in an object dropped for another reason.
+    let name = f.string("objectName", notes);
+    let ty = f.string("objectType", notes);
+    let alias = f.string("objectAlias", notes);
+    let id = f.string("objectVersion", notes);
+    let label = f.string("objectVersionLabel", notes);
+    let failover = f.value("failoverObject").is_some();
+    let mode = read_mode(f, notes);
+    let jmes = jmes_paths(f, notes);
+    f.finish(notes);
+    let Some(name) = name else {
         notes.warn(f.at("objectName"), "is missing; object not carried over");
         return Vec::new();
     };
-    let ty = f.string("objectType", notes);
     let is_arn = name.starts_with("arn:");
     let ssm = match ty.as_deref() {
         Some("secretsmanager") => false,
@@ -168,7 +178,6 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
         );
         return Vec::new();
     }
-    let alias = f.string("objectAlias", notes);
     let file = match (&alias, translation) {
         (Some(a), _) => a.clone(),
         (None, Some(c)) => name.replace('/', &c.to_string()),
@@ -179,8 +188,6 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
     } else {
         f.at("objectName")
     };
-    let id = f.string("objectVersion", notes);
-    let label = f.string("objectVersionLabel", notes);
     let version = match (id, label) {
         (Some(id), Some(_)) => {
             notes.warn(
@@ -193,12 +200,12 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
         (Some(id), None) => Some(format!("uuid/{id}")),
         (None, label) => label,
     };
-    f.drop_field(
-        "failoverObject",
-        notes,
-        "Latchkey reads one region; the failover object is not carried over",
-    );
-    let mode = read_mode(f, notes);
+    if failover {
+        notes.warn(
+            f.at("failoverObject"),
+            "Latchkey reads one region; the failover object is not carried over",
+        );
+    }
     let mut entries = Vec::new();
     if file_name_ok(&file_at, &file, notes) {
         entries.push(Entry {
@@ -212,16 +219,8 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
             path: f.path().to_string(),
         });
     }
-    for (path, item) in f.list("jmesPath", notes) {
-        let Some(mut j) = Fields::of(item, &path, notes) else {
-            continue;
-        };
-        let expr = j.string("path", notes);
-        let alias = j.string("objectAlias", notes);
-        let expr_at = j.at("path");
-        let alias_at = j.at("objectAlias");
-        j.finish(notes);
-        let (Some(expr), Some(alias)) = (expr, alias) else {
+    for (path, expr, alias) in jmes {
+        let (Some((expr, expr_at)), Some((alias, alias_at))) = (expr, alias) else {
             notes.warn(path, "needs path and objectAlias; not carried over");
             continue;
         };
@@ -251,8 +250,27 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
             });
         }
     }
-    f.finish(notes);
     entries
+}
+
+/// A `jmesPath` item: its path, and its expression and alias with theirs.
+type JmesPath = (String, Option<(String, String)>, Option<(String, String)>);
+
+/// An object's `jmesPath` items, read.
+fn jmes_paths(f: &mut Fields<'_>, notes: &mut Notes) -> Vec<JmesPath> {
+    let mut out = Vec::new();
+    for (path, item) in f.list("jmesPath", notes) {
+        let Some(mut j) = Fields::of(item, &path, notes) else {
+            continue;
+        };
+        let expr_at = j.at("path");
+        let alias_at = j.at("objectAlias");
+        let expr = j.string("path", notes).map(|e| (e, expr_at));
+        let alias = j.string("objectAlias", notes).map(|a| (a, alias_at));
+        j.finish(notes);
+        out.push((path, expr, alias));
+    }
+    out
 }
 
 /// A JMESPath expression that is only field names joined by dots (`a.b`, `"my-key".c`), as the

@@ -50,6 +50,7 @@ pub fn convert(
         parameters,
         audiences: Vec::new(),
         timeout: None,
+        node_publish_secret_ref: None,
     };
     crate::api::validate::plugin::secrets_store_csi(&csi).map_err(|e| e.to_string())?;
     notes.warn(
@@ -68,6 +69,13 @@ pub fn convert(
          audiences from its CSIDriver's tokenRequests, not from the class; list in it those your \
          provider needs (Azure workload identity: api://AzureADTokenExchange) and add each to the \
          csi.latchkey.dev CSIDriver's tokenRequests",
+    );
+    notes.warn(
+        "",
+        "a SecretProviderClass does not show whether pods set nodePublishSecretRef (it is on \
+         the pod's CSI volume): if they do, the provider needs that Secret's credentials: set \
+         spec.provider.secretsStoreCSI.nodePublishSecretRef: {name: <the Secret>} on the store \
+         (a Secret in the store's namespace, read as the pod)",
     );
 
     let name = meta.name.as_str();
@@ -95,6 +103,6 @@ pub fn convert(
             Document::SecretStore(Box::new(store)),
             Document::ExternalSecret(Box::new(es)),
         ],
-        trailer: volume_snippet(name, &[name.to_string()]),
+        trailer: volume_snippet(name, &[name.to_string()], true),
     })
 }

@@ -50,8 +50,10 @@ pub fn class_external_secret(
     es
 }
 
-/// The commented pod volume(s) replacing `csi: {driver: secrets-store.csi.k8s.io, ...}`.
-pub fn volume_snippet(class: &str, names: &[String]) -> Vec<String> {
+/// The commented pod volume(s) replacing `csi: {driver: secrets-store.csi.k8s.io, ...}`;
+/// `provider_pod`: the store calls the class's provider pod (which may need the volume's
+/// `nodePublishSecretRef`).
+pub fn volume_snippet(class: &str, names: &[String], provider_pod: bool) -> Vec<String> {
     let c = super::output::COMMENT;
     let mut lines = vec![
         format!(
@@ -78,9 +80,13 @@ pub fn volume_snippet(class: &str, names: &[String]) -> Vec<String> {
             format!("#         {}: {name}", crate::api::ATTR_EXTERNAL_SECRET),
         ]);
     }
-    lines.push(
+    lines.push(if provider_pod {
+        "#   (no nodePublishSecretRef on the volume: set it on the store, \
+         spec.provider.secretsStoreCSI.nodePublishSecretRef)"
+            .to_string()
+    } else {
         "#   (no nodePublishSecretRef: Latchkey authenticates with the pod's service account)"
-            .to_string(),
-    );
+            .to_string()
+    });
     lines
 }

@@ -271,10 +271,80 @@ fn suffix(mount: &str, kv: Kv, earlier: &[((String, Kv), Group)]) -> String {
     s.trim_matches('-').to_string()
 }
 
+/// Default mounts of Vault's secrets engines that make a credential per read (dynamic secrets,
+/// certificates, one-time codes): a path below one of them is no KV secret.
+const DYNAMIC_MOUNTS: &[&str] = &[
+    "database",
+    "pki",
+    "aws",
+    "azure",
+    "gcp",
+    "alicloud",
+    "consul",
+    "nomad",
+    "rabbitmq",
+    "ssh",
+    "totp",
+    "transit",
+    "kubernetes",
+    "ldap",
+    "terraform",
+];
+
+/// Operations of those engines, right after their mount (`<mount>/creds/<role>`, also where the
+/// engine is mounted under another name).
+const DYNAMIC_OPERATIONS: &[&str] = &[
+    "creds",
+    "static-creds",
+    "issue",
+    "sign",
+    "sign-verbatim",
+    "sts",
+];
+
+/// Why `secret_path` (a path without `/data/`) reads a dynamic engine rather than a KV v1
+/// secret, if it does: its mount is an engine's default mount, or its second segment one of
+/// their operations.
+pub fn dynamic_engine(secret_path: &str) -> Option<String> {
+    let path = secret_path.split('?').next().unwrap_or_default();
+    let path = path.trim_matches('/');
+    if path.contains("/data/") {
+        return None;
+    }
+    let mut segments = path.split('/');
+    let mount = segments.next().unwrap_or_default();
+    let operation = segments.next();
+    if DYNAMIC_MOUNTS.contains(&mount) {
+        return Some(format!(
+            "is below {}, the default mount of Vault's {mount} secrets engine",
+            quoted(&format!("{mount}/"))
+        ));
+    }
+    let op = operation.filter(|op| DYNAMIC_OPERATIONS.contains(op))?;
+    Some(format!(
+        "has {}, an operation of a dynamic secrets engine (database, aws, pki, ssh, ...)",
+        quoted(&format!("/{op}/"))
+    ))
+}
+
+/// Where a dynamic secret goes instead: a generator.
+const USE_A_GENERATOR: &str = "Latchkey makes such credentials with a generator: a \
+     generators.latchkey.dev/v1alpha1 VaultDynamicSecret (path, method, parameters) named by the \
+     ExternalSecret's dataFrom[].sourceRef.generatorRef, which also revokes the lease when the \
+     volume goes (docs/generators.md); object not carried over";
+
 /// One item of `objects`, with the KV location it reads.
 fn object(f: &mut Fields<'_>, notes: &mut Notes) -> Option<(KvPath, Entry)> {
+    // Every field is read before the object is judged, so that a typo is reported as unknown
+    // even in an object dropped for another reason.
     let name = f.string("objectName", notes);
     let secret_path = f.string("secretPath", notes);
+    let secret_args = f.value("secretArgs").is_some();
+    let method = f.string("method", notes);
+    let encoding = f.string("encoding", notes);
+    let property = f.string("secretKey", notes);
+    let mode = read_mode(f, notes);
+    f.finish(notes);
     let (Some(name), Some(secret_path)) = (name, secret_path) else {
         notes.warn(
             f.path(),
@@ -282,28 +352,43 @@ fn object(f: &mut Fields<'_>, notes: &mut Notes) -> Option<(KvPath, Entry)> {
         );
         return None;
     };
-    if f.has("secretArgs") {
+    if secret_args {
         notes.warn(
             f.at("secretArgs"),
-            "request bodies (dynamic secrets, PKI) have no Latchkey equivalent: Latchkey reads \
-             KV secrets only; object not carried over",
+            format!(
+                "{}: a request body is sent to dynamic secrets engines and PKI, not to KV; \
+                 {USE_A_GENERATOR}",
+                quoted(&secret_path)
+            ),
         );
         return None;
     }
-    if let Some(method) = f.string("method", notes)
+    if let Some(method) = method
         && !method.eq_ignore_ascii_case("GET")
     {
         notes.warn(
             f.at("method"),
             format!(
-                "{} requests have no Latchkey equivalent: Latchkey reads KV secrets only; \
-                 object not carried over",
-                quoted(&method)
+                "{} on {}: a write makes a credential (dynamic secrets, PKI); KV is read with \
+                 GET; {USE_A_GENERATOR}",
+                quoted(&method),
+                quoted(&secret_path)
             ),
         );
         return None;
     }
-    let decoding = match f.string("encoding", notes).as_deref() {
+    if let Some(why) = dynamic_engine(&secret_path) {
+        notes.warn(
+            f.at("secretPath"),
+            format!(
+                "{} {why}, not a KV secret; {USE_A_GENERATOR} (if it is a KV v1 secret after \
+                 all, write its ExternalSecret entry by hand)",
+                quoted(&secret_path)
+            ),
+        );
+        return None;
+    }
+    let decoding = match encoding.as_deref() {
         None | Some("utf-8") | Some("utf8") => None,
         Some("base64") => Some(DecodingStrategy::Base64),
         Some(other) => {
@@ -334,19 +419,17 @@ fn object(f: &mut Fields<'_>, notes: &mut Notes) -> Option<(KvPath, Entry)> {
             format!(
                 "{} has no /data/ segment, so it was read as KV v1 mount {} and key {} (a guess: \
                  fix spec.provider.vault.path/version and remoteRef.key if the mount is named \
-                 otherwise; dynamic engines such as database/creds are not supported)",
+                 otherwise; a dynamic engine mounted elsewhere needs a VaultDynamicSecret \
+                 generator instead, docs/generators.md)",
                 quoted(&secret_path),
                 quoted(&at.mount),
                 quoted(&at.key)
             ),
         );
     }
-    let property = f.string("secretKey", notes);
-    let mode = read_mode(f, notes);
     if !file_name_ok(&f.at("objectName"), &name, notes) {
         return None;
     }
-    f.finish(notes);
     let entry = Entry {
         secret_key: name,
         remote_ref: RemoteRef {
@@ -384,6 +467,28 @@ mod tests {
             (p.mount.as_str(), p.kv, p.key.as_str(), p.guessed),
             ("legacy", Kv::V1, "app/config", true)
         );
+    }
+
+    #[test]
+    fn dynamic_engines_are_told_from_kv() {
+        for dynamic in [
+            "database/creds/readonly",
+            "pki/issue/example-dot-com",
+            "aws/creds/deploy",
+            "ssh-client/sign/admin",
+            "db-prod/static-creds/app",
+            "/totp/code/me",
+        ] {
+            assert!(dynamic_engine(dynamic).is_some(), "{dynamic}");
+        }
+        for kv in [
+            "secret/data/db",
+            "legacy/app/config",
+            "kv/team/creds",
+            "database/data/app",
+        ] {
+            assert!(dynamic_engine(kv).is_none(), "{kv}");
+        }
     }
 
     #[test]

@@ -52,7 +52,13 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             }
         }
         // Exactly the audiences the store lists, as the driver's CSIDriver `tokenRequests`.
-        ProviderSpec::SecretsStoreCsi(p) => out.extend(p.audiences.iter().cloned()),
+        // nodePublishSecretRef: a SecretStore's is read as the caller.
+        ProviderSpec::SecretsStoreCsi(p) => {
+            out.extend(p.audiences.iter().cloned());
+            if p.node_publish_secret_ref.is_some() && credentials_as_caller {
+                out.push(api_server());
+            }
+        }
     }
     out.sort();
     out.dedup();
@@ -148,6 +154,22 @@ mod tests {
                 ProviderSpec::SecretsStoreCsi(&sscsi),
                 StoreKind::SecretStore
             ),
+            ["api://AzureADTokenExchange", "vault"]
+        );
+        // Its nodePublishSecretRef Secret is read as the caller in a SecretStore only.
+        let with_secret = SecretsStoreCsiProvider {
+            node_publish_secret_ref: Some(SecretNameRef {
+                name: "creds".into(),
+            }),
+            ..sscsi
+        };
+        let spec = ProviderSpec::SecretsStoreCsi(&with_secret);
+        assert_eq!(
+            token_audiences(spec, StoreKind::SecretStore),
+            ["", "api://AzureADTokenExchange", "vault"]
+        );
+        assert_eq!(
+            token_audiences(spec, StoreKind::ClusterSecretStore),
             ["api://AzureADTokenExchange", "vault"]
         );
     }

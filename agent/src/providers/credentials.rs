@@ -98,6 +98,84 @@ pub async fn read(
         })
 }
 
+/// Most bytes (keys and values) of a Secret read whole ([`read_all`]); a Kubernetes Secret holds
+/// at most 1 MiB.
+pub const MAX_SECRET_BYTES: usize = 1 << 20;
+
+/// Every key of the credential Secret `name`, with the same namespace rules and reads as
+/// [`read`] (a SecretStore's as the pod, a ClusterSecretStore's in the agent's namespace).
+/// Values must be text. Messages name the Secret, never a value.
+pub async fn read_all(
+    ctx: &BuildContext<'_>,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, SecretString>, ProviderError> {
+    let selector = SecretKeySelector {
+        name: name.to_string(),
+        ..Default::default()
+    };
+    let location = locate(ctx, &selector)?;
+    let (namespace, name) = (&location.namespace, &location.name);
+    let missing =
+        || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
+    let too_large = || {
+        ProviderError::Config(format!(
+            "credential Secret {namespace}/{name} is larger than {} KiB",
+            MAX_SECRET_BYTES >> 10
+        ))
+    };
+    let not_text =
+        || ProviderError::Config(format!("credential Secret {namespace}/{name} is not text"));
+    let pairs: Vec<(String, Vec<u8>)> = match (ctx.store_kind, &ctx.env.kube) {
+        (StoreKind::SecretStore, Some(kube)) => {
+            let as_pod =
+                KubernetesSecrets::new(&KubernetesProvider::default(), Some(kube), ctx.pod)?;
+            let doc = as_pod
+                .get(&RemoteKey {
+                    key: name.clone(),
+                    version: None,
+                })
+                .await
+                .map_err(|e| match e {
+                    ProviderError::NotFound => missing(),
+                    other => other,
+                })?;
+            if doc.expose().len() > MAX_SECRET_BYTES * 2 {
+                return Err(too_large());
+            }
+            let (map, _held): (std::collections::BTreeMap<String, String>, _) =
+                crate::json::parse(doc.expose()).map_err(|_| not_text())?;
+            map.into_iter().map(|(k, v)| (k, v.into_bytes())).collect()
+        }
+        _ => {
+            let secret = ctx
+                .env
+                .catalog
+                .secret(namespace, name)
+                .await
+                .map_err(|e| ProviderError::Unavailable(e.to_string()))?
+                .ok_or_else(missing)?;
+            secret
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect()
+        }
+    };
+    let bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_SECRET_BYTES {
+        return Err(too_large());
+    }
+    pairs
+        .into_iter()
+        .map(|(k, v)| {
+            String::from_utf8(v)
+                .map(|v| (k, SecretString::new(v)))
+                .map_err(|_| not_text())
+        })
+        .collect()
+}
+
 /// The namespace a store of this kind may read credentials from.
 fn allowed_namespace<'a>(
     ctx: &'a BuildContext<'_>,

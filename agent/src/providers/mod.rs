@@ -220,7 +220,7 @@ pub async fn build(
         ProviderSpec::Vault(v) => Arc::new(vault::Vault::new(v, ctx).await?),
         ProviderSpec::Plugin(p) => Arc::new(plugin::Plugin::new(p, ctx).await?),
         ProviderSpec::SecretsStoreCsi(p) => {
-            Arc::new(secrets_store_csi::SecretsStoreCsi::new(p, ctx)?)
+            Arc::new(secrets_store_csi::SecretsStoreCsi::new(p, ctx).await?)
         }
     };
     Ok(Arc::new(Instrumented {

@@ -147,6 +147,9 @@ pub fn secrets_store_csi(p: &SecretsStoreCsiProvider) -> Result<Duration, Invali
             )));
         }
     }
+    if let Some(r) = &p.node_publish_secret_ref {
+        name(format_args!("{AT}.nodePublishSecretRef.name"), &r.name)?;
+    }
     call_timeout(format_args!("{AT}.timeout"), p.timeout.as_deref())
 }
 

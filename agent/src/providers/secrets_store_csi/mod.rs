@@ -56,6 +56,8 @@ pub struct SecretsStoreCsi {
     channel: Channel,
     /// The request's attributes JSON; holds the pod's tokens.
     attributes: SecretString,
+    /// The request's secrets JSON (the store's `nodePublishSecretRef`, else `{}`).
+    secrets: SecretString,
     timeout: Duration,
     /// Names the store and identity whose Mount is shared and whose object versions are kept.
     key: String,
@@ -67,9 +69,9 @@ pub struct SecretsStoreCsi {
 }
 
 impl SecretsStoreCsi {
-    /// Checks the spec, opens the provider's socket (no symbolic link) and builds the
-    /// attributes for `ctx.pod`; nothing is sent yet.
-    pub fn new(
+    /// Checks the spec, opens the provider's socket (no symbolic link), builds the attributes
+    /// for `ctx.pod` and reads the `nodePublishSecretRef` Secret; nothing is sent yet.
+    pub async fn new(
         spec: &SecretsStoreCsiProvider,
         ctx: &BuildContext<'_>,
     ) -> Result<Self, ProviderError> {
@@ -79,10 +81,20 @@ impl SecretsStoreCsi {
         let shared = Arc::clone(&ctx.env.secrets_store);
         let channel = shared.channel(&what, &spec.provider)?;
         let attributes = request::attributes(spec, ctx.pod)?;
+        let secrets = match &spec.node_publish_secret_ref {
+            None => SecretString::new(request::NO_SECRETS.to_owned()),
+            Some(r) => {
+                let data = super::credentials::read_all(ctx, &r.name)
+                    .await
+                    .map_err(|e| node_publish_error(&what, e))?;
+                request::secrets(&data)?
+            }
+        };
         Ok(Self {
             what,
             channel,
             attributes,
+            secrets,
             timeout,
             key: shared_key(spec, ctx),
             max_age: ctx.max_age,
@@ -118,7 +130,7 @@ impl SecretsStoreCsi {
         };
         let mut request = tonic::Request::new(MountRequest {
             attributes: self.attributes.expose().to_owned(),
-            secrets: request::SECRETS.to_owned(),
+            secrets: self.secrets.expose().to_owned(),
             target_path: request::TARGET_PATH.to_owned(),
             permission: request::PERMISSION.to_owned(),
             current_object_version: self.shared.versions(&self.key),
@@ -141,12 +153,32 @@ impl SecretsStoreCsi {
     }
 }
 
+/// A failure to read the `nodePublishSecretRef` Secret, saying which store field it is.
+fn node_publish_error(what: &str, e: ProviderError) -> ProviderError {
+    let at = |m: String| format!("{what}: nodePublishSecretRef: {m}");
+    match e {
+        ProviderError::PermissionDenied(m) => ProviderError::PermissionDenied(at(m)),
+        ProviderError::Unavailable(m) => ProviderError::Unavailable(at(m)),
+        ProviderError::Throttled(m) => ProviderError::Throttled(at(m)),
+        ProviderError::Timeout(m) => ProviderError::Timeout(at(m)),
+        ProviderError::Config(m) => ProviderError::Config(at(m)),
+        ProviderError::TooLarge(m) => ProviderError::TooLarge(at(m)),
+        ProviderError::NotFound => ProviderError::Config(at("the Secret was not found".into())),
+        other => other,
+    }
+}
+
 /// Names a store (its provider block) and the identity it is read as, without holding either.
 fn shared_key(spec: &SecretsStoreCsiProvider, ctx: &BuildContext<'_>) -> String {
     let mut hasher = DefaultHasher::new();
     spec.provider.hash(&mut hasher);
     spec.parameters.hash(&mut hasher);
     spec.audiences.hash(&mut hasher);
+    // Another credential Secret, another Mount: what a provider returns may depend on it.
+    spec.node_publish_secret_ref
+        .as_ref()
+        .map(|r| &r.name)
+        .hash(&mut hasher);
     format!(
         "{}/{}/{:016x}",
         ctx.pod.namespace,

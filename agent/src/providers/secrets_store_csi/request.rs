@@ -27,8 +27,15 @@ pub const TARGET_PATH: &str = "/nonexistent/latchkey/provider-must-return-files"
 /// The `permission` sent: 0644 in decimal, as the driver sends it by default.
 pub const PERMISSION: &str = "420";
 
-/// The `secrets` sent: nodePublishSecretRef is not supported, so no credentials.
-pub const SECRETS: &str = "{}";
+/// The `secrets` sent without a `nodePublishSecretRef`: no credentials.
+pub const NO_SECRETS: &str = "{}";
+
+/// The `secrets` JSON for the keys of a `nodePublishSecretRef` Secret: an object of strings, as
+/// the driver sends the Secret kubelet passed it. Never logged.
+pub fn secrets(data: &BTreeMap<String, SecretString>) -> Result<SecretString, ProviderError> {
+    let map: BTreeMap<&str, &str> = data.iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    Ok(SecretString::new(to_json(&map)?))
+}
 
 /// One token as the driver passes it.
 #[derive(Serialize)]
@@ -93,6 +100,24 @@ mod tests {
 
     fn pod() -> PodInfo {
         crate::identity::test_pod()
+    }
+
+    #[test]
+    fn node_publish_secrets_are_a_json_object_of_strings_never_debugged() {
+        let data: BTreeMap<String, SecretString> = [
+            ("clientid".to_string(), SecretString::new("id".into())),
+            (
+                "clientsecret".to_string(),
+                SecretString::new("hunter2\"\n".into()),
+            ),
+        ]
+        .into();
+        let json = secrets(&data).unwrap();
+        let map: BTreeMap<String, String> = serde_json::from_str(json.expose()).unwrap();
+        assert_eq!(map["clientid"], "id");
+        assert_eq!(map["clientsecret"], "hunter2\"\n");
+        assert!(!format!("{json:?} {data:?}").contains("hunter2"));
+        assert_eq!(secrets(&BTreeMap::new()).unwrap().expose(), NO_SECRETS);
     }
 
     #[test]
