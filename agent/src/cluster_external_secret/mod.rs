@@ -10,9 +10,9 @@
 //! being deleted are skipped. When the ClusterExternalSecret is deleted, Kubernetes' garbage
 //! collector removes its ExternalSecrets (they are its dependents).
 //!
-//! What is written is remembered (resourceVersion and a digest of the body), so an unchanged
-//! ExternalSecret is not written again on every namespace event or refresh; one edited by
-//! someone else is written back.
+//! What is written is remembered (the object's generation and a digest of the body), so an
+//! unchanged ExternalSecret is not written again on every namespace event, status write of the
+//! mirror or refresh; one whose spec someone else edited is written back.
 
 mod plan;
 #[cfg(test)]
@@ -94,8 +94,8 @@ pub enum CesError {
     },
 }
 
-/// What was last written for one ExternalSecret: (owner uid, body digest, resourceVersion).
-type Written = (String, u64, String);
+/// What was last written for one ExternalSecret: (owner uid, body digest, generation).
+type Written = (String, u64, i64);
 
 /// Runs ClusterExternalSecrets.
 pub struct CesController {
@@ -366,13 +366,8 @@ impl Run {
             .filter(|es| controller_uid(es.owner_references()) == Some(uid));
         if let Some(es) = &cached {
             let written = me.written.lock().unwrap_or_else(PoisonError::into_inner);
-            if written.get(&key)
-                == Some(&(
-                    uid.to_string(),
-                    digest,
-                    es.resource_version().unwrap_or_default(),
-                ))
-            {
+            let generation = es.metadata.generation.unwrap_or_default();
+            if written.get(&key) == Some(&(uid.to_string(), digest, generation)) {
                 return Ok(());
             }
         }
@@ -389,8 +384,8 @@ impl Run {
         let resource_version = match cached {
             Some(es) => es.resource_version().unwrap_or_default(),
             None => match self.create(&api, namespace, es_name, uid, &body).await? {
-                Created::New(rv) => {
-                    me.remember(key, uid, digest, rv);
+                Created::New(generation) => {
+                    me.remember(key, uid, digest, generation);
                     return Ok(());
                 }
                 Created::Ours(rv) => rv,
@@ -402,8 +397,8 @@ impl Run {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         match api.patch(es_name, &params, &Patch::Apply(&body)).await {
             Ok(written) => {
-                let rv = written.resource_version().unwrap_or_default();
-                me.remember(key, uid, digest, rv);
+                let generation = written.metadata.generation.unwrap_or_default();
+                me.remember(key, uid, digest, generation);
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Err(Failure::Retry),
@@ -433,7 +428,9 @@ impl Run {
         match api.create(&params, &typed).await {
             Ok(created) => {
                 info!(%namespace, external_secret = %es_name, "ExternalSecret created for a ClusterExternalSecret");
-                Ok(Created::New(created.resource_version().unwrap_or_default()))
+                Ok(Created::New(
+                    created.metadata.generation.unwrap_or_default(),
+                ))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let meta: Api<PartialObjectMeta<ExternalSecret>> =
@@ -506,18 +503,18 @@ impl Run {
 }
 
 impl CesController {
-    fn remember(&self, key: (String, String), uid: &str, digest: u64, rv: String) {
+    fn remember(&self, key: (String, String), uid: &str, digest: u64, generation: i64) {
         self.written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, (uid.to_string(), digest, rv));
+            .insert(key, (uid.to_string(), digest, generation));
     }
 }
 
 /// How a create ended when it did not fail.
 enum Created {
-    /// Created now; its resourceVersion.
-    New(String),
+    /// Created now; its generation.
+    New(i64),
     /// It existed and is this object's; its resourceVersion.
     Ours(String),
 }
