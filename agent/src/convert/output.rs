@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::errors::ConvertError;
 use super::notes::Notes;
+use crate::api::cluster_external_secret::ClusterExternalSecret;
 use crate::api::validate::{self, Invalid};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 
@@ -22,6 +23,8 @@ pub enum Document {
     SecretStore(Box<SecretStore>),
     /// `latchkey.dev/v1alpha1` ClusterSecretStore.
     ClusterSecretStore(Box<ClusterSecretStore>),
+    /// `latchkey.dev/v1alpha1` ClusterExternalSecret.
+    ClusterExternalSecret(Box<ClusterExternalSecret>),
 }
 
 impl Document {
@@ -31,9 +34,10 @@ impl Document {
             Document::ExternalSecret(o) => ("ExternalSecret", &o.metadata),
             Document::SecretStore(o) => ("SecretStore", &o.metadata),
             Document::ClusterSecretStore(o) => ("ClusterSecretStore", &o.metadata),
+            Document::ClusterExternalSecret(o) => ("ClusterExternalSecret", &o.metadata),
         };
         let ns = match self {
-            Document::ClusterSecretStore(_) => String::new(),
+            Document::ClusterSecretStore(_) | Document::ClusterExternalSecret(_) => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
         (kind, ns, meta.name.clone().unwrap_or_default())
@@ -61,6 +65,7 @@ impl Document {
             Document::ClusterSecretStore(o) => {
                 validate::provider(&o.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
             }
+            Document::ClusterExternalSecret(o) => validate::cluster_external_secret(&o.spec),
         }
     }
 
@@ -72,6 +77,7 @@ impl Document {
                 serde_norway::to_value(o).and_then(|v| serde_norway::to_string(&with_audiences(v)))
             }
             Document::ClusterSecretStore(o) => serde_norway::to_string(o),
+            Document::ClusterExternalSecret(o) => serde_norway::to_string(o),
         };
         rendered.map_err(|source| ConvertError::Render {
             what: self.describe(),
