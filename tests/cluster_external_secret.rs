@@ -84,6 +84,9 @@ fn ces(s: &FakeApiServer) -> Value {
         .expect("the ClusterExternalSecret")
 }
 
+/// Where the controller logs; a timeout shows it.
+static LOG: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+
 /// Polls `check` every 50 ms for up to `within`.
 async fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + within;
@@ -91,7 +94,14 @@ async fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> 
         if let Some(v) = check() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            let log = LOG.lock().unwrap().clone();
+            let text = log.map(|p| std::fs::read_to_string(p).unwrap_or_default());
+            panic!(
+                "timed out waiting for {what}; controller log:\n{}",
+                text.unwrap_or_default()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -139,6 +149,7 @@ async fn external_secrets_follow_the_namespaces_a_cluster_external_secret_select
                  "externalSecretSpec": {"secretStoreRef": {"name": "x"},
                      "data": [{"secretKey": "k", "remoteRef": {"key": "k"}}]}}}));
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "replica-a", &[]).await;
+    *LOG.lock().unwrap() = Some(c.log.clone());
 
     // By name (legacy) and by either selector (shop); `other` matches nothing.
     for ns in ["shop", "legacy"] {

@@ -23,7 +23,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::{StreamExt, future};
+use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -55,6 +55,8 @@ const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
 const MIN_REFRESH: Duration = Duration::from_secs(10);
 /// Longest wait before a failed reconcile is retried.
 const RETRY: Duration = Duration::from_secs(5);
+/// When to look again while the caches are still filling.
+const NOT_READY_RETRY: Duration = Duration::from_millis(200);
 /// How long in-flight reconciles may take to finish once a stop is asked for.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Reconciles run at once.
@@ -81,9 +83,6 @@ pub struct Parts {
 /// Why a reconcile did not finish; it is retried.
 #[derive(Debug, thiserror::Error)]
 pub enum CesError {
-    /// The caches of Namespaces or ExternalSecrets never filled (the stop came first).
-    #[error("the Namespace or ExternalSecret cache is not ready")]
-    NotReady,
     /// The status could not be written.
     #[error("ClusterExternalSecret {name}: status not written: {reason}")]
     Status {
@@ -124,7 +123,7 @@ impl CesController {
         self: Arc<Self>,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
-        let stop = futures::FutureExt::shared(Box::pin(stop));
+        let stop = Box::pin(stop).shared();
         let client = self.parts.client.clone();
         let (namespaces, ns_writer) = reflector::store();
         let ns_stream = watcher(Api::<Namespace>::all(client.clone()), Default::default())
@@ -132,10 +131,12 @@ impl CesController {
             .reflect(ns_writer)
             .touched_objects();
         let (owned, es_writer) = reflector::store();
-        // Metadata only: ownership and resourceVersions are all this controller reads of them.
+        // Metadata only: ownership and generations are all this controller reads of them.
+        // Every ExternalSecret, not only those with the label: one of someone else that goes
+        // away frees its name for a ClusterExternalSecret at once, not at the next refresh.
         let es_stream = watcher(
             Api::<PartialObjectMeta<ExternalSecret>>::all(client.clone()),
-            watcher::Config::default().labels(LABEL),
+            watcher::Config::default(),
         )
         .default_backoff()
         .reflect(es_writer)
@@ -144,6 +145,7 @@ impl CesController {
         let controller = Controller::new(api, watcher::Config::default())
             .with_config(ControllerConfig::default().concurrency(CONCURRENCY));
         let every = controller.store();
+        let named = controller.store();
         let run = Arc::new(Run {
             me: Arc::clone(&self),
             namespaces,
@@ -158,7 +160,25 @@ impl CesController {
                     .map(|c| ObjectRef::from_obj(c.as_ref()))
                     .collect::<Vec<_>>()
             })
-            .owns_stream(es_stream)
+            // Not `owns_stream`: it looks owners up in the child's namespace, and a
+            // ClusterExternalSecret has none.
+            .watches_stream(es_stream, move |es: PartialObjectMeta<ExternalSecret>| {
+                let name = es.name_any();
+                let mut refs: Vec<ObjectRef<Lenient<ClusterExternalSecret>>> = es
+                    .owner_references()
+                    .iter()
+                    .filter(|o| o.kind == ClusterExternalSecret::kind(&()))
+                    .map(|o| ObjectRef::new(&o.name))
+                    .collect();
+                // Those that want an ExternalSecret of this name (one that was in the way).
+                refs.extend(named.state().iter().filter_map(|c| match c.as_ref() {
+                    Lenient::Usable(o) if o.external_secret_name() == name => {
+                        Some(ObjectRef::from_obj(c.as_ref()))
+                    }
+                    _ => None,
+                }));
+                refs
+            })
             .graceful_shutdown_on(stop.clone())
             .run(
                 |ces, run: Arc<Run>| async move { run.reconcile(&ces).await },
@@ -247,17 +267,24 @@ impl Run {
     /// status.
     async fn reconcile(&self, ces: &Lenient<ClusterExternalSecret>) -> Result<Action, CesError> {
         let me = &self.me;
-        if self.namespaces.wait_until_ready().await.is_err()
-            || self.owned.wait_until_ready().await.is_err()
+        // Never act on a partial view (it would delete what is only not yet seen). Checked, not
+        // awaited: a store's readiness wakes only the last of several waiters, so concurrent
+        // reconciles awaiting it could sleep forever.
+        let ready = |ready: Option<Result<(), _>>| matches!(ready, Some(Ok(())));
+        if !ready(self.namespaces.wait_until_ready().now_or_never())
+            || !ready(self.owned.wait_until_ready().now_or_never())
         {
-            return Err(CesError::NotReady);
+            return Ok(Action::requeue(NOT_READY_RETRY));
         }
         let name = ces.name_any();
         let now = Timestamp::now().to_string();
         let object = match ces {
             Lenient::Usable(object) => object,
             Lenient::Unusable { reason, .. } => {
-                return self.refuse(ces, None, reason, &now).await;
+                // Its status cannot be read back, so writing one would only trigger this again
+                // (the schema keeps such objects out in a real cluster): the log says it.
+                warn!(cluster_external_secret = %name, %reason, "ClusterExternalSecret cannot be read; nothing is written or removed for it");
+                return Ok(Action::await_change());
             }
         };
         if object.metadata.deletion_timestamp.is_some() {
@@ -315,6 +342,10 @@ impl Run {
         if !me.leading() {
             return Ok(Action::requeue(RETRY));
         }
+        debug!(
+            cluster_external_secret = %name, provisioned = provisioned.len(), failed = failed.len(),
+            deleted = plan.delete.len(), "cluster external secret reconciled"
+        );
         let status = plan::status(previous, &es_name, &provisioned, &failed, &now);
         let changed = me.write_status(&name, previous, &status).await?;
         if changed && !failed.is_empty() {
@@ -337,6 +368,7 @@ impl Run {
         why: &str,
         now: &str,
     ) -> Result<Action, CesError> {
+        debug!(cluster_external_secret = %ces.name_any(), %why, "cluster external secret refused");
         let status = plan::invalid(previous, why, now);
         if self
             .me
