@@ -19,7 +19,6 @@ mod plan;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -40,19 +39,12 @@ use crate::api::cluster_external_secret::{ClusterExternalSecret, ClusterExternal
 use crate::catalog::Lenient;
 use crate::events::{EventTarget, KubeEvents, WARNING};
 
-pub use plan::{MAX_STATUS_NAMESPACES, Owned, Plan, SeenNamespace, matches, plan};
+pub use plan::{LABEL, MAX_STATUS_NAMESPACES, Owned, Plan, SeenNamespace, matches, plan};
+use plan::{controller_uid, desired, digest, foreign, refresh};
 
-/// Label on every ExternalSecret a ClusterExternalSecret writes (its name, or its uid when the
-/// name is too long for a label value): the controller watches only these. Ownership itself is
-/// the ownerReference, never the label.
-pub const LABEL: &str = "latchkey.dev/cluster-external-secret";
 /// The field manager of the ExternalSecrets written (the mirror's, so one name shows in
 /// `managedFields` for everything the controller writes).
 const FIELD_MANAGER: &str = "latchkey";
-/// Default `refreshTime`, as ESO's.
-const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
-/// Shortest `refreshTime` honoured: a look at every namespace is cheap, but not free.
-const MIN_REFRESH: Duration = Duration::from_secs(10);
 /// Longest wait before a failed reconcile is retried.
 const RETRY: Duration = Duration::from_secs(5);
 /// When to look again while the caches are still filling.
@@ -557,83 +549,6 @@ enum Failure {
     Retry,
     /// Reported in `status.failedNamespaces`.
     Refused(String),
-}
-
-/// The uid of the controller ownerReference, if any.
-fn controller_uid(
-    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-) -> Option<&str> {
-    owners
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .map(|o| o.uid.as_str())
-}
-
-/// Why an existing ExternalSecret is not touched.
-fn foreign(owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]) -> String {
-    match owners.iter().find(|o| o.controller == Some(true)) {
-        Some(o) => format!(
-            "an ExternalSecret of that name exists and is controlled by {} {:?}; it is left \
-             untouched",
-            o.kind, o.name
-        ),
-        None => "an ExternalSecret of that name exists and is not this ClusterExternalSecret's; \
-                 it is left untouched (delete it, or rename externalSecretName)"
-            .into(),
-    }
-}
-
-/// The apply configuration of the ExternalSecret written for `ces` (namespace set per write).
-fn desired(ces: &ClusterExternalSecret, uid: &str, es_name: &str) -> Value {
-    let ces_name = ces.name_any();
-    let mut labels = BTreeMap::new();
-    let mut annotations = BTreeMap::new();
-    if let Some(meta) = &ces.spec.external_secret_metadata {
-        labels.extend(meta.labels.clone());
-        annotations.extend(meta.annotations.clone());
-    }
-    // A label value is at most 63 characters; a longer name is told by its uid.
-    let mark = if ces_name.len() <= 63 {
-        ces_name.clone()
-    } else {
-        uid.to_string()
-    };
-    labels.insert(LABEL.to_string(), mark);
-    json!({
-        "apiVersion": ExternalSecret::api_version(&()),
-        "kind": ExternalSecret::kind(&()),
-        "metadata": {
-            "name": es_name,
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [{
-                "apiVersion": ClusterExternalSecret::api_version(&()),
-                "kind": ClusterExternalSecret::kind(&()),
-                "name": ces_name,
-                "uid": uid,
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": ces.spec.external_secret_spec,
-    })
-}
-
-/// A digest of what is written, to tell whether it changed since the last write.
-fn digest(body: &Value) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    body.to_string().hash(&mut hasher);
-    hasher.finish()
-}
-
-/// When to look again without a change seen: `refreshTime` (default 1m), at least 10s; `0`:
-/// only on changes.
-fn refresh(text: Option<&str>) -> Duration {
-    match text.map(crate::api::duration::parse) {
-        None | Some(None) => DEFAULT_REFRESH,
-        Some(Some(d)) if d.is_zero() => Duration::from_secs(24 * 3600),
-        Some(Some(d)) => d.clamp(MIN_REFRESH, Duration::from_secs(24 * 3600)),
-    }
 }
 
 fn describe(e: &kube::Error) -> String {

@@ -1,15 +1,32 @@
 //! What a ClusterExternalSecret needs, from what is seen: the namespaces it matches, the
-//! ExternalSecrets to write and those to delete; and the status that reports the outcome.
+//! ExternalSecrets to write and those to delete, the body written; and the status that reports
+//! the outcome.
 //! Pure: no API call here.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::api::ExternalSecret;
 use crate::api::cluster_external_secret::{
-    ClusterExternalSecretNamespaceFailure, ClusterExternalSecretSpec, ClusterExternalSecretStatus,
+    ClusterExternalSecret, ClusterExternalSecretNamespaceFailure, ClusterExternalSecretSpec,
+    ClusterExternalSecretStatus,
 };
 use crate::api::external_secret::Condition;
 use crate::catalog::binding::selector_matches;
 
+/// Label on every ExternalSecret a ClusterExternalSecret writes (its name, or its uid when the
+/// name is too long for a label value), for `kubectl get lkes -l`. Ownership is the
+/// ownerReference, never the label.
+pub const LABEL: &str = "latchkey.dev/cluster-external-secret";
+/// Default `refreshTime`, as ESO's.
+const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
+/// Shortest `refreshTime` honoured: a look at every namespace is cheap, but not free.
+const MIN_REFRESH: Duration = Duration::from_secs(10);
 /// Most namespaces each status list names; the Ready condition's message gives the totals.
 pub const MAX_STATUS_NAMESPACES: usize = 1000;
 /// Longest reason kept for one failed namespace.
@@ -187,5 +204,80 @@ fn condition(
         reason: Some(reason.into()),
         message: Some(crate::telemetry::escape::printable(&message, 1024)),
         last_transition_time: Some(since),
+    }
+}
+
+/// The uid of the controller ownerReference, if any.
+pub(super) fn controller_uid(owners: &[OwnerReference]) -> Option<&str> {
+    owners
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// Why an existing ExternalSecret is not touched.
+pub(super) fn foreign(owners: &[OwnerReference]) -> String {
+    match owners.iter().find(|o| o.controller == Some(true)) {
+        Some(o) => format!(
+            "an ExternalSecret of that name exists and is controlled by {} {:?}; it is left \
+             untouched",
+            o.kind, o.name
+        ),
+        None => "an ExternalSecret of that name exists and is not this ClusterExternalSecret's; \
+                 it is left untouched (delete it, or rename externalSecretName)"
+            .into(),
+    }
+}
+
+/// The apply configuration of the ExternalSecret written for `ces` (namespace set per write).
+pub(super) fn desired(ces: &ClusterExternalSecret, uid: &str, es_name: &str) -> Value {
+    let ces_name = ces.name_any();
+    let mut labels = BTreeMap::new();
+    let mut annotations = BTreeMap::new();
+    if let Some(meta) = &ces.spec.external_secret_metadata {
+        labels.extend(meta.labels.clone());
+        annotations.extend(meta.annotations.clone());
+    }
+    // A label value is at most 63 characters; a longer name is told by its uid.
+    let mark = if ces_name.len() <= 63 {
+        ces_name.clone()
+    } else {
+        uid.to_string()
+    };
+    labels.insert(LABEL.to_string(), mark);
+    json!({
+        "apiVersion": ExternalSecret::api_version(&()),
+        "kind": ExternalSecret::kind(&()),
+        "metadata": {
+            "name": es_name,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [{
+                "apiVersion": ClusterExternalSecret::api_version(&()),
+                "kind": ClusterExternalSecret::kind(&()),
+                "name": ces_name,
+                "uid": uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": ces.spec.external_secret_spec,
+    })
+}
+
+/// A digest of what is written, to tell whether it changed since the last write.
+pub(super) fn digest(body: &Value) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    body.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// When to look again without a change seen: `refreshTime` (default 1m), at least 10s; `0`:
+/// only on changes.
+pub(super) fn refresh(text: Option<&str>) -> Duration {
+    match text.map(crate::api::duration::parse) {
+        None | Some(None) => DEFAULT_REFRESH,
+        Some(Some(d)) if d.is_zero() => Duration::from_secs(24 * 3600),
+        Some(Some(d)) => d.clamp(MIN_REFRESH, Duration::from_secs(24 * 3600)),
     }
 }
