@@ -79,8 +79,8 @@ fn external(s: &FakeApiServer, namespace: &str) -> Option<Value> {
     s.get(API, "ExternalSecret", Some(namespace), "db")
 }
 
-fn ces(s: &FakeApiServer) -> Value {
-    s.get(API, "ClusterExternalSecret", None, "shared-db")
+fn ces(s: &FakeApiServer, name: &str) -> Value {
+    s.get(API, "ClusterExternalSecret", None, name)
         .expect("the ClusterExternalSecret")
 }
 
@@ -106,13 +106,14 @@ async fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> 
     }
 }
 
-/// Waits until the ClusterExternalSecret's status lists `provisioned` and `failed` namespaces.
-async fn status_is(s: &FakeApiServer, provisioned: &[&str], failed: &[&str]) -> Value {
+/// Waits until the status of ClusterExternalSecret `name` lists `provisioned` and `failed`
+/// namespaces.
+async fn status_of(s: &FakeApiServer, name: &str, provisioned: &[&str], failed: &[&str]) -> Value {
     eventually(
         Duration::from_secs(15),
         &format!("status provisioned {provisioned:?}, failed {failed:?}"),
         || {
-            let status = ces(s)["status"].clone();
+            let status = ces(s, name)["status"].clone();
             let names = |key: &str, field: Option<&str>| -> Vec<String> {
                 status[key]
                     .as_array()
@@ -130,6 +131,11 @@ async fn status_is(s: &FakeApiServer, provisioned: &[&str], failed: &[&str]) -> 
         },
     )
     .await
+}
+
+/// [`status_of`] `shared-db`.
+async fn status_is(s: &FakeApiServer, provisioned: &[&str], failed: &[&str]) -> Value {
+    status_of(s, "shared-db", provisioned, failed).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -279,5 +285,64 @@ async fn external_secrets_follow_the_namespaces_a_cluster_external_secret_select
     for text in [&log, &events, &statuses] {
         assert!(!text.contains(PASSWORD));
         assert!(!text.contains(CONTROLLER_TOKEN));
+    }
+}
+
+/// With `--namespace`, only those namespaces are written; a namespace being deleted gets
+/// nothing; with `--cluster-external-secrets=false`, nothing is written at all.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_served_live_namespaces_are_written() {
+    let s = cluster().await;
+    namespace(&s, "dying", Some("shop"));
+    // A finalizer keeps the namespace Terminating, as a real cluster often does for a while.
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "held", "namespace": "dying", "finalizers": ["example.com/hold"]}}));
+    s.delete("v1", "Namespace", None, "dying");
+    let dying = s
+        .get("v1", "Namespace", None, "dying")
+        .expect("held by the finalizer");
+    assert!(dying["metadata"]["deletionTimestamp"].is_string());
+    namespace(&s, "shop-2", Some("shop"));
+    s.apply(json!({"apiVersion": API, "kind": "ClusterExternalSecret",
+        "metadata": {"name": "everywhere"},
+        "spec": {"namespaceSelectors": [{}],
+                 "externalSecretSpec": {"secretStoreRef": {"name": "vault-like"},
+                     "data": [{"secretKey": "k", "remoteRef": {"key": "shared/db"}}]}}}));
+    let kubeconfig = s.kubeconfig_yaml(CONTROLLER_TOKEN);
+    let mut off = ControllerProcess::start(
+        &kubeconfig,
+        "replica-off",
+        &["--cluster-external-secrets=false"],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(s.objects(API, "ExternalSecret").is_empty());
+    off.stop();
+
+    let args = [
+        "--namespace",
+        "shop",
+        "--namespace",
+        "dying",
+        "--namespace",
+        "legacy",
+    ];
+    let c = ControllerProcess::start(&kubeconfig, "replica-a", &args).await;
+    *LOG.lock().unwrap() = Some(c.log.clone());
+    for ns in ["shop", "legacy"] {
+        eventually(
+            Duration::from_secs(15),
+            &format!("everywhere in {ns}"),
+            || s.get(API, "ExternalSecret", Some(ns), "everywhere"),
+        )
+        .await;
+    }
+    status_of(&s, "everywhere", &["legacy", "shop"], &[]).await;
+    for ns in ["dying", "shop-2", "billing", "other"] {
+        assert!(
+            s.get(API, "ExternalSecret", Some(ns), "everywhere")
+                .is_none(),
+            "written in {ns}"
+        );
     }
 }
