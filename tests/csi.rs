@@ -1130,3 +1130,60 @@ async fn a_mount_storm_reads_each_remote_value_once_per_service_account() {
             >= 970.0
     );
 }
+
+/// Standalone mode loads like the cluster catalog: other kinds are skipped with a line, a bad
+/// object is reported and named to the pod that uses it, the others are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_manifest_is_named_to_its_pod_while_the_others_are_served() {
+    let es = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+             metadata: {{name: {name}, namespace: shop}}\nspec:\n  secretStoreRef: {{name: fake}}\n\
+             {extra}  data: [{{secretKey: api, remoteRef: {{key: api}}}}]\n"
+        )
+    };
+    let app = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: shop}}\n\
+         spec: {{replicas: 1}}\n---\n{}---\n{}",
+        es("good", ""),
+        es("bad", "  refreshInterval: 90\n")
+    );
+    let twice = es("twice", "");
+    let files = [
+        ("shop.yaml", manifests(16)),
+        ("app.yaml", app),
+        ("twice-a.yaml", twice.clone()),
+        ("twice-b.yaml", twice),
+    ];
+    let files: Vec<_> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let agent = Agent::start(&files, &[]).await;
+    let mut node = agent.node().await;
+    node.node_publish_volume(publish_req(&agent, "good-0", "good"))
+        .await
+        .unwrap();
+    assert_eq!(read(&agent.target("good-0").join("api")), API_KEY);
+    for (name, want) in [
+        ("bad", "ExternalSecret \"shop/bad\" was not loaded from "),
+        ("twice", "defined twice, also in "),
+    ] {
+        let err = node
+            .node_publish_volume(publish_req(&agent, &format!("{name}-0"), name))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().contains(want), "{}", err.message());
+        assert_nothing_left(&agent.target(&format!("{name}-0")));
+    }
+    let log = agent.log_text();
+    for line in [
+        "skipping a manifest of a kind this agent does not read",
+        "app.yaml document 3 (ExternalSecret shop/bad): spec.refreshInterval: invalid type",
+        "ExternalSecret shop/twice is defined twice",
+    ] {
+        assert!(log.contains(line), "{line}:\n{log}");
+    }
+    assert!(
+        !log.contains(API_KEY) && !log.contains(DB_PASSWORD),
+        "{log}"
+    );
+}

@@ -293,6 +293,27 @@ async fn missing_token_and_namespace_selector_refusals_are_precise() {
         "{}",
         err.message()
     );
+
+    // A ref that leaves out `kind: ClusterSecretStore` (ESO users moving a store) is told so.
+    server.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+        "metadata": {"name": "kindless", "namespace": "shop"},
+        "spec": {"secretStoreRef": {"name": "team-a-only"},
+                 "data": [{"secretKey": "k", "remoteRef": {"key": "k"}}]}}),
+    );
+    let err = node
+        .node_publish_volume(request(&agent, "shop", "k-0", "web", None, "kindless"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().ends_with(
+            "SecretStore \"team-a-only\" not found in this namespace; a ClusterSecretStore \
+             named \"team-a-only\" exists: set secretStoreRef.kind: ClusterSecretStore"
+        ),
+        "{}",
+        err.message()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,17 +59,21 @@ pub struct ClusterSecretStoreSpec {
     pub conditions: Vec<ClusterStoreCondition>,
 }
 
-/// One admission rule; a namespace is admitted when any condition matches it.
+/// One admission rule, with ESO's meaning: a namespace is admitted when any condition matches
+/// it, and a condition matches when ANY of its criteria does (name listed, OR a regex matches,
+/// OR the selector matches). Several criteria in one condition admit the union.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStoreCondition {
     /// Namespaces admitted by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
-    /// Namespaces admitted by a label selector on the Namespace object.
+    /// Namespaces admitted by a label selector on the Namespace object (an invalid requirement
+    /// admits nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
-    /// Namespaces admitted by regular expression over the name.
+    /// Namespaces admitted by regular expression over the name (unanchored; invalid ones admit
+    /// nothing).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespace_regexes: Vec<String>,
 }

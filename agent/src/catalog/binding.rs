@@ -113,7 +113,7 @@ pub enum BindingError {
         /// Store name.
         store: String,
         /// Extra guidance, possibly empty.
-        hint: &'static str,
+        hint: String,
     },
     /// The store breaks a validation rule.
     #[error(
@@ -249,21 +249,24 @@ pub async fn bind(
     };
     let store = match store_ref.kind {
         StoreKind::SecretStore => {
-            let store = catalog
+            let found = catalog
                 .secret_store(namespace, &store_ref.name)
                 .await
-                .map_err(catalog_err)?
-                .ok_or_else(|| {
-                    not_found(" (a SecretStore must be in the ExternalSecret's namespace)")
-                })?;
+                .map_err(catalog_err)?;
+            let Some(store) = found else {
+                return Err(not_found(secret_store_hint(catalog, &store_ref.name).await));
+            };
             BoundStore::Namespaced(store)
         }
         StoreKind::ClusterSecretStore => {
-            let store = catalog
+            let found = catalog
                 .cluster_secret_store(&store_ref.name)
                 .await
-                .map_err(catalog_err)?
-                .ok_or_else(|| not_found(""))?;
+                .map_err(catalog_err)?;
+            let Some(store) = found else {
+                let hint = cluster_store_hint(catalog, namespace, &store_ref.name).await;
+                return Err(not_found(hint));
+            };
             let labels = catalog
                 .namespace_labels(namespace)
                 .await
@@ -296,8 +299,51 @@ pub async fn bind(
     })
 }
 
-/// ESO semantics: no conditions admit every namespace; otherwise any one condition must match,
-/// and a condition matches when each of its set criteria matches. Errors say which rule refused.
+/// Why a SecretStore was not found, and the likely fix: ESO users often move a store to a
+/// ClusterSecretStore and keep the ref's default kind.
+///
+/// Naming the ClusterSecretStore tells the tenant nothing it could not see already: the hint
+/// only confirms a name the tenant wrote in its own ref, and ClusterSecretStores are
+/// cluster-scoped objects every service account may list under the agent's RBAC (and ESO's).
+/// Whether the store would admit the namespace is not said here: binding it says so.
+async fn secret_store_hint(catalog: &dyn Catalog, store: &str) -> String {
+    match catalog.cluster_secret_store(store).await {
+        Ok(Some(_)) | Err(CatalogError::Unusable { .. } | CatalogError::NotLoaded { .. }) => {
+            format!(
+                " in this namespace; a ClusterSecretStore named \"{store}\" exists: set \
+                 secretStoreRef.kind: ClusterSecretStore"
+            )
+        }
+        // Not found, or the catalog cannot answer now: the plain rule.
+        _ => " (a SecretStore must be in the ExternalSecret's namespace)".to_string(),
+    }
+}
+
+/// The converse of [`secret_store_hint`]: a SecretStore of that name in the pod's own namespace,
+/// which the pod may use anyway.
+async fn cluster_store_hint(catalog: &dyn Catalog, namespace: &str, store: &str) -> String {
+    match catalog.secret_store(namespace, store).await {
+        Ok(Some(_)) | Err(CatalogError::Unusable { .. } | CatalogError::NotLoaded { .. }) => {
+            format!(
+                "; a SecretStore named \"{store}\" exists in this namespace: set \
+                 secretStoreRef.kind: SecretStore (or leave kind out)"
+            )
+        }
+        _ => String::new(),
+    }
+}
+
+/// ESO's rule (`ShouldProcessStore` in external-secrets): no conditions admit every namespace;
+/// otherwise a namespace is admitted when ANY criterion of ANY condition matches it: its name is
+/// in `namespaces`, OR a `namespaceRegexes` entry matches its name, OR `namespaceSelector`
+/// matches its labels. Several criteria in one condition therefore admit the union of what each
+/// admits, not the intersection. Errors say which criterion of which condition refused.
+///
+/// An invalid criterion (a regex that does not compile, a selector with an invalid requirement)
+/// admits nothing by itself and never makes another criterion admit less or more: under a union
+/// the smallest safe reading of a criterion the agent cannot evaluate is the empty set, so a
+/// broken entry can only narrow who is admitted, never widen it. (ESO refuses the whole store on
+/// an invalid selector; here the other, valid criteria still admit what they say.)
 pub(super) fn admits(
     conditions: &[ClusterStoreCondition],
     namespace: &str,
@@ -316,6 +362,7 @@ pub(super) fn admits(
     Err(refusals.join("; "))
 }
 
+/// One condition: `Ok` when any of its criteria admits the namespace, else why each refused.
 fn condition_matches(
     c: &ClusterStoreCondition,
     namespace: &str,
@@ -324,24 +371,33 @@ fn condition_matches(
     if c.namespaces.is_empty() && c.namespace_regexes.is_empty() && c.namespace_selector.is_none() {
         return Err("empty condition admits nothing".into());
     }
-    if !c.namespaces.is_empty() && !c.namespaces.iter().any(|n| n == namespace) {
-        return Err("namespace not in namespaces".into());
+    let mut refusals = Vec::new();
+    if !c.namespaces.is_empty() {
+        if c.namespaces.iter().any(|n| n == namespace) {
+            return Ok(());
+        }
+        refusals.push("namespace not in namespaces".to_string());
     }
     if !c.namespace_regexes.is_empty() {
-        let mut matched = false;
-        for r in &c.namespace_regexes {
-            let re = Regex::new(r).map_err(|_| format!("invalid namespaceRegexes entry {r:?}"))?;
-            matched |= re.is_match(namespace);
+        let mut invalid = Vec::new();
+        for (j, r) in c.namespace_regexes.iter().enumerate() {
+            // A regex that does not compile admits nothing (see `admits`); the others still count.
+            match Regex::new(r) {
+                Ok(re) if re.is_match(namespace) => return Ok(()),
+                Ok(_) => {}
+                Err(_) => invalid.push(format!("namespaceRegexes[{j}] is invalid")),
+            }
         }
-        if !matched {
-            return Err("namespace matches none of namespaceRegexes".into());
-        }
+        refusals.push("namespace matches none of namespaceRegexes".to_string());
+        refusals.extend(invalid);
     }
     if let Some(sel) = &c.namespace_selector {
-        selector_matches(sel, labels)
-            .map_err(|why| format!("namespaceSelector does not match: {why}"))?;
+        match selector_matches(sel, labels) {
+            Ok(()) => return Ok(()),
+            Err(why) => refusals.push(format!("namespaceSelector does not match: {why}")),
+        }
     }
-    Ok(())
+    Err(refusals.join(", "))
 }
 
 /// Kubernetes label-selector semantics (matchLabels AND every matchExpression); `Err` says why
@@ -386,159 +442,4 @@ pub fn selector_matches(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::store::LabelSelectorRequirement;
-    use crate::catalog::ManifestCatalog;
-    use std::path::Path;
-
-    const OBJECTS: &str = r#"
-apiVersion: latchkey.dev/v1alpha1
-kind: SecretStore
-metadata: {name: local, namespace: team-b}
-spec: {provider: {fake: {data: []}}}
----
-apiVersion: latchkey.dev/v1alpha1
-kind: ClusterSecretStore
-metadata: {name: only-prod}
-spec:
-  provider: {fake: {data: []}}
-  conditions: [{namespaceRegexes: ["^prod-"]}, {namespaces: [billing]}]
----
-apiVersion: latchkey.dev/v1alpha1
-kind: ClusterSecretStore
-metadata: {name: open}
-spec: {provider: {fake: {data: []}}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: labelled, labels: {tier: gold}}
----
-apiVersion: latchkey.dev/v1alpha1
-kind: ClusterSecretStore
-metadata: {name: gold}
-spec:
-  provider: {fake: {data: []}}
-  conditions: [{namespaceSelector: {matchLabels: {tier: gold}}}]
-"#;
-
-    fn es(ns: &str, store: &str, kind: &str) -> String {
-        format!(
-            "apiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {{name: es, namespace: {ns}}}\n\
-             spec: {{secretStoreRef: {{name: {store}, kind: {kind}}}, data: [{{secretKey: a, remoteRef: {{key: a}}}}]}}\n"
-        )
-    }
-
-    fn catalog(extra: &[String]) -> ManifestCatalog {
-        let mut c = ManifestCatalog::default();
-        c.add_documents(Path::new("objects.yaml"), OBJECTS).unwrap();
-        for (i, doc) in extra.iter().enumerate() {
-            c.add_documents(Path::new(&format!("es{i}.yaml")), doc)
-                .unwrap();
-        }
-        c
-    }
-
-    #[tokio::test]
-    async fn a_binding_shares_the_catalog_store_and_its_debug_shows_no_value() {
-        let store = "apiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\n\
-                     metadata: {name: inline, namespace: team-c}\n\
-                     spec: {provider: {fake: {data: [{key: a, value: hunter2-inline}]}}}\n";
-        let c = catalog(&[store.to_string(), es("team-c", "inline", "SecretStore")]);
-        let binding = bind(&c, "team-c", "es").await.unwrap();
-        let held = c.secret_store("team-c", "inline").await.unwrap().unwrap();
-        match &binding.store {
-            BoundStore::Namespaced(store) => assert!(Arc::ptr_eq(store, &held)),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(binding.provider(), &held.spec.provider);
-        let debug = format!("{binding:?}");
-        assert!(
-            debug.contains("inline") && !debug.contains("hunter2"),
-            "{debug}"
-        );
-    }
-
-    #[tokio::test]
-    async fn secret_store_of_another_namespace_is_never_used() {
-        let c = catalog(&[es("team-a", "local", "SecretStore")]);
-        let err = bind(&c, "team-a", "es").await.unwrap_err();
-        assert!(matches!(err, BindingError::StoreNotFound { .. }), "{err}");
-        assert!(
-            err.to_string().contains("SecretStore \"local\" not found"),
-            "{err}"
-        );
-    }
-
-    #[tokio::test]
-    async fn external_secret_is_only_looked_up_in_the_pod_namespace() {
-        let c = catalog(&[es("team-b", "local", "SecretStore")]);
-        assert!(bind(&c, "team-b", "es").await.is_ok());
-        let err = bind(&c, "team-a", "es").await.unwrap_err();
-        assert!(
-            matches!(err, BindingError::ExternalSecretNotFound { .. }),
-            "{err}"
-        );
-    }
-
-    #[tokio::test]
-    async fn cluster_store_conditions_admit_or_refuse_with_the_rule() {
-        let c = catalog(&[
-            es("prod-eu", "only-prod", "ClusterSecretStore"),
-            es("billing", "only-prod", "ClusterSecretStore"),
-            es("dev", "only-prod", "ClusterSecretStore"),
-            es("dev2", "open", "ClusterSecretStore"),
-            es("labelled", "gold", "ClusterSecretStore"),
-            es("plain", "gold", "ClusterSecretStore"),
-        ]);
-        assert!(bind(&c, "prod-eu", "es").await.is_ok());
-        assert!(bind(&c, "billing", "es").await.is_ok());
-        assert!(bind(&c, "dev2", "es").await.is_ok());
-        assert!(bind(&c, "labelled", "es").await.is_ok());
-        let err = bind(&c, "dev", "es").await.unwrap_err().to_string();
-        assert!(err.contains("does not admit"), "{err}");
-        assert!(
-            err.contains("namespaceRegexes") && err.contains("not in namespaces"),
-            "{err}"
-        );
-        let err = bind(&c, "plain", "es").await.unwrap_err().to_string();
-        assert!(err.contains("label tier=gold required"), "{err}");
-    }
-
-    /// A selector with one requirement on the label `env`.
-    fn req(op: &str, values: &[&str]) -> LabelSelector {
-        LabelSelector {
-            match_expressions: vec![LabelSelectorRequirement {
-                key: "env".into(),
-                operator: op.into(),
-                values: values.iter().map(|s| s.to_string()).collect(),
-            }],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn selector_expressions() {
-        let labels = BTreeMap::from([("env".to_string(), "prod".to_string())]);
-        assert!(selector_matches(&req("In", &["prod"]), &labels).is_ok());
-        assert!(selector_matches(&req("NotIn", &["prod"]), &labels).is_err());
-        assert!(selector_matches(&req("Exists", &[]), &labels).is_ok());
-        assert!(selector_matches(&req("DoesNotExist", &[]), &labels).is_err());
-        assert!(selector_matches(&req("Bogus", &[]), &labels).is_err());
-    }
-
-    #[test]
-    fn invalid_selector_requirements_admit_nothing() {
-        // `NotIn` with no values would match every namespace; Kubernetes calls it invalid.
-        let none = BTreeMap::new();
-        for (op, values) in [
-            ("NotIn", &[][..]),
-            ("In", &[][..]),
-            ("Exists", &["x"][..]),
-            ("DoesNotExist", &["x"][..]),
-        ] {
-            let err = selector_matches(&req(op, values), &none).unwrap_err();
-            assert!(err.contains("invalid requirement"), "{op}: {err}");
-        }
-    }
-}
+mod tests;

@@ -118,10 +118,16 @@ impl<K: Resource + Clone> Resource for Lenient<K> {
 }
 
 /// A serde error message with the offending value left out: "invalid type: string \"x\",
-/// expected u32" becomes "invalid type, expected u32". Field and variant names stay; values
-/// go, since a store's spec can hold secret material (the `fake` provider's data).
-fn without_values(message: &str) -> String {
-    for kind in ["invalid type", "invalid value", "invalid length"] {
+/// expected u32" becomes "invalid type, expected u32", "unknown variant `x`, expected one of
+/// ..." becomes "unknown variant, expected one of ...". Field names and the expected variants
+/// stay; values go, since a store's spec can hold secret material (the `fake` provider's data).
+pub(super) fn without_values(message: &str) -> String {
+    for kind in [
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "unknown variant",
+    ] {
         if message.starts_with(kind) {
             return match message.rsplit_once(", expected ") {
                 Some((_, expected)) => format!("{kind}, expected {expected}"),
@@ -182,6 +188,10 @@ mod tests {
         assert_eq!(
             without_values("invalid value: integer `-1`, expected u32"),
             "invalid value, expected u32"
+        );
+        assert_eq!(
+            without_values("unknown variant `hunter2`, expected `Data` or `Raw`"),
+            "unknown variant, expected `Data` or `Raw`"
         );
         assert_eq!(
             without_values("missing field `spec`"),

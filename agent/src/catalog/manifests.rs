@@ -1,23 +1,48 @@
 //! Standalone catalog: stores, ExternalSecrets, generators, `v1` Secrets and Namespaces read from
 //! the YAML files of one directory (several documents per file, `*.yaml` / `*.yml`), loaded once
 //! at start.
+//!
+//! As in cluster mode, nothing is all-or-nothing. A document of another kind (the Deployment next
+//! to its ExternalSecret) is skipped with one log line. A document that cannot be read, a file
+//! past the size limits, or an object defined twice is reported with one error line, and the
+//! other objects are served; when the bad object's kind and name are known it is kept as "not
+//! loaded", so a pod that names it gets the reason instead of a bare "not found". Only a
+//! directory that cannot be listed fails the start.
 
+mod read;
+
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use serde::Deserialize;
+use k8s_openapi::api::core::v1::Secret;
+use tracing::{error, info};
 
-use super::strict::{self, Kind, StrictError};
+use super::strict::Kind;
 use super::yaml_limits::{self, Limits};
 use super::{Catalog, CatalogError};
-use crate::api::generator::{
-    ClusterGenerator, GeneratorObject, Password, PluginGenerator, VaultDynamicSecret,
-};
-use crate::api::{ClusterSecretStore, ExternalSecret, GENERATOR_API_VERSION, SecretStore};
+use crate::api::generator::GeneratorObject;
+use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+pub(crate) use read::syntax_error;
+use read::{Class, NAMESPACE_NAME_LABEL, Object};
+
+/// Where a document is: its file and 1-based number in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// File.
+    pub path: PathBuf,
+    /// 1-based document number in the file.
+    pub index: usize,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} document {}", self.path.display(), self.index)
+    }
+}
 
 /// A manifest that could not be loaded. Messages never quote document contents, since stores and
 /// Secrets can hold values.
@@ -32,12 +57,10 @@ pub enum ManifestError {
         source: std::io::Error,
     },
     /// A document is not valid YAML, does not match its kind's schema, or has fields it does not know.
-    #[error("{path}: document {index}{what}: {reason}")]
+    #[error("{origin}{what}: {reason}")]
     Invalid {
-        /// File.
-        path: PathBuf,
-        /// 1-based document number in the file.
-        index: usize,
+        /// Where.
+        origin: Origin,
         /// ` (Kind namespace/name)` when known.
         what: String,
         /// Why, without document contents.
@@ -51,54 +74,61 @@ pub enum ManifestError {
         /// The bound passed.
         refused: yaml_limits::Refused,
     },
-    /// Two documents define the same object.
-    #[error("{path}: {kind} {name} is defined twice")]
+    /// Two documents define the same object; neither is served.
+    #[error("{kind} {name} is defined twice, in {first} and in {second}; neither is served")]
     Duplicate {
-        /// File of the second definition.
-        path: PathBuf,
         /// Kind.
         kind: &'static str,
         /// `namespace/name` or `name`.
         name: String,
+        /// The first definition.
+        first: Origin,
+        /// The later one.
+        second: Origin,
     },
+}
+
+/// A document of a kind the agent does not read, skipped.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    /// Where.
+    pub origin: Origin,
+    /// Its `apiVersion`.
+    pub api_version: String,
+    /// Its `kind`.
+    pub kind: String,
+    /// `metadata.name`, possibly empty.
+    pub name: String,
+    /// Extra guidance, possibly empty.
+    pub hint: &'static str,
+}
+
+/// (kind, namespace, name); the namespace is empty for cluster-scoped kinds.
+type Key = (&'static str, String, String);
+
+/// One object defined in the directory.
+struct Defined {
+    /// Where it is (the first definition, for an object defined twice).
+    origin: Origin,
+    /// The object, or why it is not served.
+    entry: Result<Object, String>,
+    /// Defined more than once (`entry` says where else).
+    twice: bool,
 }
 
 /// Objects loaded from a manifest directory.
 #[derive(Default)]
 pub struct ManifestCatalog {
-    external_secrets: HashMap<(String, String), Arc<ExternalSecret>>,
-    secret_stores: HashMap<(String, String), Arc<SecretStore>>,
-    cluster_secret_stores: HashMap<String, Arc<ClusterSecretStore>>,
-    /// By (kind, namespace, name); a ClusterGenerator's namespace is empty.
-    generators: HashMap<(&'static str, String, String), GeneratorObject>,
-    secrets: HashMap<(String, String), Arc<Secret>>,
-    namespaces: HashMap<String, BTreeMap<String, String>>,
-}
-
-/// The header every Kubernetes document has.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct TypeMeta {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    metadata: Meta,
-}
-
-#[derive(Deserialize, Default)]
-struct Meta {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    namespace: Option<String>,
+    objects: HashMap<Key, Defined>,
+    problems: Vec<ManifestError>,
+    skipped: Vec<Skipped>,
 }
 
 const DEFAULT_NAMESPACE: &str = "default";
 
 impl ManifestCatalog {
-    /// Loads every `*.yaml` / `*.yml` file of `dir` (not recursive), in name order.
+    /// Loads every `*.yaml` / `*.yml` file of `dir` (not recursive), in name order, and logs what
+    /// was skipped and every problem, one line each. Fails only when `dir` cannot be listed.
     pub fn load_dir(dir: &Path) -> Result<Self, ManifestError> {
         let read_err = |source| ManifestError::Read {
             path: dir.to_path_buf(),
@@ -118,246 +148,233 @@ impl ManifestCatalog {
         files.sort();
         let mut catalog = Self::default();
         for path in files {
-            let text = std::fs::File::open(&path)
+            match std::fs::File::open(&path)
                 .and_then(|file| yaml_limits::read_bounded(file, &Limits::MANIFESTS))
-                .map_err(|source| ManifestError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-            catalog.add_documents(&path, &text)?;
+            {
+                Ok(text) => catalog.load_text(&path, &text),
+                Err(source) => catalog.problems.push(ManifestError::Read { path, source }),
+            }
         }
+        catalog.log(dir);
         Ok(catalog)
     }
 
-    /// Adds every document of one YAML text; `path` is only used in error messages. A text past
-    /// [`Limits::MANIFESTS`] (size, nesting, aliases expanded) is refused before it is parsed.
-    pub fn add_documents(&mut self, path: &Path, text: &str) -> Result<(), ManifestError> {
-        yaml_limits::check(text, &Limits::MANIFESTS).map_err(|refused| ManifestError::Refused {
-            path: path.to_path_buf(),
-            refused,
-        })?;
-        for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
-            let index = i + 1;
-            let invalid = |what: String, reason: String| ManifestError::Invalid {
-                path: path.to_path_buf(),
-                index,
-                what,
-                reason,
+    /// One line per skipped document (info) and per problem (error), then a summary.
+    fn log(&self, dir: &Path) {
+        for s in &self.skipped {
+            info!(file = %s.origin.path.display(), document = s.origin.index,
+                kind = %s.kind, api_version = %s.api_version, name = %s.name,
+                "skipping a manifest of a kind this agent does not read{}", s.hint);
+        }
+        for problem in &self.problems {
+            let consequence = match problem {
+                ManifestError::Invalid { .. } => "; not loaded, the other objects are served",
+                ManifestError::Read { .. } | ManifestError::Refused { .. } => {
+                    "; the file is skipped, the other files are served"
+                }
+                ManifestError::Duplicate { .. } => "",
             };
-            let value = serde_norway::Value::deserialize(doc)
-                .map_err(|e| invalid(String::new(), syntax_error(&e)))?;
-            if value.is_null() {
-                continue;
+            error!("{problem}{consequence}");
+        }
+        let served = self.objects.values().filter(|d| d.entry.is_ok()).count();
+        info!(dir = %dir.display(), served, skipped = self.skipped.len(),
+            problems = self.problems.len(), "manifests loaded");
+    }
+
+    /// What could not be loaded, in load order.
+    pub fn problems(&self) -> &[ManifestError] {
+        &self.problems
+    }
+
+    /// Documents of kinds the agent does not read, in load order.
+    pub fn skipped(&self) -> &[Skipped] {
+        &self.skipped
+    }
+
+    /// Adds every document of one YAML text, as [`Self::load_dir`] does for each file, and fails
+    /// with the first problem found: for callers that want all or nothing (the demo's built-in
+    /// manifests, tests). The documents that could be read stay loaded.
+    pub fn add_documents(&mut self, path: &Path, text: &str) -> Result<(), ManifestError> {
+        let before = self.problems.len();
+        self.load_text(path, text);
+        if self.problems.len() > before {
+            Err(self.problems.remove(before))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Adds every document of one YAML text; `path` is only used in messages. A text past
+    /// [`Limits::MANIFESTS`] (size, nesting, aliases expanded) is refused whole before it is
+    /// parsed. Problems are recorded, not returned.
+    pub fn load_text(&mut self, path: &Path, text: &str) {
+        if let Err(refused) = yaml_limits::check(text, &Limits::MANIFESTS) {
+            self.problems.push(ManifestError::Refused {
+                path: path.to_path_buf(),
+                refused,
+            });
+            return;
+        }
+        for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+            let origin = Origin {
+                path: path.to_path_buf(),
+                index: i + 1,
+            };
+            match <serde_norway::Value as serde::Deserialize>::deserialize(doc) {
+                Ok(value) => self.load_document(origin, value),
+                Err(e) => {
+                    // The parser does not find its footing again after a syntax error.
+                    self.problems.push(ManifestError::Invalid {
+                        origin,
+                        what: String::new(),
+                        reason: format!("{}; the rest of the file is not read", syntax_error(&e)),
+                    });
+                    break;
+                }
             }
-            let meta: TypeMeta = serde_norway::from_value(value.clone())
-                .map_err(|e| invalid(String::new(), location_only(&e)))?;
-            let ns = meta
+        }
+    }
+
+    fn load_document(&mut self, origin: Origin, value: serde_norway::Value) {
+        if value.is_null() {
+            return;
+        }
+        let header = match read::header(&value) {
+            Ok(header) => header,
+            Err(reason) => {
+                let what = String::new();
+                self.problems.push(ManifestError::Invalid {
+                    origin,
+                    what,
+                    reason,
+                });
+                return;
+            }
+        };
+        let (kind, refused) = match read::classify(&header.api_version, &header.kind) {
+            Class::Read(kind) => (kind, None),
+            Class::Refuse(Some(kind), reason) => (kind, Some(reason)),
+            Class::Refuse(None, reason) => {
+                let what = [header.kind.as_str(), header.metadata.name.as_str()]
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let what = if what.is_empty() {
+                    what
+                } else {
+                    format!(" ({what})")
+                };
+                self.problems.push(ManifestError::Invalid {
+                    origin,
+                    what,
+                    reason,
+                });
+                return;
+            }
+            Class::Skip(hint) => {
+                self.skipped.push(Skipped {
+                    origin,
+                    api_version: header.api_version,
+                    kind: header.kind,
+                    name: header.metadata.name,
+                    hint,
+                });
+                return;
+            }
+        };
+        let name = header.metadata.name;
+        if name.is_empty() {
+            self.problems.push(ManifestError::Invalid {
+                origin,
+                what: format!(" ({})", kind.name()),
+                reason: "metadata.name is missing".into(),
+            });
+            return;
+        }
+        let ns = if kind.cluster_scoped() {
+            String::new()
+        } else {
+            header
                 .metadata
                 .namespace
-                .clone()
-                .unwrap_or_else(|| DEFAULT_NAMESPACE.into());
-            let name = meta.metadata.name.clone();
-            let what = format!(" ({} {}/{})", meta.kind, ns, name);
-            if name.is_empty() {
-                return Err(invalid(what, "metadata.name is missing".into()));
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.into())
+        };
+        let shown = shown_name(&ns, &name);
+        let entry = match refused {
+            Some(reason) => Err(reason),
+            None => read::object(kind, &ns, &name, value),
+        };
+        if let Err(reason) = &entry {
+            self.problems.push(ManifestError::Invalid {
+                origin: origin.clone(),
+                what: format!(" ({} {shown})", kind.name()),
+                reason: reason.clone(),
+            });
+        }
+        match self.objects.entry((kind.name(), ns, name)) {
+            MapEntry::Vacant(slot) => {
+                slot.insert(Defined {
+                    origin,
+                    entry,
+                    twice: false,
+                });
             }
-            let dup = |kind: &'static str, name: String| ManifestError::Duplicate {
-                path: path.to_path_buf(),
-                kind,
-                name,
-            };
-            match (meta.api_version.as_str(), meta.kind.as_str()) {
-                ("latchkey.dev/v1alpha1", "ExternalSecret") => {
-                    // ExternalSecrets hold no values, so the full serde message is safe to show.
-                    let mut obj: ExternalSecret =
-                        strict::from_value(Kind::ExternalSecret, value)
-                            .map_err(|e| invalid(what.clone(), full_reason(e)))?;
-                    obj.metadata.namespace = Some(ns.clone());
-                    if self
-                        .external_secrets
-                        .insert((ns.clone(), name.clone()), Arc::new(obj))
-                        .is_some()
-                    {
-                        return Err(dup("ExternalSecret", format!("{ns}/{name}")));
-                    }
+            MapEntry::Occupied(mut slot) => {
+                // Serving either would be a guess at which one the author meant.
+                let first = slot.get().origin.clone();
+                let defined = slot.get_mut();
+                if !defined.twice {
+                    defined.twice = true;
+                    defined.entry = Err(format!("defined twice, also in {origin}"));
                 }
-                ("latchkey.dev/v1alpha1", "SecretStore") => {
-                    let mut obj: SecretStore = strict::from_value(Kind::SecretStore, value)
-                        .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
-                    obj.metadata.namespace = Some(ns.clone());
-                    if self
-                        .secret_stores
-                        .insert((ns.clone(), name.clone()), Arc::new(obj))
-                        .is_some()
-                    {
-                        return Err(dup("SecretStore", format!("{ns}/{name}")));
-                    }
-                }
-                ("latchkey.dev/v1alpha1", "ClusterSecretStore") => {
-                    let obj: ClusterSecretStore =
-                        strict::from_value(Kind::ClusterSecretStore, value)
-                            .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
-                    if self
-                        .cluster_secret_stores
-                        .insert(name.clone(), Arc::new(obj))
-                        .is_some()
-                    {
-                        return Err(dup("ClusterSecretStore", name));
-                    }
-                }
-                (
-                    GENERATOR_API_VERSION,
-                    kind @ ("Password" | "VaultDynamicSecret" | "PluginGenerator"
-                    | "ClusterGenerator"),
-                ) => {
-                    let (kind, namespace, obj) = generator(kind, &ns, value)
-                        .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
-                    let name_of = if namespace.is_empty() {
-                        name.clone()
-                    } else {
-                        format!("{namespace}/{name}")
-                    };
-                    if self
-                        .generators
-                        .insert((kind, namespace, name), obj)
-                        .is_some()
-                    {
-                        return Err(dup(kind, name_of));
-                    }
-                }
-                ("v1", "Secret") => {
-                    let mut obj: Secret = strict::from_value(Kind::Secret, value)
-                        .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
-                    obj.metadata.namespace = Some(ns.clone());
-                    merge_string_data(&mut obj);
-                    if self
-                        .secrets
-                        .insert((ns.clone(), name.clone()), Arc::new(obj))
-                        .is_some()
-                    {
-                        return Err(dup("Secret", format!("{ns}/{name}")));
-                    }
-                }
-                ("v1", "Namespace") => {
-                    let obj: Namespace = strict::from_value(Kind::Namespace, value)
-                        .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
-                    let mut labels = obj.metadata.labels.unwrap_or_default();
-                    labels.insert(NAMESPACE_NAME_LABEL.into(), name.clone());
-                    if self.namespaces.insert(name.clone(), labels).is_some() {
-                        return Err(dup("Namespace", name));
-                    }
-                }
-                (api, kind) => {
-                    return Err(invalid(
-                        what,
-                        format!(
-                            "unsupported kind {kind} ({api}); expected latchkey.dev/v1alpha1 \
-                             SecretStore, ClusterSecretStore or ExternalSecret, \
-                             {GENERATOR_API_VERSION} Password, VaultDynamicSecret, \
-                             PluginGenerator or ClusterGenerator, or v1 Secret or Namespace"
-                        ),
-                    ));
-                }
+                self.problems.push(ManifestError::Duplicate {
+                    kind: kind.name(),
+                    name: shown,
+                    first,
+                    second: origin,
+                });
             }
         }
-        Ok(())
+    }
+
+    /// The object of `kind` named `namespace/name` (`namespace` is ignored for cluster-scoped
+    /// kinds); one that is defined but not loaded is an error saying why.
+    fn get(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<&Object>, CatalogError> {
+        let ns = if kind.cluster_scoped() { "" } else { namespace };
+        match self
+            .objects
+            .get(&(kind.name(), ns.to_string(), name.to_string()))
+        {
+            None => Ok(None),
+            Some(Defined {
+                entry: Ok(object), ..
+            }) => Ok(Some(object)),
+            Some(Defined {
+                origin,
+                entry: Err(reason),
+                ..
+            }) => Err(CatalogError::NotLoaded {
+                kind: kind.name(),
+                name: shown_name(ns, name),
+                detail: format!("{origin}: {reason}"),
+            }),
+        }
     }
 }
 
-/// Reads a generator document of `kind` strictly: its kind's static name, its namespace (`ns`
-/// for the namespaced kinds, empty for a ClusterGenerator) and the object.
-fn generator(
-    kind: &str,
-    ns: &str,
-    value: serde_norway::Value,
-) -> Result<(&'static str, String, GeneratorObject), StrictError> {
-    Ok(match kind {
-        "Password" => {
-            let mut obj: Password = strict::from_value(Kind::Password, value)?;
-            obj.metadata.namespace = Some(ns.to_string());
-            (
-                "Password",
-                ns.to_string(),
-                GeneratorObject::Password(Arc::new(obj)),
-            )
-        }
-        "VaultDynamicSecret" => {
-            let mut obj: VaultDynamicSecret = strict::from_value(Kind::VaultDynamicSecret, value)?;
-            obj.metadata.namespace = Some(ns.to_string());
-            let obj = GeneratorObject::VaultDynamicSecret(Arc::new(obj));
-            ("VaultDynamicSecret", ns.to_string(), obj)
-        }
-        "PluginGenerator" => {
-            let mut obj: PluginGenerator = strict::from_value(Kind::PluginGenerator, value)?;
-            obj.metadata.namespace = Some(ns.to_string());
-            (
-                "PluginGenerator",
-                ns.to_string(),
-                GeneratorObject::Plugin(Arc::new(obj)),
-            )
-        }
-        _ => {
-            let obj: ClusterGenerator = strict::from_value(Kind::ClusterGenerator, value)?;
-            (
-                "ClusterGenerator",
-                String::new(),
-                GeneratorObject::Cluster(Arc::new(obj)),
-            )
-        }
-    })
-}
-
-/// The label the API server sets on every Namespace; set here too so selectors behave the same.
-const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
-
-/// A serde message can quote the offending value; keep only where it happened.
-fn location_only(e: &serde_norway::Error) -> String {
-    match e.location() {
-        Some(l) => format!(
-            "does not match the schema near line {} column {}",
-            l.line(),
-            l.column()
-        ),
-        None => "does not match the schema".to_string(),
-    }
-}
-
-/// A YAML syntax error: only where, since the parser's message can quote the text around it.
-pub(crate) fn syntax_error(e: &serde_norway::Error) -> String {
-    match e.location() {
-        Some(l) => format!(
-            "YAML syntax error at line {}, column {}",
-            l.line(),
-            l.column()
-        ),
-        None => "YAML syntax error".to_string(),
-    }
-}
-
-/// The reason for a document that holds no values (an ExternalSecret): serde's full message.
-fn full_reason(e: StrictError) -> String {
-    match e {
-        StrictError::Schema(e) => e.to_string(),
-        StrictError::Unknown(reason) => reason,
-    }
-}
-
-/// The reason for a document that may hold values: unknown fields (which name only field names
-/// and paths), or where a schema mismatch happened.
-fn valueless_reason(e: StrictError) -> String {
-    match e {
-        StrictError::Schema(e) => location_only(&e),
-        StrictError::Unknown(reason) => reason,
-    }
-}
-
-/// The API server folds `stringData` into `data` on write; do the same for manifests.
-fn merge_string_data(secret: &mut Secret) {
-    if let Some(string_data) = secret.string_data.take() {
-        let data = secret.data.get_or_insert_with(BTreeMap::new);
-        for (k, v) in string_data {
-            data.insert(k, ByteString(v.into_bytes()));
-        }
+/// `namespace/name`, or `name` for a cluster-scoped object.
+fn shown_name(ns: &str, name: &str) -> String {
+    if ns.is_empty() {
+        name.to_string()
+    } else {
+        format!("{ns}/{name}")
     }
 }
 
@@ -368,10 +385,10 @@ impl Catalog for ManifestCatalog {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<ExternalSecret>>, CatalogError> {
-        Ok(self
-            .external_secrets
-            .get(&(namespace.into(), name.into()))
-            .cloned())
+        Ok(match self.get(Kind::ExternalSecret, namespace, name)? {
+            Some(Object::ExternalSecret(o)) => Some(Arc::clone(o)),
+            _ => None,
+        })
     }
 
     async fn secret_store(
@@ -379,17 +396,20 @@ impl Catalog for ManifestCatalog {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<SecretStore>>, CatalogError> {
-        Ok(self
-            .secret_stores
-            .get(&(namespace.into(), name.into()))
-            .cloned())
+        Ok(match self.get(Kind::SecretStore, namespace, name)? {
+            Some(Object::SecretStore(o)) => Some(Arc::clone(o)),
+            _ => None,
+        })
     }
 
     async fn cluster_secret_store(
         &self,
         name: &str,
     ) -> Result<Option<Arc<ClusterSecretStore>>, CatalogError> {
-        Ok(self.cluster_secret_stores.get(name).cloned())
+        Ok(match self.get(Kind::ClusterSecretStore, "", name)? {
+            Some(Object::ClusterSecretStore(o)) => Some(Arc::clone(o)),
+            _ => None,
+        })
     }
 
     async fn generator(
@@ -398,17 +418,19 @@ impl Catalog for ManifestCatalog {
         kind: &str,
         name: &str,
     ) -> Result<Option<GeneratorObject>, CatalogError> {
-        let key = match kind {
-            "Password" => ("Password", namespace),
-            "VaultDynamicSecret" => ("VaultDynamicSecret", namespace),
-            "PluginGenerator" => ("PluginGenerator", namespace),
-            "ClusterGenerator" => ("ClusterGenerator", ""),
+        let kind = match Kind::named(kind) {
+            Some(
+                k @ (Kind::Password
+                | Kind::VaultDynamicSecret
+                | Kind::PluginGenerator
+                | Kind::ClusterGenerator),
+            ) => k,
             _ => return Ok(None),
         };
-        Ok(self
-            .generators
-            .get(&(key.0, key.1.to_string(), name.to_string()))
-            .cloned())
+        Ok(match self.get(kind, namespace, name)? {
+            Some(Object::Generator(g)) => Some(g.clone()),
+            _ => None,
+        })
     }
 
     async fn secret(
@@ -416,16 +438,20 @@ impl Catalog for ManifestCatalog {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<Secret>>, CatalogError> {
-        Ok(self.secrets.get(&(namespace.into(), name.into())).cloned())
+        Ok(match self.get(Kind::Secret, namespace, name)? {
+            Some(Object::Secret(o)) => Some(Arc::clone(o)),
+            _ => None,
+        })
     }
 
     async fn namespace_labels(
         &self,
         namespace: &str,
     ) -> Result<BTreeMap<String, String>, CatalogError> {
-        Ok(self.namespaces.get(namespace).cloned().unwrap_or_else(|| {
-            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), namespace.to_string())])
-        }))
+        Ok(match self.get(Kind::Namespace, "", namespace)? {
+            Some(Object::Namespace(labels)) => labels.clone(),
+            _ => BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), namespace.to_string())]),
+        })
     }
 
     fn is_synced(&self) -> bool {
@@ -433,5 +459,7 @@ impl Catalog for ManifestCatalog {
     }
 }
 
+#[cfg(test)]
+mod loading_tests;
 #[cfg(test)]
 mod tests;

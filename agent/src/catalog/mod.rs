@@ -23,7 +23,7 @@ pub use binding::{Binding, BindingError, BoundStore, bind};
 pub use generators::bind_generator;
 pub use kubernetes::KubernetesCatalog;
 pub use lenient::Lenient;
-pub use manifests::{ManifestCatalog, ManifestError};
+pub use manifests::{ManifestCatalog, ManifestError, Origin, Skipped};
 
 /// Failure to reach the object source itself (not "object missing", which is `Ok(None)`).
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +44,17 @@ pub enum CatalogError {
         name: String,
         /// Which field and why, without values.
         reason: String,
+    },
+    /// Standalone mode: a manifest defines the object, but it was not loaded.
+    #[error("{kind} {name:?} was not loaded from {detail}; fix the manifest and restart the agent")]
+    NotLoaded {
+        /// Kind of the object.
+        kind: &'static str,
+        /// `namespace/name` or `name`.
+        name: String,
+        /// `file document N: why`, without values (one string: this error travels inside
+        /// every publish error, which must stay small).
+        detail: String,
     },
 }
 

@@ -40,11 +40,77 @@ pub(super) enum Kind {
     Namespace,
 }
 
+impl Kind {
+    /// Every kind, for lookups by name.
+    const ALL: [Kind; 9] = [
+        Kind::ExternalSecret,
+        Kind::SecretStore,
+        Kind::ClusterSecretStore,
+        Kind::Password,
+        Kind::VaultDynamicSecret,
+        Kind::PluginGenerator,
+        Kind::ClusterGenerator,
+        Kind::Secret,
+        Kind::Namespace,
+    ];
+
+    /// The `kind` field.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Kind::ExternalSecret => "ExternalSecret",
+            Kind::SecretStore => "SecretStore",
+            Kind::ClusterSecretStore => "ClusterSecretStore",
+            Kind::Password => "Password",
+            Kind::VaultDynamicSecret => "VaultDynamicSecret",
+            Kind::PluginGenerator => "PluginGenerator",
+            Kind::ClusterGenerator => "ClusterGenerator",
+            Kind::Secret => "Secret",
+            Kind::Namespace => "Namespace",
+        }
+    }
+
+    /// The `apiVersion` this agent reads the kind at.
+    pub(super) fn api_version(self) -> &'static str {
+        match self {
+            Kind::ExternalSecret | Kind::SecretStore | Kind::ClusterSecretStore => {
+                LATCHKEY_API_VERSION
+            }
+            Kind::Password
+            | Kind::VaultDynamicSecret
+            | Kind::PluginGenerator
+            | Kind::ClusterGenerator => crate::api::GENERATOR_API_VERSION,
+            Kind::Secret | Kind::Namespace => "v1",
+        }
+    }
+
+    /// True for kinds without a namespace.
+    pub(super) fn cluster_scoped(self) -> bool {
+        matches!(
+            self,
+            Kind::ClusterSecretStore | Kind::ClusterGenerator | Kind::Namespace
+        )
+    }
+
+    /// The kind called `name`, whatever its `apiVersion`.
+    pub(super) fn named(name: &str) -> Option<Kind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// `apiVersion` of the ExternalSecret and store kinds.
+const LATCHKEY_API_VERSION: &str = "latchkey.dev/v1alpha1";
+
 /// Why a document could not be read strictly.
 #[derive(Debug)]
 pub(super) enum StrictError {
-    /// The document does not match its type; the serde message may quote a value.
-    Schema(serde_norway::Error),
+    /// The document does not match its type at `path` (`spec.refreshInterval`, empty at the
+    /// root); the serde message may quote a value.
+    Schema {
+        /// Where, as `serde_path_to_error` renders it.
+        path: String,
+        /// The serde error.
+        error: serde_norway::Error,
+    },
     /// The document matches but has fields its kind does not know: the description, naming only
     /// field names and paths.
     Unknown(String),
@@ -56,8 +122,17 @@ pub(super) fn from_value<T: DeserializeOwned>(
     value: serde_norway::Value,
 ) -> Result<T, StrictError> {
     let mut ignored = Vec::new();
-    let obj = serde_ignored::deserialize(value, |path| ignored.push(steps(&path)))
-        .map_err(StrictError::Schema)?;
+    // Two wrappers: `serde_ignored` reports skipped fields, `serde_path_to_error` says where a
+    // type error happened (a `Value` carries no line numbers, so the path is all there is).
+    let mut record = |path: serde_ignored::Path<'_>| ignored.push(steps(&path));
+    let deserializer = serde_ignored::Deserializer::new(value, &mut record);
+    let obj = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        StrictError::Schema {
+            path: if path == "." { String::new() } else { path },
+            error: e.into_inner(),
+        }
+    })?;
     ignored.retain(|path| !tolerated(path));
     match describe(kind, &ignored) {
         Some(reason) => Err(StrictError::Unknown(reason)),

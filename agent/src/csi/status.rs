@@ -47,7 +47,7 @@ fn code(e: &PublishError) -> Code {
                 Code::PermissionDenied
             }
             BindingError::Catalog {
-                source: CatalogError::Unusable { .. },
+                source: CatalogError::Unusable { .. } | CatalogError::NotLoaded { .. },
                 ..
             } => Code::FailedPrecondition,
             BindingError::Catalog { .. } => Code::Unavailable,

@@ -1,6 +1,7 @@
 //! The manifest catalog: loading, strict schema errors, limits, and the example files.
 
 use super::*;
+use serde::Deserialize;
 
 const DOCS: &str = r#"
 apiVersion: latchkey.dev/v1alpha1
@@ -46,20 +47,23 @@ async fn loads_every_kind_and_defaults_the_namespace() {
 }
 
 #[test]
-fn rejects_duplicates_and_unknown_kinds() {
+fn rejects_duplicates_and_unknown_kinds_of_its_own_groups() {
     let mut c = ManifestCatalog::default();
     let twice = format!("{DOCS}\n---\n{DOCS}");
     let err = c.add_documents(Path::new("x.yaml"), &twice).unwrap_err();
-    assert!(err.to_string().contains("defined twice"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "SecretStore shop/demo is defined twice, in x.yaml document 1 and in x.yaml document 5; \
+         neither is served"
+    );
 
-    let mut c = ManifestCatalog::default();
-    let err = c
-        .add_documents(
-            Path::new("y.yaml"),
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
-        )
-        .unwrap_err();
-    assert!(err.to_string().contains("unsupported kind Pod"), "{err}");
+    let err = load_error(
+        "apiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecrets\nmetadata: {name: p}\n",
+    );
+    assert!(
+        err.contains("document 1 (ExternalSecrets p): unsupported kind ExternalSecrets"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -288,10 +292,8 @@ fn an_oversized_file_is_not_read_whole() {
     let dir = tempfile::tempdir().unwrap();
     let big = format!("a: \"{}\"\n", "x".repeat(9 << 20));
     std::fs::write(dir.path().join("big.yaml"), big).unwrap();
-    let err = ManifestCatalog::load_dir(dir.path())
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let c = ManifestCatalog::load_dir(dir.path()).unwrap();
+    let err = c.problems()[0].to_string();
     assert!(
         err.contains("longer than the limit of 8388608 bytes"),
         "{err}"
@@ -315,7 +317,9 @@ fn syntax_errors_give_line_and_column() {
              kind: Secret\nmetadata: {name: s}\nstringData:\n  key: hunter2\n key2: x\n",
     );
     assert!(
-        err.ends_with("document 2: YAML syntax error at line 10, column 2"),
+        err.ends_with(
+            "document 2: YAML syntax error at line 10, column 2; the rest of the file is not read"
+        ),
         "{err}"
     );
 }
@@ -554,7 +558,7 @@ fn unknown_fields_in_generators_are_refused_with_their_path() {
         (
             "kind: ClusterGenerator\nmetadata: {name: c}\n\
              spec: {kind: Password, generator: {passwordSpec: {digts: 3}}}\n",
-            "ClusterGenerator default/c): unknown field spec.generator.passwordSpec.digts",
+            "ClusterGenerator c): unknown field spec.generator.passwordSpec.digts",
             "did you mean \"digits\"?",
         ),
     ] {
