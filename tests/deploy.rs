@@ -1122,6 +1122,82 @@ fn generator_permissions_are_what_each_part_needs() {
     }
 }
 
+// ---- RBAC: ClusterExternalSecrets ----
+
+/// Verbs on the ExternalSecret kinds of `latchkey.dev`, over the named ClusterRoles and Roles.
+fn external_secret_grants(docs: &[Value], roles: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for role in docs.iter().filter(|d| {
+        matches!(d["kind"].as_str(), Some("ClusterRole" | "Role"))
+            && roles.contains(&str_at(d, "/metadata/name"))
+    }) {
+        for rule in role["rules"].as_array().unwrap() {
+            let groups = rule["apiGroups"].as_array().unwrap();
+            if !groups.iter().any(|g| g == "latchkey.dev" || g == "*") {
+                continue;
+            }
+            for resource in rule["resources"].as_array().unwrap() {
+                let resource = resource.as_str().unwrap();
+                if !resource.contains("externalsecrets") {
+                    continue;
+                }
+                let verbs = out.entry(resource.into()).or_default();
+                for verb in rule["verbs"].as_array().unwrap() {
+                    verbs.push(verb.as_str().unwrap().into());
+                }
+                verbs.sort();
+                verbs.dedup();
+            }
+        }
+    }
+    out
+}
+
+/// The controller reads ClusterExternalSecrets cluster-wide and writes only their status (and
+/// the finalizers subresource blockOwnerDeletion needs), never their spec: only cluster admins
+/// write those. It writes ExternalSecrets only where its write role is bound. The node agent
+/// never sees a ClusterExternalSecret.
+#[test]
+fn cluster_external_secret_permissions_are_what_the_controller_needs() {
+    let chart = chart();
+    for (docs, what) in [
+        (kustomize("with-mirror"), "daemonset/with-mirror"),
+        (
+            chart.render("lk", "lk", &json!({"controller": {"enabled": true}})),
+            "the chart with the controller",
+        ),
+    ] {
+        let read = external_secret_grants(&docs, &["latchkey-controller-read"]);
+        assert_eq!(
+            read["clusterexternalsecrets"],
+            ["get", "list", "watch"],
+            "{what}"
+        );
+        assert_eq!(read["externalsecrets"], ["get", "list", "watch"], "{what}");
+        assert_eq!(
+            external_secret_grants(&docs, &["latchkey-controller-cluster-external-secrets"]),
+            grants(&[
+                ("clusterexternalsecrets/status", &["patch", "update"]),
+                ("clusterexternalsecrets/finalizers", &["update"]),
+            ]),
+            "{what}"
+        );
+        let write = external_secret_grants(&docs, &["latchkey-controller-write"]);
+        assert_eq!(
+            write["externalsecrets"],
+            ["create", "delete", "patch"],
+            "{what}"
+        );
+        assert!(!write.contains_key("clusterexternalsecrets"), "{what}");
+        let node = external_secret_grants(&docs, &["latchkey-node"]);
+        assert!(
+            node.keys()
+                .all(|r| !r.starts_with("clusterexternalsecrets")),
+            "{what}: {node:?}"
+        );
+    }
+}
+
 // ---- one version of the image ----
 
 #[test]

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod cache;
 pub mod catalog;
+pub mod cluster_external_secret;
 pub mod cmd;
 pub mod compute;
 pub mod convert;

@@ -2,6 +2,7 @@
 
 use kube::CustomResourceExt;
 
+use super::cluster_external_secret::ClusterExternalSecret;
 use super::generator::{
     ClusterGenerator, GeneratorState, Password, PluginGenerator, VaultDynamicSecret,
 };
@@ -13,6 +14,7 @@ pub fn render_all() -> Result<String, serde_norway::Error> {
         SecretStore::crd(),
         ClusterSecretStore::crd(),
         ExternalSecret::crd(),
+        ClusterExternalSecret::crd(),
         Password::crd(),
         VaultDynamicSecret::crd(),
         PluginGenerator::crd(),
@@ -33,6 +35,7 @@ mod tests {
     use kube::CustomResourceExt;
     use serde_json::Value;
 
+    use crate::api::cluster_external_secret::ClusterExternalSecret;
     use crate::api::generator::{
         ClusterGenerator, GeneratorState, Password, PluginGenerator, VaultDynamicSecret,
     };
@@ -64,16 +67,17 @@ mod tests {
             let kind = &crd.spec.names.kind;
             assert!(text.contains(&format!("kind: {kind}\n")), "{kind} missing");
         }
-        assert_eq!(text.matches("group: latchkey.dev").count(), 3);
+        assert_eq!(text.matches("group: latchkey.dev").count(), 4);
         assert_eq!(text.matches("group: generators.latchkey.dev").count(), 5);
         assert!(text.contains("scope: Cluster") && text.contains("scope: Namespaced"));
     }
 
-    fn crds() -> [v1::CustomResourceDefinition; 8] {
+    fn crds() -> [v1::CustomResourceDefinition; 9] {
         [
             SecretStore::crd(),
             ClusterSecretStore::crd(),
             ExternalSecret::crd(),
+            ClusterExternalSecret::crd(),
             Password::crd(),
             VaultDynamicSecret::crd(),
             PluginGenerator::crd(),
@@ -123,6 +127,7 @@ mod tests {
                 "lkss",
                 "lkcss",
                 "lkes",
+                "lkces",
                 "lkpassword",
                 "lkvds",
                 "lkpg",
@@ -159,6 +164,7 @@ mod tests {
                     "Age",
                 ],
                 "SecretStore" | "ClusterSecretStore" => &["Provider", "Status", "Ready", "Age"],
+                "ClusterExternalSecret" => &["Store", "Refresh Time", "Status", "Ready", "Age"],
                 "Password" => &["Length", "Age"],
                 "VaultDynamicSecret" => &["Path", "Age"],
                 "PluginGenerator" => &["Endpoint", "Age"],

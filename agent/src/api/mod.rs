@@ -1,9 +1,10 @@
 //! The Latchkey API: CRD types for `latchkey.dev/v1alpha1` (SecretStore, ClusterSecretStore,
-//! ExternalSecret) and `generators.latchkey.dev/v1alpha1` (see [`generator`]), the agent-side validation of objects it reads, and CRD YAML rendering.
+//! ExternalSecret, ClusterExternalSecret) and `generators.latchkey.dev/v1alpha1` (see [`generator`]), the agent-side validation of objects it reads, and CRD YAML rendering.
 //!
 //! Field names follow the External Secrets Operator so an ESO manifest ports by changing
 //! `apiVersion`. Types only: nothing here talks to a backend or the API server.
 
+pub mod cluster_external_secret;
 pub mod crd;
 pub mod duration;
 pub mod external_secret;

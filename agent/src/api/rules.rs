@@ -238,6 +238,23 @@ pub const DNS_SUBDOMAIN: Pattern = Pattern {
               '.'-separated part starting and ending with a letter or digit)",
 };
 
+// ---- ClusterExternalSecret -----------------------------------------------------------------
+
+/// `maxLength` of a namespace name (an RFC 1123 label).
+pub const MAX_NAMESPACE_LEN: usize = 63;
+
+/// `maxItems` of a ClusterExternalSecret's `spec.namespaces`: each name is one ExternalSecret
+/// the controller writes and keeps.
+pub const MAX_CES_NAMESPACES: usize = 1000;
+
+/// `maxItems` of a ClusterExternalSecret's `spec.namespaceSelectors`: every Namespace is
+/// matched against each of them.
+pub const MAX_NAMESPACE_SELECTORS: usize = 32;
+
+/// `maxProperties` of the labels and of the annotations of a ClusterExternalSecret's
+/// `spec.externalSecretMetadata`.
+pub const MAX_CES_METADATA: usize = 64;
+
 // ---- SecretStore / ClusterSecretStore -------------------------------------------------------
 
 /// On `spec.provider` (ESO: "store must only have exactly one backend specified").

@@ -29,6 +29,7 @@ use super::validate::{self, Invalid};
 use crate::volume::FilePath;
 use crate::volume::path::Reason;
 
+mod cluster_external_secret;
 mod generators;
 
 /// One failed check: the instance path (`spec.data[0].secretKey`) and the message.
@@ -1206,6 +1207,7 @@ fn crd_rules_and_agent_agree_on_every_sample() {
         }
     }
     generators::check_every_sample(&schemas, &mut broken);
+    cluster_external_secret::check_every_sample(&schemas, external_secret_samples(), &mut broken);
     // Every rule and pattern of every CRD was broken by some sample (one nobody breaks is
     // untested).
     for (kind, schema) in &schemas {

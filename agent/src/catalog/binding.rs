@@ -400,8 +400,12 @@ fn condition_matches(
     Err(refusals.join(", "))
 }
 
-/// Kubernetes label-selector semantics (matchLabels AND every matchExpression).
-fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> Result<(), String> {
+/// Kubernetes label-selector semantics (matchLabels AND every matchExpression); `Err` says why
+/// not (an invalid requirement admits nothing).
+pub fn selector_matches(
+    sel: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), String> {
     for (k, v) in &sel.match_labels {
         if labels.get(k) != Some(v) {
             return Err(format!("label {k}={v} required"));

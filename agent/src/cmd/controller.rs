@@ -1,6 +1,7 @@
-//! `latchkey controller`: mirrors ExternalSecrets that ask for it into Kubernetes Secrets, and
-//! cleans up after generators (GeneratorStates being deleted or past their deadline), with
-//! leader election, metrics and health endpoints.
+//! `latchkey controller`: mirrors ExternalSecrets that ask for it into Kubernetes Secrets,
+//! writes the ExternalSecrets of ClusterExternalSecrets, and cleans up after generators
+//! (GeneratorStates being deleted or past their deadline), with leader election, metrics and
+//! health endpoints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use crate::api::StoreKind;
 use crate::api::validate::ProviderSpec;
 use crate::cache::CacheLimits;
 use crate::catalog::{Catalog, KubernetesCatalog};
+use crate::cluster_external_secret::{self as ces, CesController};
 use crate::events::KubeEvents;
 use crate::fetch::Fetcher;
 use crate::generator_gc::{self, Collector, Identities, IdentityError};
@@ -103,6 +105,11 @@ pub struct ControllerArgs {
     /// written new ones (ESO design 011): then their GeneratorStates are deleted and cleaned up.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub generator_grace_period: Duration,
+    /// Write the ExternalSecrets of ClusterExternalSecrets into the namespaces they select
+    /// (within `--namespace`, if given). With several controller instances splitting a
+    /// cluster, leave it on in one of them only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cluster_external_secrets: bool,
 }
 
 /// Tokens for generator cleanup: minted as the state's service account under the mirror's
@@ -262,7 +269,22 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     });
     let collecting = collector.map(|c| {
         tokio::spawn(run_while_leading(
-            c,
+            move |ended| Arc::clone(&c).run(ended).boxed(),
+            leadership.clone(),
+            stopped().boxed().shared(),
+        ))
+    });
+    let provisioning = args.cluster_external_secrets.then(|| {
+        let leading = leadership.clone();
+        let controller = Arc::new(CesController::new(ces::Parts {
+            client: client.clone(),
+            namespaces: args.namespaces.clone(),
+            leading: Arc::new(move || leading.is_leader()),
+            events: (!args.dry_run).then(|| Arc::new(KubeEvents::new(client.clone(), &identity))),
+            dry_run: args.dry_run,
+        }));
+        tokio::spawn(run_while_leading(
+            move |ended| Arc::clone(&controller).run(ended).boxed(),
             leadership.clone(),
             stopped().boxed().shared(),
         ))
@@ -288,8 +310,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     )
     .await;
     readiness.set_serving(false);
-    if let Some(mut task) = collecting {
-        // Cleanups are idempotent and the next leader retries them: never hold the exit.
+    // Cleanups and ExternalSecret writes are idempotent and the next leader retries them:
+    // never hold the exit.
+    for mut task in collecting.into_iter().chain(provisioning) {
         if tokio::time::timeout(Duration::from_secs(6), &mut task)
             .await
             .is_err()
@@ -307,9 +330,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the generator collector while this replica leads, until `stop` completes.
+/// Runs a controller (`run`, until the future it is given completes) while this replica leads,
+/// until `stop` completes.
 async fn run_while_leading(
-    collector: Arc<Collector>,
+    run: impl Fn(futures::future::BoxFuture<'static, ()>) -> futures::future::BoxFuture<'static, ()>,
     mut leadership: Leadership,
     stop: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
 ) {
@@ -327,6 +351,6 @@ async fn run_while_leading(
                 _ = stop_now => {}
             }
         };
-        Arc::clone(&collector).run(ended).await;
+        run(ended.boxed()).await;
     }
 }

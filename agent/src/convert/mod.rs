@@ -8,6 +8,7 @@
 
 pub mod errors;
 mod eso;
+mod eso_cluster;
 mod eso_generator;
 mod eso_store;
 mod fields;
@@ -102,6 +103,7 @@ pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
 enum Source {
     SecretProviderClass,
     ExternalSecret,
+    ClusterExternalSecret,
     Store(StoreKind),
     /// An ESO generator of a kind Latchkey has.
     Generator(&'static str),
@@ -122,16 +124,18 @@ fn source(api_version: &str, kind: &str) -> Result<Source, String> {
         },
         "external-secrets.io" => match (kind, version) {
             ("ExternalSecret", "v1" | "v1beta1") => Ok(Source::ExternalSecret),
+            ("ClusterExternalSecret", "v1" | "v1beta1") => Ok(Source::ClusterExternalSecret),
             ("SecretStore", "v1" | "v1beta1") => Ok(Source::Store(StoreKind::SecretStore)),
             ("ClusterSecretStore", "v1" | "v1beta1") => {
                 Ok(Source::Store(StoreKind::ClusterSecretStore))
             }
-            ("ExternalSecret" | "SecretStore" | "ClusterSecretStore", _) => {
-                Ok(Source::Unsupported(format!(
-                    "apiVersion {api_version} is not supported (v1 and v1beta1 are): have ESO \
+            (
+                "ExternalSecret" | "ClusterExternalSecret" | "SecretStore" | "ClusterSecretStore",
+                _,
+            ) => Ok(Source::Unsupported(format!(
+                "apiVersion {api_version} is not supported (v1 and v1beta1 are): have ESO \
                      convert it to v1beta1 first"
-                )))
-            }
+            ))),
             _ => Ok(Source::Unsupported(format!(
                 "{kind} has no Latchkey equivalent"
             ))),
@@ -196,6 +200,10 @@ fn convert_object(obj: &Object) -> Result<Outcome, String> {
         }
         Source::ExternalSecret => {
             eso::external_secret(&mut top, &meta, &mut notes).map(|d| (d, Vec::new()))
+        }
+        Source::ClusterExternalSecret => {
+            eso_cluster::cluster_external_secret(&mut top, &meta, &mut notes)
+                .map(|d| (d, Vec::new()))
         }
         Source::Store(kind) => {
             eso_store::store(&mut top, &meta, kind, &mut notes).map(|d| (d, Vec::new()))

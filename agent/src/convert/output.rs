@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::errors::ConvertError;
 use super::notes::Notes;
+use crate::api::cluster_external_secret::ClusterExternalSecret;
 use crate::api::generator::{ClusterGenerator, Password, VaultDynamicSecret};
 use crate::api::validate::{self, Invalid};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
@@ -29,6 +30,8 @@ pub enum Document {
     VaultDynamicSecret(Box<VaultDynamicSecret>),
     /// `generators.latchkey.dev/v1alpha1` ClusterGenerator.
     ClusterGenerator(Box<ClusterGenerator>),
+    /// `latchkey.dev/v1alpha1` ClusterExternalSecret.
+    ClusterExternalSecret(Box<ClusterExternalSecret>),
 }
 
 impl Document {
@@ -41,9 +44,12 @@ impl Document {
             Document::Password(o) => ("Password", &o.metadata),
             Document::VaultDynamicSecret(o) => ("VaultDynamicSecret", &o.metadata),
             Document::ClusterGenerator(o) => ("ClusterGenerator", &o.metadata),
+            Document::ClusterExternalSecret(o) => ("ClusterExternalSecret", &o.metadata),
         };
         let ns = match self {
-            Document::ClusterSecretStore(_) | Document::ClusterGenerator(_) => String::new(),
+            Document::ClusterSecretStore(_)
+            | Document::ClusterGenerator(_)
+            | Document::ClusterExternalSecret(_) => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
         (kind, ns, meta.name.clone().unwrap_or_default())
@@ -76,6 +82,7 @@ impl Document {
                 validate::generator::vault_dynamic_secret("spec", &o.spec)
             }
             Document::ClusterGenerator(o) => validate::generator::cluster_generator(&o.spec),
+            Document::ClusterExternalSecret(o) => validate::cluster_external_secret(&o.spec),
         }
     }
 
@@ -90,6 +97,7 @@ impl Document {
             Document::Password(o) => serde_norway::to_string(o),
             Document::VaultDynamicSecret(o) => serde_norway::to_string(o),
             Document::ClusterGenerator(o) => serde_norway::to_string(o),
+            Document::ClusterExternalSecret(o) => serde_norway::to_string(o),
         };
         rendered.map_err(|source| ConvertError::Render {
             what: self.describe(),

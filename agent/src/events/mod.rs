@@ -113,7 +113,8 @@ pub struct EventTarget {
     pub api_version: &'static str,
     /// `kind` of the object.
     pub kind: &'static str,
-    /// Namespace (Events live in the object's namespace).
+    /// Namespace (Events live in the object's namespace); empty for a cluster-scoped object,
+    /// whose Events live in `default` as the API server requires.
     pub namespace: String,
     /// Name.
     pub name: String,
@@ -151,7 +152,7 @@ impl KubeEvents {
             target.uid.clone(),
             reason,
         ));
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &target.namespace);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), event_namespace(target));
         let (namespace, name, kind) = (target.namespace.clone(), target.name.clone(), target.kind);
         tokio::spawn(async move {
             let recorded = tokio::time::timeout(RECORD_TIMEOUT, record(&api, &slot, event));
@@ -224,6 +225,16 @@ fn pod_action(reason: &str) -> &'static str {
     }
 }
 
+/// Where Events about `target` live: its namespace, or `default` for a cluster-scoped object
+/// (where `kubectl describe` looks for them).
+fn event_namespace(target: &EventTarget) -> &str {
+    if target.namespace.is_empty() {
+        "default"
+    } else {
+        &target.namespace
+    }
+}
+
 /// An Event about `target`, reported by `instance` (a node, or a controller replica).
 fn object_event(
     target: &EventTarget,
@@ -246,14 +257,14 @@ fn object_event(
         metadata: ObjectMeta {
             // The API server rejects generateName collisions rarely; a timestamp keeps names unique.
             name: Some(format!("{}.{:x}", target.name, now.as_nanosecond())),
-            namespace: Some(target.namespace.clone()),
+            namespace: Some(event_namespace(target).to_string()),
             ..Default::default()
         },
         involved_object: ObjectReference {
             api_version: Some(target.api_version.into()),
             kind: Some(target.kind.into()),
             name: Some(target.name.clone()),
-            namespace: Some(target.namespace.clone()),
+            namespace: (!target.namespace.is_empty()).then(|| target.namespace.clone()),
             uid: Some(target.uid.clone()),
             ..Default::default()
         },

@@ -114,6 +114,16 @@ pub(super) const KINDS: &[Kind] = &[
     Kind {
         group: "latchkey.dev",
         version: "v1alpha1",
+        plural: "clusterexternalsecrets",
+        kind: "ClusterExternalSecret",
+        namespaced: false,
+        crd: true,
+        status_subresource: true,
+        fields: &[],
+    },
+    Kind {
+        group: "latchkey.dev",
+        version: "v1alpha1",
         plural: "secretstores",
         kind: "SecretStore",
         namespaced: true,

@@ -10,10 +10,12 @@ use std::collections::btree_map::Entry;
 use std::fmt::Display;
 use std::time::Duration;
 
+pub mod cluster_external_secret;
 mod fields;
 pub mod generator;
 pub mod plugin;
 
+pub use cluster_external_secret::cluster_external_secret;
 use fields::{file_mode, max_items, name, not_empty, secret_name, set_names, shaped};
 pub use generator::generator;
 use plugin::{plugin, secrets_store_csi};
