@@ -297,6 +297,9 @@ pub const AWS_AUTH_AT_MOST_ONE: CelRule = CelRule {
     message: "must set at most one of secretRef, jwt, agentIdentity",
 };
 
+/// Longest `vault.auth.userPass.username`: it is a path segment of the login request.
+pub const MAX_VAULT_USERNAME_LEN: usize = 256;
+
 /// On `spec.provider.vault.version`.
 pub const VAULT_VERSION: CelRule = CelRule {
     rule: "self == 'v1' || self == 'v2'",
@@ -306,8 +309,9 @@ pub const VAULT_VERSION: CelRule = CelRule {
 /// On `spec.provider.vault.auth`.
 pub const VAULT_AUTH_ONE: CelRule = CelRule {
     rule: "(has(self.tokenSecretRef) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + \
-           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) == 1",
-    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole",
+           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) + \
+           (has(self.userPass) ? 1 : 0) + (has(self.cert) ? 1 : 0) == 1",
+    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert",
 };
 
 // ---- Patterns -------------------------------------------------------------------------------

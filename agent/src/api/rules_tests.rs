@@ -941,6 +941,16 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             Expect::Valid,
         ),
         (
+            "vault userpass",
+            vault(json!({"userPass": {"username": "shop", "secretRef": secret}})),
+            Expect::Valid,
+        ),
+        (
+            "vault cert",
+            vault(json!({"cert": {"clientCert": secret, "secretRef": secret}})),
+            Expect::Valid,
+        ),
+        (
             "vault kv v1",
             json!({"fake": null, "vault": {
                 "server": "https://vault:8200", "version": "v1", "auth": {"jwt": {"role": "app"}}
@@ -1053,7 +1063,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole",
+                 jwt, appRole, userPass, cert",
             ),
         ),
         (
@@ -1061,7 +1071,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({"kubernetes": {"role": "a"}, "tokenSecretRef": secret})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole",
+                 jwt, appRole, userPass, cert",
             ),
         ),
         (
@@ -1130,6 +1140,27 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             "vault approle secret id in a badly named Secret",
             vault(json!({"appRole": {"roleId": "id", "secretRef": {"name": "-x", "key": "k"}}})),
             bad_name("vault.auth.appRole.secretRef"),
+        ),
+        (
+            "vault userpass password in a badly named Secret",
+            vault(json!({"userPass": {"username": "u", "secretRef": {"name": "-x", "key": "k"}}})),
+            bad_name("vault.auth.userPass.secretRef"),
+        ),
+        (
+            "vault cert key in a badly named Secret",
+            vault(json!({"cert": {
+                "clientCert": {"name": "c", "key": "k"},
+                "secretRef": {"name": "-x", "key": "k"},
+            }})),
+            bad_name("vault.auth.cert.secretRef"),
+        ),
+        (
+            "vault cert client certificate in a badly named Secret",
+            vault(json!({"cert": {
+                "clientCert": {"name": "-x", "key": "k"},
+                "secretRef": {"name": "k", "key": "k"},
+            }})),
+            bad_name("vault.auth.cert.clientCert"),
         ),
     ]
 }

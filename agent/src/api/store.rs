@@ -251,6 +251,12 @@ pub struct VaultAuth {
     /// AppRole auth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_role: Option<VaultAppRole>,
+    /// Username and password auth (`userpass`), the password from a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_pass: Option<VaultUserPass>,
+    /// TLS certificate auth (`cert`), the client certificate and key from Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<VaultCert>,
 }
 
 /// Role-based login with a service-account token.
@@ -277,6 +283,33 @@ pub struct VaultAppRole {
     /// Role id.
     pub role_id: String,
     /// Secret holding the secret id.
+    pub secret_ref: SecretKeySelector,
+}
+
+/// Userpass login, as ESO's `userPass`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultUserPass {
+    /// Auth mount path (default `userpass`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The Vault user.
+    #[schemars(length(min = 1, max = crate::api::rules::MAX_VAULT_USERNAME_LEN))]
+    pub username: String,
+    /// Secret holding the password.
+    pub secret_ref: SecretKeySelector,
+}
+
+/// TLS certificate login, as ESO's `cert`: the login request carries the client certificate.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultCert {
+    /// Auth mount path (default `cert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Secret holding the client certificate (PEM; a chain, leaf first).
+    pub client_cert: SecretKeySelector,
+    /// Secret holding the client certificate's private key (PEM).
     pub secret_ref: SecretKeySelector,
 }
 

@@ -366,6 +366,39 @@ fn samples() -> Vec<(&'static str, &'static str, Value, Verdict)> {
                 DNS_SUBDOMAIN.message.into(),
             ),
         ),
+        (
+            "VaultDynamicSecret",
+            "userpass password in a badly named Secret",
+            auth(
+                json!({"provider": {"auth": {"userPass": {"username": "u", "secretRef": {"name": "../x", "key": "k"}}}}}),
+            ),
+            Rejected(
+                ".provider.auth.userPass.secretRef.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
+        ),
+        (
+            "VaultDynamicSecret",
+            "cert client certificate in a badly named Secret",
+            auth(
+                json!({"provider": {"auth": {"cert": {"clientCert": {"name": "../x", "key": "k"}, "secretRef": {"name": "k", "key": "k"}}}}}),
+            ),
+            Rejected(
+                ".provider.auth.cert.clientCert.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
+        ),
+        (
+            "VaultDynamicSecret",
+            "cert key in a badly named Secret",
+            auth(
+                json!({"provider": {"auth": {"cert": {"clientCert": {"name": "c", "key": "k"}, "secretRef": {"name": "../x", "key": "k"}}}}}),
+            ),
+            Rejected(
+                ".provider.auth.cert.secretRef.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
+        ),
         // PluginGenerator
         (
             "PluginGenerator",

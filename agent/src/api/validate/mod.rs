@@ -206,6 +206,8 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
         ("kubernetes", auth.kubernetes.is_some()),
         ("jwt", auth.jwt.is_some()),
         ("appRole", auth.app_role.is_some()),
+        ("userPass", auth.user_pass.is_some()),
+        ("cert", auth.cert.is_some()),
     ]);
     if methods.len() != 1 {
         let detail = if methods.is_empty() {
@@ -227,6 +229,42 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
             format_args!("{at}.auth.appRole.secretRef"),
             &app_role.secret_ref,
         )?;
+    }
+    vault_secret_auth(at, auth)
+}
+
+/// `userPass` and `cert`: credential Secret names, and a username fit for the login path.
+fn vault_secret_auth(
+    at: impl Display + Copy,
+    auth: &super::store::VaultAuth,
+) -> Result<(), Invalid> {
+    if let Some(user_pass) = &auth.user_pass {
+        let path = format_args!("{at}.auth.userPass.username");
+        not_empty(path, &user_pass.username)?;
+        if user_pass.username.chars().count() > rules::MAX_VAULT_USERNAME_LEN {
+            return Err(Invalid::schema(
+                path,
+                rules::too_long(rules::MAX_VAULT_USERNAME_LEN),
+            ));
+        }
+        // The username is a segment of the login path: a `/` would log in elsewhere.
+        if user_pass
+            .username
+            .chars()
+            .any(|c| c == '/' || c.is_control())
+        {
+            return Err(Invalid(format!(
+                "{path}: must not contain '/' or control characters"
+            )));
+        }
+        secret_name(
+            format_args!("{at}.auth.userPass.secretRef"),
+            &user_pass.secret_ref,
+        )?;
+    }
+    if let Some(cert) = &auth.cert {
+        secret_name(format_args!("{at}.auth.cert.clientCert"), &cert.client_cert)?;
+        secret_name(format_args!("{at}.auth.cert.secretRef"), &cert.secret_ref)?;
     }
     Ok(())
 }

@@ -156,7 +156,7 @@ fn auth_errors_name_the_methods_found() {
             .unwrap_err()
             .0,
         "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, jwt, \
-         appRole (none is set)"
+         appRole, userPass, cert (none is set)"
     );
     let two = VaultAuth {
         kubernetes: role(),
@@ -169,6 +169,27 @@ fn auth_errors_name_the_methods_found() {
             .0
             .ends_with("(found kubernetes, jwt)")
     );
+    let user = |username: &str| VaultAuth {
+        user_pass: Some(crate::api::store::VaultUserPass {
+            username: username.into(),
+            secret_ref: crate::api::store::SecretKeySelector {
+                name: "pw".into(),
+                key: "password".into(),
+                namespace: None,
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert!(provider(&vault(user("shop")), StoreKind::SecretStore).is_ok());
+    for bad in ["", "../root", "a/b", "a\nb"] {
+        let err = provider(&vault(user(bad)), StoreKind::SecretStore).unwrap_err();
+        assert!(
+            err.0
+                .starts_with("spec.provider.vault.auth.userPass.username"),
+            "{err}"
+        );
+    }
     let one = VaultAuth {
         jwt: role(),
         ..Default::default()

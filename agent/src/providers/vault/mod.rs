@@ -1,5 +1,5 @@
-//! The `vault` provider: HashiCorp Vault / OpenBao KV v1 and v2, with token, kubernetes, jwt or
-//! AppRole auth. kubernetes and jwt logins use the pod's own projected token.
+//! The `vault` provider: HashiCorp Vault / OpenBao KV v1 and v2, with token, kubernetes, jwt,
+//! AppRole, userpass or cert auth. kubernetes and jwt logins use the pod's own projected token.
 //!
 //! Login tokens are kept in a [`tokens::TokenCache`] shared by every publish (it lives in
 //! [`super::Env`]), keyed by (server, namespace, auth mount, role, identity), so pods of one
@@ -21,6 +21,7 @@ use vaultrs::error::ClientError;
 
 mod auth;
 pub(crate) mod errors;
+mod secret_auth;
 pub mod tokens;
 pub(crate) mod transport;
 use auth::authenticate;
@@ -212,15 +213,32 @@ pub(crate) async fn logged_in(
     spec: &VaultProvider,
     ctx: &BuildContext<'_>,
 ) -> Result<Transport, ProviderError> {
-    let mut client = new_client(spec)?;
-    let token = authenticate(spec, ctx, &client).await?;
+    let ca_pem = ca_pem(spec)?;
+    let mut client = new_client(spec, ca_pem.as_deref(), None)?;
+    let token = authenticate(spec, ctx, &client, ca_pem.as_deref()).await?;
     client.set_token(token.expose());
     Ok(client)
 }
 
-/// A transport for the store's server, namespace and CA; no token yet. Nothing is taken from
-/// the agent's environment (`VAULT_*`, proxies).
-fn new_client(spec: &VaultProvider) -> Result<Transport, ProviderError> {
+/// The PEM roots the store trusts beyond the system's (`caBundle`), if any.
+fn ca_pem(spec: &VaultProvider) -> Result<Option<Vec<u8>>, ProviderError> {
+    let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) else {
+        return Ok(None);
+    };
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map(Some)
+        .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))
+}
+
+/// A transport for the store's server, namespace and CA (`ca_pem`), with `identity` as its TLS
+/// client certificate if any; no token yet. Nothing is taken from the agent's environment
+/// (`VAULT_*`, proxies).
+fn new_client(
+    spec: &VaultProvider,
+    ca_pem: Option<&[u8]>,
+    identity: Option<reqwest::Identity>,
+) -> Result<Transport, ProviderError> {
     let server = reqwest::Url::parse(&spec.server)
         .ok()
         .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
@@ -237,17 +255,17 @@ fn new_client(spec: &VaultProvider) -> Result<Transport, ProviderError> {
     if server.scheme() == "http" {
         // reqwest with rustls needs roots even when it never uses them.
         http = http.tls_certs_only(Vec::new());
-    } else if let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) {
-        let pem = base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
-            .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+    } else if let Some(pem) = ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
             .ok()
             .filter(|c| !c.is_empty())
             .ok_or_else(|| {
                 ProviderError::Config("vault.caBundle holds no valid PEM certificate".into())
             })?;
         http = http.tls_certs_merge(certs);
+    }
+    if let Some(identity) = identity {
+        http = http.identity(identity);
     }
     let http = http
         .build()

@@ -1,0 +1,267 @@
+//! Vault's userpass and cert auth end to end: a real OpenBao dev server (with a TLS listener for
+//! cert auth), the real `latchkey node` binary in standalone mode, real mounts. One login per
+//! credential and service account, never shared between credentials; a wrong password or
+//! certificate is PERMISSION_DENIED naming the store and the method; no password, key or token
+//! in the agent's log or gRPC messages.
+
+mod support;
+
+use std::path::PathBuf;
+
+use base64::Engine;
+use latchkey::csi::client::{PodVolume, volume_id_for};
+use serde_json::json;
+use support::Agent;
+use support::openbao::{OpenBao, random_hex};
+use tonic::Code;
+
+const DB_PASSWORD: &str = "db-password-vault-auth-e2e-4410";
+
+const POLICY: &str = r#"path "secret/data/app/*" { capabilities = ["read"] }"#;
+
+/// `bao` with the test value and the `read` policy.
+async fn seed(bao: &OpenBao) {
+    bao.policy("read", POLICY).await;
+    bao.put_v2("secret", "app/db", json!({"password": DB_PASSWORD}))
+        .await;
+}
+
+/// A SecretStore `name` in `shop` on `server` with `auth` (flow YAML), plus `extra` provider
+/// fields, and an ExternalSecret of the same name reading the test value through it.
+fn store_and_secret(name: &str, server: &str, extra: &str, auth: &str) -> String {
+    format!(
+        "---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\n\
+         metadata: {{name: {name}, namespace: shop}}\nspec:\n  provider:\n    vault:\n      \
+         server: {server}\n{extra}      auth: {auth}\n\
+         ---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\n\
+         metadata: {{name: {name}, namespace: shop}}\nspec:\n  secretStoreRef: {{name: {name}}}\n  \
+         data:\n  - {{secretKey: password, remoteRef: {{key: app/db, property: password}}}}\n"
+    )
+}
+
+/// A Secret `name` in `shop` with `data` (key, value) as stringData.
+fn secret(name: &str, data: &[(&str, &str)]) -> String {
+    let mut out = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: shop}}\nstringData:\n"
+    );
+    for (k, v) in data {
+        out += &format!("  {k}: {v:?}\n");
+    }
+    out
+}
+
+/// Publishes ExternalSecret `es` for pod `pod` of service account `sa`.
+async fn publish(agent: &Agent, pod: &str, sa: &str, es: &str) -> Result<PathBuf, tonic::Status> {
+    let target = agent.target(pod);
+    let mut volume = PodVolume::new("shop", pod, es);
+    volume.service_account = sa.into();
+    let req = volume.publish_request(&volume_id_for(&target), &target);
+    agent.node().await.node_publish_volume(req).await?;
+    Ok(target)
+}
+
+fn read(target: &std::path::Path) -> String {
+    std::fs::read_to_string(target.join("password")).unwrap()
+}
+
+async fn logins(agent: &Agent) -> f64 {
+    agent
+        .metric("latchkey_backend_logins_total{provider=\"vault\"}")
+        .await
+}
+
+/// Fails when any of `secrets` appears in the agent's log or in `messages`.
+fn assert_no_leak(agent: &Agent, messages: &[&str], secrets: &[&str]) {
+    let log = agent.log_text();
+    for s in secrets {
+        assert!(
+            !log.contains(s),
+            "the agent log contains a secret ({})",
+            &s[..8]
+        );
+        for m in messages {
+            assert!(!m.contains(s), "a gRPC message contains a secret: {m}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn userpass_logs_in_once_per_credential_and_a_wrong_password_is_denied_by_name() {
+    let bao = OpenBao::start().await;
+    seed(&bao).await;
+    bao.api(
+        "POST",
+        "sys/auth/userpass",
+        Some(json!({"type": "userpass"})),
+    )
+    .await;
+    let (shop_pw, other_pw, wrong_pw) = (random_hex(16), random_hex(16), random_hex(16));
+    for (user, pw) in [("shop", &shop_pw), ("other", &other_pw)] {
+        bao.api(
+            "POST",
+            &format!("auth/userpass/users/{user}"),
+            Some(json!({"password": pw, "token_policies": ["read"]})),
+        )
+        .await;
+    }
+    let auth = |user: &str, secret: &str| {
+        format!("{{userPass: {{username: {user}, secretRef: {{name: {secret}, key: password}}}}}}")
+    };
+    let m = [
+        store_and_secret("up", &bao.url, "", &auth("shop", "shop-pw")),
+        store_and_secret("up-other", &bao.url, "", &auth("other", "other-pw")),
+        store_and_secret("up-wrong", &bao.url, "", &auth("shop", "wrong-pw")),
+        secret("shop-pw", &[("password", &shop_pw)]),
+        secret("other-pw", &[("password", &other_pw)]),
+        secret("wrong-pw", &[("password", &wrong_pw)]),
+    ]
+    .concat();
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+
+    for pod in ["a", "b"] {
+        let t = publish(&agent, pod, "default", "up").await.unwrap();
+        assert_eq!(read(&t), DB_PASSWORD);
+    }
+    assert_eq!(logins(&agent).await, 1.0, "one login per credential");
+    // Another user's store logs in on its own: two credentials never share a token.
+    let t = publish(&agent, "c", "default", "up-other").await.unwrap();
+    assert_eq!(read(&t), DB_PASSWORD);
+    assert_eq!(logins(&agent).await, 2.0);
+
+    let wrong = publish(&agent, "d", "default", "up-wrong")
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::PermissionDenied, "{}", wrong.message());
+    let message = wrong.message();
+    assert!(
+        message.contains("up-wrong") && message.contains("userpass login at auth/userpass"),
+        "names the store and the method: {message}"
+    );
+    assert_no_leak(
+        &agent,
+        &[message],
+        &[&shop_pw, &other_pw, &wrong_pw, &bao.root_token, DB_PASSWORD],
+    );
+}
+
+/// A CA and the certificates it signs, in PEM.
+struct Pki {
+    ca: String,
+    ca_key: rcgen::KeyPair,
+    ca_params: rcgen::CertificateParams,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca_cert = params.self_signed(&ca_key).unwrap();
+        Self {
+            ca: ca_cert.pem(),
+            ca_key,
+            ca_params: params,
+        }
+    }
+
+    /// A certificate for `names` and its key (PEM).
+    fn issue(&self, names: &[&str]) -> (String, String) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let params = rcgen::CertificateParams::new(names).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// `provider.vault.caBundle` for `pem`.
+fn ca_bundle(pem: &str) -> String {
+    format!(
+        "      caBundle: {}\n",
+        base64::engine::general_purpose::STANDARD.encode(pem)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_auth_logs_in_over_tls_and_a_wrong_certificate_is_refused() {
+    latchkey::tls::install_crypto_provider();
+    let server_pki = Pki::new("bao server CA");
+    let (server_cert, server_key) = server_pki.issue(&["127.0.0.1"]);
+    let client_pki = Pki::new("bao client CA");
+    let (client_cert, client_key) = client_pki.issue(&["shop-app"]);
+    let (rogue_cert, rogue_key) = Pki::new("rogue CA").issue(&["shop-app"]);
+    let bao = OpenBao::start_tls(&server_cert, &server_key).await;
+    seed(&bao).await;
+    bao.api("POST", "sys/auth/cert", Some(json!({"type": "cert"})))
+        .await;
+    bao.api(
+        "POST",
+        "auth/cert/certs/shop",
+        Some(json!({"certificate": client_pki.ca, "token_policies": ["read"]})),
+    )
+    .await;
+    let tls_url = bao.tls_url.clone().unwrap();
+    let auth = |secret: &str| {
+        format!(
+            "{{cert: {{clientCert: {{name: {secret}, key: tls.crt}}, \
+             secretRef: {{name: {secret}, key: tls.key}}}}}}"
+        )
+    };
+    let ca = ca_bundle(&server_pki.ca);
+    let m = [
+        store_and_secret("cert", &tls_url, &ca, &auth("client")),
+        store_and_secret("cert-rogue", &tls_url, &ca, &auth("rogue")),
+        store_and_secret("cert-plain", &bao.url, "", &auth("client")),
+        secret(
+            "client",
+            &[("tls.crt", &client_cert), ("tls.key", &client_key)],
+        ),
+        secret(
+            "rogue",
+            &[("tls.crt", &rogue_cert), ("tls.key", &rogue_key)],
+        ),
+    ]
+    .concat();
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+
+    for pod in ["a", "b"] {
+        let t = publish(&agent, pod, "default", "cert").await.unwrap();
+        assert_eq!(read(&t), DB_PASSWORD);
+    }
+    assert_eq!(logins(&agent).await, 1.0, "one login per certificate");
+
+    let rogue = publish(&agent, "c", "default", "cert-rogue")
+        .await
+        .unwrap_err();
+    assert_eq!(rogue.code(), Code::PermissionDenied, "{}", rogue.message());
+    assert!(
+        rogue.message().contains("cert-rogue")
+            && rogue.message().contains("cert login at auth/cert"),
+        "names the store and the method: {}",
+        rogue.message()
+    );
+    let plain = publish(&agent, "d", "default", "cert-plain")
+        .await
+        .unwrap_err();
+    assert!(
+        plain.message().contains("https://"),
+        "cert auth needs TLS: {}",
+        plain.message()
+    );
+    let client_key_body = client_key.lines().nth(1).unwrap().to_string();
+    let rogue_key_body = rogue_key.lines().nth(1).unwrap().to_string();
+    assert_no_leak(
+        &agent,
+        &[rogue.message(), plain.message()],
+        &[
+            &client_key_body,
+            &rogue_key_body,
+            &bao.root_token,
+            DB_PASSWORD,
+        ],
+    );
+}
