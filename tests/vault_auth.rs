@@ -265,3 +265,113 @@ async fn cert_auth_logs_in_over_tls_and_a_wrong_certificate_is_refused() {
         ],
     );
 }
+
+/// A ConfigMap `name` in `shop` with `key` holding `value`.
+fn config_map(name: &str, key: &str, value: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: shop}}\n\
+         data:\n  {key}: {value:?}\n"
+    )
+}
+
+/// `provider.vault.caProvider` naming `kind` `name` (key `ca.crt`), with `namespace` if any.
+fn ca_provider(kind: &str, name: &str, namespace: Option<&str>) -> String {
+    let namespace = namespace
+        .map(|n| format!(", namespace: {n}"))
+        .unwrap_or_default();
+    format!("      caProvider: {{type: {kind}, name: {name}, key: ca.crt{namespace}}}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_provider_from_a_config_map_or_a_secret_verifies_vault_and_a_wrong_ca_is_refused() {
+    latchkey::tls::install_crypto_provider();
+    let pki = Pki::new("bao server CA");
+    let rogue = Pki::new("rogue CA");
+    let (server_cert, server_key) = pki.issue(&["127.0.0.1"]);
+    let bao = OpenBao::start_tls(&server_cert, &server_key).await;
+    seed(&bao).await;
+    let token = bao.token(&["read"], "1h").await;
+    let tls_url = bao.tls_url.clone().unwrap();
+    let auth = "{tokenSecretRef: {name: vault-token, key: token}}";
+    let m = [
+        store_and_secret(
+            "ca-map",
+            &tls_url,
+            &ca_provider("ConfigMap", "vault-ca", None),
+            auth,
+        ),
+        store_and_secret(
+            "ca-secret",
+            &tls_url,
+            &ca_provider("Secret", "vault-ca", Some("shop")),
+            auth,
+        ),
+        // caBundle and caProvider together: both are trusted (as ESO's Vault provider).
+        store_and_secret(
+            "ca-both",
+            &tls_url,
+            &(ca_bundle(&rogue.ca) + &ca_provider("ConfigMap", "vault-ca", None)),
+            auth,
+        ),
+        store_and_secret(
+            "ca-wrong",
+            &tls_url,
+            &ca_provider("ConfigMap", "rogue-ca", None),
+            auth,
+        ),
+        store_and_secret(
+            "ca-elsewhere",
+            &tls_url,
+            &ca_provider("ConfigMap", "vault-ca", Some("kube-system")),
+            auth,
+        ),
+        store_and_secret(
+            "ca-missing",
+            &tls_url,
+            &ca_provider("ConfigMap", "no-such-ca", None),
+            auth,
+        ),
+        config_map("vault-ca", "ca.crt", &pki.ca),
+        config_map("rogue-ca", "ca.crt", &rogue.ca),
+        secret("vault-ca", &[("ca.crt", &pki.ca)]),
+        secret("vault-token", &[("token", &token)]),
+    ]
+    .concat();
+    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+
+    for store in ["ca-map", "ca-secret", "ca-both"] {
+        let t = publish(&agent, store, "default", store)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: {e:?}"));
+        assert_eq!(read(&t), DB_PASSWORD, "{store}");
+    }
+    let mut messages = Vec::new();
+    for (store, code, wants) in [
+        (
+            "ca-wrong",
+            Code::Unavailable,
+            "TLS certificate is not trusted",
+        ),
+        (
+            "ca-elsewhere",
+            Code::PermissionDenied,
+            "outside a SecretStore's own namespace",
+        ),
+        (
+            "ca-missing",
+            Code::FailedPrecondition,
+            "ConfigMap shop/no-such-ca not found",
+        ),
+    ] {
+        let err = publish(&agent, store, "default", store).await.unwrap_err();
+        assert_eq!(err.code(), code, "{store}: {}", err.message());
+        assert!(
+            err.message().contains(wants) && err.message().contains(store),
+            "{store}: {:?} lacks {wants:?}",
+            err.message()
+        );
+        messages.push(err.message().to_string());
+    }
+    let messages: Vec<&str> = messages.iter().map(String::as_str).collect();
+    assert_no_leak(&agent, &messages, &[&token, &bao.root_token, DB_PASSWORD]);
+}

@@ -263,6 +263,12 @@ pub const MAX_AUDIENCES: usize = 8;
 /// `maxLength` of `spec.provider.plugin.tls.caBundle`: a few CA certificates.
 pub const MAX_CA_BUNDLE_LEN: usize = 64 * 1024;
 
+/// On `spec.provider.plugin.tls`: the roots come from one place.
+pub const PLUGIN_TLS_ONE_CA: CelRule = CelRule {
+    rule: "(has(self.caBundle) ? 1 : 0) + (has(self.caProvider) ? 1 : 0) == 1",
+    message: "must set exactly one of caBundle, caProvider",
+};
+
 /// On `spec.provider.plugin`: TLS is for TCP; on a unix socket the directory's permissions
 /// already decide who is at the other end.
 pub const PLUGIN_TLS_TCP_ONLY: CelRule = CelRule {

@@ -1137,6 +1137,54 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             bad_name("plugin.tls.clientCertSecretRef"),
         ),
         (
+            "vault CA in a badly named ConfigMap",
+            json!({"fake": null, "vault": {
+                "server": "https://vault:8200", "auth": {"jwt": {"role": "app"}},
+                "caProvider": {"type": "ConfigMap", "name": "-x", "key": "ca.crt"},
+            }}),
+            bad_name("vault.caProvider"),
+        ),
+        (
+            "vault CA in a Secret",
+            json!({"fake": null, "vault": {
+                "server": "https://vault:8200", "auth": {"jwt": {"role": "app"}},
+                "caProvider": {"type": "Secret", "name": "ca", "key": "ca.crt"},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "plugin CA from a ConfigMap",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {"caProvider": {"type": "ConfigMap", "name": "ca", "key": "ca.crt"}},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "plugin CA in a badly named ConfigMap",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {"caProvider": {"type": "ConfigMap", "name": "-x", "key": "ca.crt"}},
+            }}),
+            bad_name("plugin.tls.caProvider"),
+        ),
+        (
+            "plugin CA both inline and from a ConfigMap",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {
+                    "caBundle": "-----BEGIN CERTIFICATE-----",
+                    "caProvider": {"type": "ConfigMap", "name": "ca", "key": "ca.crt"},
+                },
+            }}),
+            rejected("spec.provider.plugin.tls: must set exactly one of caBundle, caProvider"),
+        ),
+        (
+            "plugin TLS without a CA",
+            json!({"fake": null, "plugin": {"endpoint": "p:4000", "tls": {}}}),
+            rejected("spec.provider.plugin.tls: must set exactly one of caBundle, caProvider"),
+        ),
+        (
             "vault approle secret id in a badly named Secret",
             vault(json!({"appRole": {"roleId": "id", "secretRef": {"name": "-x", "key": "k"}}})),
             bad_name("vault.auth.appRole.secretRef"),

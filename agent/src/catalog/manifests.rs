@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use serde::Deserialize;
 
 use super::strict::{self, Kind, StrictError};
@@ -72,6 +72,7 @@ pub struct ManifestCatalog {
     /// By (kind, namespace, name); a ClusterGenerator's namespace is empty.
     generators: HashMap<(&'static str, String, String), GeneratorObject>,
     secrets: HashMap<(String, String), Arc<Secret>>,
+    config_maps: HashMap<(String, String), Arc<ConfigMap>>,
     namespaces: HashMap<String, BTreeMap<String, String>>,
 }
 
@@ -238,6 +239,18 @@ impl ManifestCatalog {
                         return Err(dup("Secret", format!("{ns}/{name}")));
                     }
                 }
+                ("v1", "ConfigMap") => {
+                    let mut obj: ConfigMap = strict::from_value(Kind::ConfigMap, value)
+                        .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
+                    obj.metadata.namespace = Some(ns.clone());
+                    if self
+                        .config_maps
+                        .insert((ns.clone(), name.clone()), Arc::new(obj))
+                        .is_some()
+                    {
+                        return Err(dup("ConfigMap", format!("{ns}/{name}")));
+                    }
+                }
                 ("v1", "Namespace") => {
                     let obj: Namespace = strict::from_value(Kind::Namespace, value)
                         .map_err(|e| invalid(what.clone(), valueless_reason(e)))?;
@@ -254,7 +267,7 @@ impl ManifestCatalog {
                             "unsupported kind {kind} ({api}); expected latchkey.dev/v1alpha1 \
                              SecretStore, ClusterSecretStore or ExternalSecret, \
                              {GENERATOR_API_VERSION} Password, VaultDynamicSecret, \
-                             PluginGenerator or ClusterGenerator, or v1 Secret or Namespace"
+                             PluginGenerator or ClusterGenerator, or v1 Secret, ConfigMap or Namespace"
                         ),
                     ));
                 }
@@ -417,6 +430,17 @@ impl Catalog for ManifestCatalog {
         name: &str,
     ) -> Result<Option<Arc<Secret>>, CatalogError> {
         Ok(self.secrets.get(&(namespace.into(), name.into())).cloned())
+    }
+
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ConfigMap>>, CatalogError> {
+        Ok(self
+            .config_maps
+            .get(&(namespace.into(), name.into()))
+            .cloned())
     }
 
     async fn namespace_labels(

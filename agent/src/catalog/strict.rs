@@ -38,6 +38,8 @@ pub(super) enum Kind {
     Secret,
     /// `v1` Namespace.
     Namespace,
+    /// `v1` ConfigMap.
+    ConfigMap,
 }
 
 /// Why a document could not be read strictly.
@@ -196,7 +198,8 @@ fn known_fields(kind: Kind, schema: Option<&JSONSchemaProps>, parent: &[Step]) -
         (Kind::Secret, []) => fixed(SECRET_FIELDS),
         (Kind::Namespace, []) => fixed(NAMESPACE_FIELDS),
         (Kind::Namespace, [Step::Field(f)]) if f == "spec" => fixed(&["finalizers"]),
-        (Kind::Secret | Kind::Namespace, _) => Vec::new(),
+        (Kind::ConfigMap, []) => fixed(CONFIG_MAP_FIELDS),
+        (Kind::Secret | Kind::Namespace | Kind::ConfigMap, _) => Vec::new(),
         (_, _) => {
             let mut node = schema;
             for step in parent {
@@ -242,7 +245,7 @@ fn crd_schema(kind: Kind) -> Option<JSONSchemaProps> {
         Kind::VaultDynamicSecret => VaultDynamicSecret::crd(),
         Kind::PluginGenerator => PluginGenerator::crd(),
         Kind::ClusterGenerator => ClusterGenerator::crd(),
-        Kind::Secret | Kind::Namespace => return None,
+        Kind::Secret | Kind::Namespace | Kind::ConfigMap => return None,
     };
     crd.spec
         .versions
@@ -280,6 +283,16 @@ const SECRET_FIELDS: &[&str] = &[
     "metadata",
     "stringData",
     "type",
+];
+
+/// Top-level fields of a `v1` ConfigMap.
+const CONFIG_MAP_FIELDS: &[&str] = &[
+    "apiVersion",
+    "binaryData",
+    "data",
+    "immutable",
+    "kind",
+    "metadata",
 ];
 
 /// Top-level fields of a `v1` Namespace.

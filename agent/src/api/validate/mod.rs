@@ -200,6 +200,9 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
             &rules::VAULT_VERSION,
         ));
     }
+    if let Some(ca) = &v.ca_provider {
+        ca_provider(format_args!("{at}.caProvider"), ca)?;
+    }
     let auth = &v.auth;
     let methods = set_names(&[
         ("tokenSecretRef", auth.token_secret_ref.is_some()),
@@ -231,6 +234,15 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
         )?;
     }
     vault_secret_auth(at, auth)
+}
+
+/// A `caProvider` at `path`: a valid object name and a key.
+pub(super) fn ca_provider(
+    path: impl Display + Copy,
+    ca: &super::store::CaProvider,
+) -> Result<(), Invalid> {
+    name(format_args!("{path}.name"), &ca.name)?;
+    not_empty(format_args!("{path}.key"), &ca.key)
 }
 
 /// `userPass` and `cert`: credential Secret names, and a username fit for the login path.

@@ -365,11 +365,12 @@ fn plugin_timeout_defaults_and_is_bounded() {
 fn plugin_tls_only_on_tcp_with_a_ca_bundle() {
     use crate::api::store::{PluginTls, TlsSecretRef};
     let tls = PluginTls {
-        ca_bundle: "-----BEGIN CERTIFICATE-----".into(),
+        ca_bundle: Some("-----BEGIN CERTIFICATE-----".into()),
         client_cert_secret_ref: Some(TlsSecretRef {
             name: "plugin-client".into(),
             namespace: None,
         }),
+        ..Default::default()
     };
     let mut p = PluginProvider {
         endpoint: "plugin.ns.svc:4000".into(),
@@ -386,10 +387,30 @@ fn plugin_tls_only_on_tcp_with_a_ca_bundle() {
     );
     p.endpoint = "plugin.ns.svc:4000".into();
     p.tls = Some(PluginTls {
-        ca_bundle: " ".into(),
+        ca_bundle: Some(" ".into()),
         ..tls.clone()
     });
     assert!(plugin(&p).is_err(), "an empty caBundle");
+    let from_map = crate::api::store::CaProvider {
+        kind: crate::api::store::CaProviderKind::ConfigMap,
+        name: "plugin-ca".into(),
+        key: "ca.crt".into(),
+        namespace: None,
+    };
+    p.tls = Some(PluginTls {
+        ca_bundle: None,
+        ca_provider: Some(from_map.clone()),
+        ..tls.clone()
+    });
+    assert!(plugin(&p).is_ok(), "a caProvider instead of a caBundle");
+    p.tls = Some(PluginTls {
+        ca_provider: Some(from_map),
+        ..tls.clone()
+    });
+    assert_eq!(
+        plugin(&p).unwrap_err().0,
+        "spec.provider.plugin.tls: must set exactly one of caBundle, caProvider"
+    );
     p.tls = Some(PluginTls {
         client_cert_secret_ref: Some(TlsSecretRef {
             name: "../x".into(),

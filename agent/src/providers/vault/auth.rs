@@ -28,8 +28,14 @@ pub(super) async fn authenticate(
     if let Some(selector) = &auth.token_secret_ref {
         return credentials::read(ctx, selector).await;
     }
+    // A token is reused only with the roots it was obtained under: after a CA change (an
+    // edited caProvider ConfigMap) the next publish logs in anew over the new trust.
+    let trust = match ca_pem {
+        Some(pem) => format!("#ca={}", secret_auth::digest(&[pem])?),
+        None => String::new(),
+    };
     let key = |method: &str, mount: &str, role: &str, identity: String| TokenKey {
-        server: spec.server.clone(),
+        server: format!("{}{trust}", spec.server),
         namespace: spec.namespace.clone().unwrap_or_default(),
         mount: format!("{method}:{mount}"),
         role: role.to_string(),

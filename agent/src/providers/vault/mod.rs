@@ -213,22 +213,40 @@ pub(crate) async fn logged_in(
     spec: &VaultProvider,
     ctx: &BuildContext<'_>,
 ) -> Result<Transport, ProviderError> {
-    let ca_pem = ca_pem(spec)?;
+    let ca_pem = ca_pem(spec, ctx).await?;
     let mut client = new_client(spec, ca_pem.as_deref(), None)?;
     let token = authenticate(spec, ctx, &client, ca_pem.as_deref()).await?;
     client.set_token(token.expose());
     Ok(client)
 }
 
-/// The PEM roots the store trusts beyond the system's (`caBundle`), if any.
-fn ca_pem(spec: &VaultProvider) -> Result<Option<Vec<u8>>, ProviderError> {
-    let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) else {
-        return Ok(None);
-    };
-    base64::engine::general_purpose::STANDARD
-        .decode(b64.trim())
-        .map(Some)
-        .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))
+/// The PEM roots the store trusts beyond the system's, if any: `caBundle` and the bundle
+/// `caProvider` names, together when both are set (as ESO's Vault provider does). Read anew
+/// for every client, so an edited ConfigMap or Secret counts from the next connection on.
+async fn ca_pem(
+    spec: &VaultProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<Option<Vec<u8>>, ProviderError> {
+    let mut pem = Vec::new();
+    if let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) {
+        pem = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
+    }
+    if let Some(ca) = &spec.ca_provider {
+        let from = super::ca_provider::read(ctx, "vault.caProvider", ca).await?;
+        if reqwest::Certificate::from_pem_bundle(&from).map_or(true, |c| c.is_empty()) {
+            return Err(ProviderError::Config(format!(
+                "vault.caProvider: {:?} {}/{} holds no valid PEM certificate",
+                ca.kind,
+                ca.namespace.as_deref().unwrap_or_default(),
+                ca.name
+            )));
+        }
+        pem.push(b'\n');
+        pem.extend_from_slice(&from);
+    }
+    Ok(Some(pem).filter(|p| !p.is_empty()))
 }
 
 /// A transport for the store's server, namespace and CA (`ca_pem`), with `identity` as its TLS
