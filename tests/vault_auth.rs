@@ -12,6 +12,7 @@ use base64::Engine;
 use latchkey::csi::client::{PodVolume, volume_id_for};
 use serde_json::json;
 use support::Agent;
+use support::apiserver::{FakeApiServer, Identity};
 use support::openbao::{OpenBao, random_hex};
 use tonic::Code;
 
@@ -374,4 +375,153 @@ async fn ca_provider_from_a_config_map_or_a_secret_verifies_vault_and_a_wrong_ca
     }
     let messages: Vec<&str> = messages.iter().map(String::as_str).collect();
     assert_no_leak(&agent, &messages, &[&token, &bao.root_token, DB_PASSWORD]);
+}
+
+const AGENT_TOKEN: &str = "agent-token-vault-auth-e2e";
+const WEB_TOKEN: &str = "eyJ.web-pod-token-vault-auth.sig";
+const INTRUDER_TOKEN: &str = "eyJ.intruder-pod-token-vault-auth.sig";
+
+/// Publishes `es` of `shop` for pod `pod` of service account `sa`, with `token` as its token
+/// for the API server's audience.
+async fn publish_as(
+    agent: &Agent,
+    pod: &str,
+    sa: &str,
+    token: &str,
+    es: &str,
+) -> Result<PathBuf, tonic::Status> {
+    let target = agent.target(pod);
+    let mut volume = PodVolume::new("shop", pod, es);
+    volume.service_account = sa.into();
+    volume.tokens_json = Some(json!({"": {"token": token}}).to_string());
+    let req = volume.publish_request(&volume_id_for(&target), &target);
+    agent.node().await.node_publish_volume(req).await?;
+    Ok(target)
+}
+
+/// In a cluster: a SecretStore's password and CA ConfigMap are read as the pod (a service
+/// account without `get` on ConfigMaps is refused), a ClusterSecretStore's CA ConfigMap as the
+/// agent, from its own namespace (the Role of daemonset/base/rbac.yaml).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_credentials_and_ca_bundles_are_read_as_the_pod_or_the_agent() {
+    latchkey::tls::install_crypto_provider();
+    let pki = Pki::new("bao server CA");
+    let (server_cert, server_key) = pki.issue(&["127.0.0.1"]);
+    let bao = OpenBao::start_tls(&server_cert, &server_key).await;
+    seed(&bao).await;
+    bao.api(
+        "POST",
+        "sys/auth/userpass",
+        Some(json!({"type": "userpass"})),
+    )
+    .await;
+    let password = random_hex(16);
+    bao.api(
+        "POST",
+        "auth/userpass/users/shop",
+        Some(json!({"password": password, "token_policies": ["read"]})),
+    )
+    .await;
+    let tls_url = bao.tls_url.clone().unwrap();
+
+    let api = FakeApiServer::start().await;
+    api.add_identity(AGENT_TOKEN, Identity::Agent);
+    api.allow_defaults();
+    let (web, intruder) = (
+        Identity::service_account("shop", "web"),
+        Identity::service_account("shop", "intruder"),
+    );
+    api.add_identity(WEB_TOKEN, web.clone());
+    api.add_identity(INTRUDER_TOKEN, intruder);
+    api.allow(web, "get", "", "configmaps", Some("shop"));
+    for ns in ["shop", "latchkey"] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "vault-ca", "namespace": ns}, "data": {"ca.crt": pki.ca}}));
+        api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "vault-userpass", "namespace": ns},
+            "stringData": {"password": password}}));
+    }
+    let vault = json!({
+        "server": tls_url,
+        "caProvider": {"type": "ConfigMap", "name": "vault-ca", "key": "ca.crt"},
+        "auth": {"userPass": {"username": "shop",
+            "secretRef": {"name": "vault-userpass", "key": "password"}}},
+    });
+    api.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "vault", "namespace": "shop"},
+        "spec": {"provider": {"vault": vault}}}),
+    );
+    api.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+        "metadata": {"name": "vault-cluster"},
+        "spec": {"provider": {"vault": vault}}}),
+    );
+    for (name, kind, store) in [
+        ("ns", "SecretStore", "vault"),
+        ("cluster", "ClusterSecretStore", "vault-cluster"),
+    ] {
+        api.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"secretStoreRef": {"name": store, "kind": kind},
+                "data": [{"secretKey": "password",
+                    "remoteRef": {"key": "app/db", "property": "password"}}]}}),
+        );
+    }
+    let agent = Agent::start_in_cluster(&api.kubeconfig_yaml(AGENT_TOKEN), &[]).await;
+    support::eventually(
+        std::time::Duration::from_secs(20),
+        "catalog synced",
+        || async { agent.http_get("/readyz").await.0 == 200 },
+    )
+    .await;
+
+    for (pod, es) in [("web-0", "ns"), ("web-1", "cluster")] {
+        let t = publish_as(&agent, pod, "web", WEB_TOKEN, es)
+            .await
+            .unwrap_or_else(|e| panic!("{es}: {e:?}"));
+        assert_eq!(read(&t), DB_PASSWORD, "{es}");
+    }
+    let reads = |path: &str| -> Vec<Option<Identity>> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .map(|r| r.identity)
+            .collect()
+    };
+    for path in [
+        "/api/v1/namespaces/shop/configmaps/vault-ca",
+        "/api/v1/namespaces/shop/secrets/vault-userpass",
+    ] {
+        let by = reads(path);
+        assert!(!by.is_empty(), "{path} was never read");
+        assert!(
+            by.iter()
+                .all(|i| *i == Some(Identity::service_account("shop", "web"))),
+            "{path} read by {by:?}"
+        );
+    }
+    let by = reads("/api/v1/namespaces/latchkey/configmaps/vault-ca");
+    assert!(
+        !by.is_empty() && by.iter().all(|i| *i == Some(Identity::Agent)),
+        "the cluster store's CA is the agent's read: {by:?}"
+    );
+
+    // A service account that may read the password but not the CA ConfigMap.
+    let denied = publish_as(&agent, "intruder-0", "intruder", INTRUDER_TOKEN, "ns")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::PermissionDenied,
+        "{}",
+        denied.message()
+    );
+    assert_no_leak(
+        &agent,
+        &[denied.message()],
+        &[&password, &bao.root_token, DB_PASSWORD],
+    );
 }
