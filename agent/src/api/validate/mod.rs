@@ -259,14 +259,18 @@ fn vault_secret_auth(
                 rules::too_long(rules::MAX_VAULT_USERNAME_LEN),
             ));
         }
-        // The username is a segment of the login path: a `/` would log in elsewhere.
-        if user_pass
-            .username
-            .chars()
-            .any(|c| c == '/' || c.is_control())
+        // The username is a segment of the login path: `/`, `?`, `#` or a dot segment would
+        // send the password elsewhere.
+        let username = user_pass.username.as_str();
+        if username == "."
+            || username == ".."
+            || username
+                .chars()
+                .any(|c| matches!(c, '/' | '?' | '#' | '%') || c.is_control())
         {
             return Err(Invalid(format!(
-                "{path}: must not contain '/' or control characters"
+                "{path}: must not be '.' or '..' nor contain '/', '?', '#', '%' or control \
+                 characters"
             )));
         }
         secret_name(

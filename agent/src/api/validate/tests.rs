@@ -182,7 +182,7 @@ fn auth_errors_name_the_methods_found() {
         ..Default::default()
     };
     assert!(provider(&vault(user("shop")), StoreKind::SecretStore).is_ok());
-    for bad in ["", "../root", "a/b", "a\nb"] {
+    for bad in ["", "../root", "a/b", "a\nb", "..", "a?b", "a#b", "a%2fb"] {
         let err = provider(&vault(user(bad)), StoreKind::SecretStore).unwrap_err();
         assert!(
             err.0
