@@ -458,16 +458,27 @@ async fn in_a_cluster_credentials_and_ca_bundles_are_read_as_the_pod_or_the_agen
         "metadata": {"name": "vault-cluster"},
         "spec": {"provider": {"vault": vault}}}),
     );
-    for (name, kind, store) in [
-        ("ns", "SecretStore", "vault"),
-        ("cluster", "ClusterSecretStore", "vault-cluster"),
+    // Each ExternalSecret reads its own key: the shared value cache would answer a repeated one.
+    for key in ["rotated", "ca-edited"] {
+        bao.put_v2(
+            "secret",
+            &format!("app/{key}"),
+            json!({"password": DB_PASSWORD}),
+        )
+        .await;
+    }
+    for (name, kind, store, key) in [
+        ("ns", "SecretStore", "vault", "app/db"),
+        ("cluster", "ClusterSecretStore", "vault-cluster", "app/db"),
+        ("rotated", "SecretStore", "vault", "app/rotated"),
+        ("ca-edited", "SecretStore", "vault", "app/ca-edited"),
     ] {
         api.apply(
             json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
             "metadata": {"name": name, "namespace": "shop"},
             "spec": {"secretStoreRef": {"name": store, "kind": kind},
                 "data": [{"secretKey": "password",
-                    "remoteRef": {"key": "app/db", "property": "password"}}]}}),
+                    "remoteRef": {"key": key, "property": "password"}}]}}),
         );
     }
     let agent = Agent::start_in_cluster(&api.kubeconfig_yaml(AGENT_TOKEN), &[]).await;
@@ -519,9 +530,46 @@ async fn in_a_cluster_credentials_and_ca_bundles_are_read_as_the_pod_or_the_agen
         "{}",
         denied.message()
     );
+
+    // A rotated password logs in anew at the next publish (the old token would still work).
+    let before = logins(&agent).await;
+    let rotated = random_hex(16);
+    bao.api(
+        "POST",
+        "auth/userpass/users/shop/password",
+        Some(json!({"password": rotated})),
+    )
+    .await;
+    api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "vault-userpass", "namespace": "shop"},
+        "stringData": {"password": rotated}}));
+    let t = publish_as(&agent, "web-2", "web", WEB_TOKEN, "rotated")
+        .await
+        .unwrap();
+    assert_eq!(read(&t), DB_PASSWORD);
+    assert_eq!(
+        logins(&agent).await,
+        before + 1.0,
+        "a new login for the new password"
+    );
+
+    // An edited CA ConfigMap counts at the next publish, cached login or not.
+    let rogue = Pki::new("rogue CA");
+    api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "vault-ca", "namespace": "shop"}, "data": {"ca.crt": rogue.ca}}));
+    let untrusted = publish_as(&agent, "web-3", "web", WEB_TOKEN, "ca-edited")
+        .await
+        .unwrap_err();
+    assert!(
+        untrusted
+            .message()
+            .contains("TLS certificate is not trusted"),
+        "{}",
+        untrusted.message()
+    );
     assert_no_leak(
         &agent,
-        &[denied.message()],
-        &[&password, &bao.root_token, DB_PASSWORD],
+        &[denied.message(), untrusted.message()],
+        &[&password, &rotated, &bao.root_token, DB_PASSWORD],
     );
 }
