@@ -658,16 +658,40 @@ async fn mutual_tls_over_tcp_works_and_refuses_wrong_certificates() {
         &address,
         &format!("      tls: {{caBundle: {:?}}}\n", pki.ca),
     );
+    // The roots from a ConfigMap key (`caProvider`) instead of inline.
+    let from_map = |map: &str| {
+        format!(
+            "      tls:\n        caProvider: {{type: ConfigMap, name: {map}, key: ca.crt}}\n        \
+             clientCertSecretRef: {{name: client}}\n"
+        )
+    };
+    m += &store("good-map", &address, &from_map("plugin-ca"));
+    m += &store("wrong-map", &address, &from_map("rogue-ca"));
+    for (name, ca) in [("plugin-ca", &pki.ca), ("rogue-ca", &rogue.ca)] {
+        m += &format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: shop}}\n\
+             data:\n  ca.crt: {ca:?}\n"
+        );
+    }
     m += &tls_secret("client", &client_cert, &client_key);
     m += &tls_secret("rogue", &rogue_cert, &rogue_key);
-    for name in ["good", "wrong-client", "wrong-ca", "no-client"] {
+    for name in [
+        "good",
+        "wrong-client",
+        "wrong-ca",
+        "no-client",
+        "good-map",
+        "wrong-map",
+    ] {
         m += &es(name, name, "api", "value");
     }
     let dir = plugin.socket_dir.display().to_string();
     let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
 
-    let t = publish(&agent, "good", "good", "good").await.unwrap();
-    assert_eq!(read(&t, "value"), API_KEY.as_bytes());
+    for good in ["good", "good-map"] {
+        let t = publish(&agent, good, good, good).await.unwrap();
+        assert_eq!(read(&t, "value"), API_KEY.as_bytes());
+    }
 
     for (name, code, wants) in [
         (
@@ -681,6 +705,7 @@ async fn mutual_tls_over_tcp_works_and_refuses_wrong_certificates() {
             "the plugin refused the connection",
         ),
         ("wrong-ca", Code::Unavailable, "certificate is not trusted"),
+        ("wrong-map", Code::Unavailable, "certificate is not trusted"),
     ] {
         let err = publish(&agent, name, name, name).await.unwrap_err();
         assert_eq!(err.code(), code, "{name}: {err:?}");
@@ -698,8 +723,8 @@ async fn mutual_tls_over_tcp_works_and_refuses_wrong_certificates() {
         }
         assert_no_leak(&agent, err.message());
     }
-    // Only the good connection reached the service.
-    assert_eq!(plugin.calls(), 1);
+    // Only the good connections reached the service.
+    assert_eq!(plugin.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -416,7 +416,7 @@ impl FakeApiServer {
 
     /// The DESIGN's permissions, as `daemonset/base/rbac.yaml` grants them: the agent may
     /// get/list/watch Latchkey objects and Namespaces cluster-wide, create/patch core Events,
-    /// and get Secrets only in its own namespace; every service account may get the Secrets of
+    /// and get Secrets and ConfigMaps only in its own namespace; every service account may get the Secrets of
     /// its own namespace (the Role a user grants pods for the `kubernetes` provider).
     pub fn allow_defaults(&self) {
         for verb in ["get", "list", "watch"] {
@@ -428,6 +428,13 @@ impl FakeApiServer {
         self.allow(Identity::Agent, "create", "", "events", None);
         self.allow(Identity::Agent, "patch", "", "events", None);
         self.allow(Identity::Agent, "get", "", "secrets", Some(AGENT_NAMESPACE));
+        self.allow(
+            Identity::Agent,
+            "get",
+            "",
+            "configmaps",
+            Some(AGENT_NAMESPACE),
+        );
         self.allow_in_own_namespace(Subject::AnyServiceAccount, "get", "", "secrets");
     }
 

@@ -61,12 +61,25 @@ pub struct OpenBao {
     addr: std::net::SocketAddr,
     /// The root token (random per server).
     pub root_token: String,
+    /// `https://127.0.0.1:PORT` of the TLS listener, when started with [`Self::start_tls`].
+    pub tls_url: Option<String>,
     dir: tempfile::TempDir,
 }
 
 impl OpenBao {
     /// Starts a dev server and waits until `/v1/sys/health` answers 200.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// [`Self::start`] with a second, TLS listener serving `cert_pem` (its key `key_pem`), at
+    /// [`Self::tls_url`]; it asks clients for a certificate (cert auth) but does not require
+    /// one. The dev listener stays plain http for the test's own API calls.
+    pub async fn start_tls(cert_pem: &str, key_pem: &str) -> Self {
+        Self::start_with(Some((cert_pem, key_pem))).await
+    }
+
+    async fn start_with(tls: Option<(&str, &str)>) -> Self {
         let bao = bao_binary();
         let addr = super::free_local_addr();
         let root_token = format!("root-{}", random_hex(16));
@@ -75,13 +88,35 @@ impl OpenBao {
             .tempdir()
             .unwrap();
         let log = std::fs::File::create(dir.path().join("bao.log")).unwrap();
+        let mut args = vec![
+            "server".to_string(),
+            "-dev".into(),
+            format!("-dev-root-token-id={root_token}"),
+            format!("-dev-listen-address={addr}"),
+        ];
+        let mut tls_url = None;
+        if let Some((cert, key)) = tls {
+            let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+            std::fs::write(&cert_path, cert).unwrap();
+            std::fs::write(&key_path, key).unwrap();
+            let (listen, cluster) = (super::free_local_addr(), super::free_local_addr());
+            let config = dir.path().join("tls.hcl");
+            std::fs::write(
+                &config,
+                format!(
+                    "listener \"tcp\" {{\n  address = \"{listen}\"\n  \
+                     cluster_address = \"{cluster}\"\n  tls_cert_file = {:?}\n  \
+                     tls_key_file = {:?}\n}}\n",
+                    cert_path.display().to_string(),
+                    key_path.display().to_string()
+                ),
+            )
+            .unwrap();
+            args.push(format!("-config={}", config.display()));
+            tls_url = Some(format!("https://{listen}"));
+        }
         let child = Command::new(&bao)
-            .args([
-                "server",
-                "-dev",
-                &format!("-dev-root-token-id={root_token}"),
-                &format!("-dev-listen-address={addr}"),
-            ])
+            .args(&args)
             .env("HOME", dir.path())
             .env_remove("VAULT_ADDR")
             .env_remove("BAO_ADDR")
@@ -95,6 +130,7 @@ impl OpenBao {
             url: format!("http://{addr}"),
             addr,
             root_token,
+            tls_url,
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -280,6 +280,12 @@ pub const MAX_AUDIENCES: usize = 8;
 /// `maxLength` of `spec.provider.plugin.tls.caBundle`: a few CA certificates.
 pub const MAX_CA_BUNDLE_LEN: usize = 64 * 1024;
 
+/// On `spec.provider.plugin.tls`: the roots come from one place.
+pub const PLUGIN_TLS_ONE_CA: CelRule = CelRule {
+    rule: "(has(self.caBundle) ? 1 : 0) + (has(self.caProvider) ? 1 : 0) == 1",
+    message: "must set exactly one of caBundle, caProvider",
+};
+
 /// On `spec.provider.plugin`: TLS is for TCP; on a unix socket the directory's permissions
 /// already decide who is at the other end.
 pub const PLUGIN_TLS_TCP_ONLY: CelRule = CelRule {
@@ -314,6 +320,9 @@ pub const AWS_AUTH_AT_MOST_ONE: CelRule = CelRule {
     message: "must set at most one of secretRef, jwt, agentIdentity",
 };
 
+/// Longest `vault.auth.userPass.username`: it is a path segment of the login request.
+pub const MAX_VAULT_USERNAME_LEN: usize = 256;
+
 /// On `spec.provider.vault.version`.
 pub const VAULT_VERSION: CelRule = CelRule {
     rule: "self == 'v1' || self == 'v2'",
@@ -323,8 +332,9 @@ pub const VAULT_VERSION: CelRule = CelRule {
 /// On `spec.provider.vault.auth`.
 pub const VAULT_AUTH_ONE: CelRule = CelRule {
     rule: "(has(self.tokenSecretRef) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + \
-           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) == 1",
-    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole",
+           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) + \
+           (has(self.userPass) ? 1 : 0) + (has(self.cert) ? 1 : 0) == 1",
+    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert",
 };
 
 // ---- Patterns -------------------------------------------------------------------------------

@@ -942,6 +942,16 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             Expect::Valid,
         ),
         (
+            "vault userpass",
+            vault(json!({"userPass": {"username": "shop", "secretRef": secret}})),
+            Expect::Valid,
+        ),
+        (
+            "vault cert",
+            vault(json!({"cert": {"clientCert": secret, "secretRef": secret}})),
+            Expect::Valid,
+        ),
+        (
             "vault kv v1",
             json!({"fake": null, "vault": {
                 "server": "https://vault:8200", "version": "v1", "auth": {"jwt": {"role": "app"}}
@@ -1071,7 +1081,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole",
+                 jwt, appRole, userPass, cert",
             ),
         ),
         (
@@ -1079,7 +1089,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({"kubernetes": {"role": "a"}, "tokenSecretRef": secret})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole",
+                 jwt, appRole, userPass, cert",
             ),
         ),
         (
@@ -1145,9 +1155,78 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             bad_name("plugin.tls.clientCertSecretRef"),
         ),
         (
+            "vault CA in a badly named ConfigMap",
+            json!({"fake": null, "vault": {
+                "server": "https://vault:8200", "auth": {"jwt": {"role": "app"}},
+                "caProvider": {"type": "ConfigMap", "name": "-x", "key": "ca.crt"},
+            }}),
+            bad_name("vault.caProvider"),
+        ),
+        (
+            "vault CA in a Secret",
+            json!({"fake": null, "vault": {
+                "server": "https://vault:8200", "auth": {"jwt": {"role": "app"}},
+                "caProvider": {"type": "Secret", "name": "ca", "key": "ca.crt"},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "plugin CA from a ConfigMap",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {"caProvider": {"type": "ConfigMap", "name": "ca", "key": "ca.crt"}},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "plugin CA in a badly named ConfigMap",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {"caProvider": {"type": "ConfigMap", "name": "-x", "key": "ca.crt"}},
+            }}),
+            bad_name("plugin.tls.caProvider"),
+        ),
+        (
+            "plugin CA both inline and from a ConfigMap",
+            json!({"fake": null, "plugin": {
+                "endpoint": "p:4000",
+                "tls": {
+                    "caBundle": "-----BEGIN CERTIFICATE-----",
+                    "caProvider": {"type": "ConfigMap", "name": "ca", "key": "ca.crt"},
+                },
+            }}),
+            rejected("spec.provider.plugin.tls: must set exactly one of caBundle, caProvider"),
+        ),
+        (
+            "plugin TLS without a CA",
+            json!({"fake": null, "plugin": {"endpoint": "p:4000", "tls": {}}}),
+            rejected("spec.provider.plugin.tls: must set exactly one of caBundle, caProvider"),
+        ),
+        (
             "vault approle secret id in a badly named Secret",
             vault(json!({"appRole": {"roleId": "id", "secretRef": {"name": "-x", "key": "k"}}})),
             bad_name("vault.auth.appRole.secretRef"),
+        ),
+        (
+            "vault userpass password in a badly named Secret",
+            vault(json!({"userPass": {"username": "u", "secretRef": {"name": "-x", "key": "k"}}})),
+            bad_name("vault.auth.userPass.secretRef"),
+        ),
+        (
+            "vault cert key in a badly named Secret",
+            vault(json!({"cert": {
+                "clientCert": {"name": "c", "key": "k"},
+                "secretRef": {"name": "-x", "key": "k"},
+            }})),
+            bad_name("vault.auth.cert.secretRef"),
+        ),
+        (
+            "vault cert client certificate in a badly named Secret",
+            vault(json!({"cert": {
+                "clientCert": {"name": "-x", "key": "k"},
+                "secretRef": {"name": "k", "key": "k"},
+            }})),
+            bad_name("vault.auth.cert.clientCert"),
         ),
     ]
 }

@@ -234,8 +234,43 @@ pub struct VaultProvider {
     /// PEM CA bundle, base64-encoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<String>,
+    /// A PEM CA bundle in a Secret or ConfigMap, as ESO's `caProvider`; trusted along with
+    /// `caBundle` when both are set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_provider: Option<CaProvider>,
     /// How to authenticate; exactly one method.
     pub auth: VaultAuth,
+}
+
+/// Where a PEM CA bundle is kept, as ESO's `caProvider`: one key of a Secret or ConfigMap, read
+/// with the rules of credential Secrets (a SecretStore's from its own namespace as the pod, a
+/// ClusterSecretStore's from the agent's namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct CaProvider {
+    /// `Secret` or `ConfigMap`.
+    #[serde(rename = "type")]
+    pub kind: CaProviderKind,
+    /// The object's name.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
+    pub name: String,
+    /// The key holding the PEM bundle.
+    pub key: String,
+    /// Namespace; only meaningful for ClusterSecretStores (must be the agent's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The kind of object a [`CaProvider`] names.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CaProviderKind {
+    /// A `v1` Secret.
+    #[default]
+    Secret,
+    /// A `v1` ConfigMap.
+    ConfigMap,
 }
 
 /// Vault authentication methods; exactly one is set.
@@ -255,6 +290,12 @@ pub struct VaultAuth {
     /// AppRole auth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_role: Option<VaultAppRole>,
+    /// Username and password auth (`userpass`), the password from a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_pass: Option<VaultUserPass>,
+    /// TLS certificate auth (`cert`), the client certificate and key from Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<VaultCert>,
 }
 
 /// Role-based login with a service-account token.
@@ -281,6 +322,33 @@ pub struct VaultAppRole {
     /// Role id.
     pub role_id: String,
     /// Secret holding the secret id.
+    pub secret_ref: SecretKeySelector,
+}
+
+/// Userpass login, as ESO's `userPass`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultUserPass {
+    /// Auth mount path (default `userpass`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The Vault user.
+    #[schemars(length(min = 1, max = crate::api::rules::MAX_VAULT_USERNAME_LEN))]
+    pub username: String,
+    /// Secret holding the password.
+    pub secret_ref: SecretKeySelector,
+}
+
+/// TLS certificate login, as ESO's `cert`: the login request carries the client certificate.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultCert {
+    /// Auth mount path (default `cert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Secret holding the client certificate (PEM; a chain, leaf first).
+    pub client_cert: SecretKeySelector,
+    /// Secret holding the client certificate's private key (PEM).
     pub secret_ref: SecretKeySelector,
 }
 
@@ -358,13 +426,18 @@ pub struct PluginProvider {
 }
 
 /// TLS to a plugin on TCP.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::PLUGIN_TLS_ONE_CA)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginTls {
     /// PEM certificates (as text, or base64 of the PEM as `vault.caBundle`) the plugin's server
-    /// certificate must chain to; the only roots trusted.
+    /// certificate must chain to; the only roots trusted. Exactly one of this and `caProvider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = crate::api::rules::MAX_CA_BUNDLE_LEN))]
-    pub ca_bundle: String,
+    pub ca_bundle: Option<String>,
+    /// The same roots from a Secret or ConfigMap key, as `vault.caProvider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_provider: Option<CaProvider>,
     /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) with the client certificate and key,
     /// read as other credential Secrets are; no client certificate when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

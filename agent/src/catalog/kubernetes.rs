@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
@@ -352,6 +352,18 @@ impl Catalog for KubernetesCatalog {
             .await
             .map(|o| o.map(Arc::new))
             .map_err(|e| unavailable::<Secret>(&e, name))
+    }
+
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ConfigMap>>, CatalogError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name)
+            .await
+            .map(|o| o.map(Arc::new))
+            .map_err(|e| unavailable::<ConfigMap>(&e, name))
     }
 
     async fn namespace_labels(

@@ -1,4 +1,4 @@
-//! Standalone catalog: stores, ExternalSecrets, generators, `v1` Secrets and Namespaces read from
+//! Standalone catalog: stores, ExternalSecrets, generators, `v1` Secrets, ConfigMaps and Namespaces read from
 //! the YAML files of one directory (several documents per file, `*.yaml` / `*.yml`), loaded once
 //! at start.
 //!
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use tracing::{error, info};
 
 use super::strict::Kind;
@@ -440,6 +440,17 @@ impl Catalog for ManifestCatalog {
     ) -> Result<Option<Arc<Secret>>, CatalogError> {
         Ok(match self.get(Kind::Secret, namespace, name)? {
             Some(Object::Secret(o)) => Some(Arc::clone(o)),
+            _ => None,
+        })
+    }
+
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ConfigMap>>, CatalogError> {
+        Ok(match self.get(Kind::ConfigMap, namespace, name)? {
+            Some(Object::ConfigMap(o)) => Some(Arc::clone(o)),
             _ => None,
         })
     }

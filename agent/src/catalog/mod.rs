@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::api::generator::GeneratorObject;
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
@@ -93,6 +93,12 @@ pub trait Catalog: Send + Sync {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<Secret>>, CatalogError>;
+    /// The `v1` ConfigMap `namespace/name` (a store's `caProvider`).
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ConfigMap>>, CatalogError>;
     /// Labels of a namespace, for ClusterSecretStore namespace selectors.
     async fn namespace_labels(
         &self,

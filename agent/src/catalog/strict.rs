@@ -38,11 +38,13 @@ pub(super) enum Kind {
     Secret,
     /// `v1` Namespace.
     Namespace,
+    /// `v1` ConfigMap.
+    ConfigMap,
 }
 
 impl Kind {
     /// Every kind, for lookups by name.
-    const ALL: [Kind; 9] = [
+    const ALL: [Kind; 10] = [
         Kind::ExternalSecret,
         Kind::SecretStore,
         Kind::ClusterSecretStore,
@@ -52,6 +54,7 @@ impl Kind {
         Kind::ClusterGenerator,
         Kind::Secret,
         Kind::Namespace,
+        Kind::ConfigMap,
     ];
 
     /// The `kind` field.
@@ -66,6 +69,7 @@ impl Kind {
             Kind::ClusterGenerator => "ClusterGenerator",
             Kind::Secret => "Secret",
             Kind::Namespace => "Namespace",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -79,7 +83,7 @@ impl Kind {
             | Kind::VaultDynamicSecret
             | Kind::PluginGenerator
             | Kind::ClusterGenerator => crate::api::GENERATOR_API_VERSION,
-            Kind::Secret | Kind::Namespace => "v1",
+            Kind::Secret | Kind::Namespace | Kind::ConfigMap => "v1",
         }
     }
 
@@ -271,7 +275,8 @@ fn known_fields(kind: Kind, schema: Option<&JSONSchemaProps>, parent: &[Step]) -
         (Kind::Secret, []) => fixed(SECRET_FIELDS),
         (Kind::Namespace, []) => fixed(NAMESPACE_FIELDS),
         (Kind::Namespace, [Step::Field(f)]) if f == "spec" => fixed(&["finalizers"]),
-        (Kind::Secret | Kind::Namespace, _) => Vec::new(),
+        (Kind::ConfigMap, []) => fixed(CONFIG_MAP_FIELDS),
+        (Kind::Secret | Kind::Namespace | Kind::ConfigMap, _) => Vec::new(),
         (_, _) => {
             let mut node = schema;
             for step in parent {
@@ -317,7 +322,7 @@ fn crd_schema(kind: Kind) -> Option<JSONSchemaProps> {
         Kind::VaultDynamicSecret => VaultDynamicSecret::crd(),
         Kind::PluginGenerator => PluginGenerator::crd(),
         Kind::ClusterGenerator => ClusterGenerator::crd(),
-        Kind::Secret | Kind::Namespace => return None,
+        Kind::Secret | Kind::Namespace | Kind::ConfigMap => return None,
     };
     crd.spec
         .versions
@@ -355,6 +360,16 @@ const SECRET_FIELDS: &[&str] = &[
     "metadata",
     "stringData",
     "type",
+];
+
+/// Top-level fields of a `v1` ConfigMap.
+const CONFIG_MAP_FIELDS: &[&str] = &[
+    "apiVersion",
+    "binaryData",
+    "data",
+    "immutable",
+    "kind",
+    "metadata",
 ];
 
 /// Top-level fields of a `v1` Namespace.

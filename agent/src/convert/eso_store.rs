@@ -13,6 +13,7 @@ use crate::api::store::{
     SecretKeySelector, SecretStoreSpec, StoreProvider, VaultAppRole, VaultAuth, VaultProvider,
     VaultRoleAuth,
 };
+use crate::api::store::{CaProvider, CaProviderKind, VaultCert, VaultUserPass};
 use crate::api::{ClusterSecretStore, SecretStore, StoreKind};
 
 /// Why a fixed service account is not carried over.
@@ -342,11 +343,7 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
     let version = f.string("version", notes);
     let namespace = f.string("namespace", notes);
     let ca_bundle = f.string("caBundle", notes);
-    f.drop_field(
-        "caProvider",
-        notes,
-        "Latchkey takes the CA inline (caBundle, base64-encoded PEM); not carried over",
-    );
+    let ca_provider = ca_provider(f, notes)?;
     f.drop_field(
         "tls",
         notes,
@@ -374,6 +371,8 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
             "appRole" => auth.app_role = Some(app_role(&mut a, notes)?),
             "kubernetes" => auth.kubernetes = Some(kubernetes_login(&mut a, notes)?),
             "jwt" => auth.jwt = Some(jwt_login(&mut a, notes)?),
+            "userPass" => auth.user_pass = Some(user_pass(&mut a, notes)?),
+            "cert" => auth.cert = Some(cert_login(&mut a, notes)?),
             "namespace" => a.drop_field(
                 "namespace",
                 notes,
@@ -383,7 +382,8 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
             other => {
                 return Err(format!(
                     "spec.provider.vault.auth.{other}: this login method has no Latchkey \
-                     equivalent (Latchkey has tokenSecretRef, appRole, kubernetes and jwt)"
+                     equivalent (Latchkey has tokenSecretRef, appRole, kubernetes, jwt, userPass \
+                     and cert)"
                 ));
             }
         }
@@ -395,7 +395,78 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
         version,
         namespace,
         ca_bundle,
+        ca_provider,
         auth,
+    })
+}
+
+/// `caProvider` of a Vault store: the same fields in Latchkey.
+fn ca_provider(f: &mut Fields<'_>, notes: &mut Notes) -> Result<Option<CaProvider>, String> {
+    let Some(mut c) = f.object("caProvider", notes) else {
+        return Ok(None);
+    };
+    let kind = match c.string("type", notes).as_deref() {
+        Some("Secret") => CaProviderKind::Secret,
+        Some("ConfigMap") => CaProviderKind::ConfigMap,
+        _ => return Err("spec.provider.vault.caProvider.type must be Secret or ConfigMap".into()),
+    };
+    let (name, key) = (c.string("name", notes), c.string("key", notes));
+    let at = c.at("namespace");
+    let namespace = c.string("namespace", notes);
+    if namespace.is_some() {
+        notes.warn(
+            at,
+            "Latchkey reads the CA bundle as a credential Secret: from a SecretStore's own \
+             namespace, or from the agent's namespace for a ClusterSecretStore; any other \
+             namespace is refused when the store is used",
+        );
+    }
+    c.finish(notes);
+    match (name, key) {
+        (Some(name), Some(key)) => Ok(Some(CaProvider {
+            kind,
+            name,
+            key,
+            namespace,
+        })),
+        _ => Err("spec.provider.vault.caProvider needs name and key".into()),
+    }
+}
+
+/// `auth.userPass`.
+fn user_pass(a: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultUserPass, String> {
+    let mut f = a
+        .object("userPass", notes)
+        .ok_or("spec.provider.vault.auth.userPass is not an object")?;
+    let path = f.string("path", notes);
+    let username = f
+        .string("username", notes)
+        .ok_or("spec.provider.vault.auth.userPass.username is missing")?;
+    let secret_ref = selector(&mut f, "secretRef", notes)
+        .ok_or("spec.provider.vault.auth.userPass.secretRef is missing or incomplete")?;
+    f.finish(notes);
+    Ok(VaultUserPass {
+        path,
+        username,
+        secret_ref,
+    })
+}
+
+/// `auth.cert`.
+fn cert_login(a: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultCert, String> {
+    let mut f = a
+        .object("cert", notes)
+        .ok_or("spec.provider.vault.auth.cert is not an object")?;
+    let path = f.string("path", notes);
+    let client_cert = selector(&mut f, "clientCert", notes)
+        .ok_or("spec.provider.vault.auth.cert.clientCert is missing or incomplete")?;
+    let secret_ref = selector(&mut f, "secretRef", notes)
+        .ok_or("spec.provider.vault.auth.cert.secretRef is missing or incomplete")?;
+    f.finish(notes);
+    Ok(VaultCert {
+        path,
+        client_cert,
+        secret_ref,
     })
 }
 

@@ -230,6 +230,7 @@ pub fn convert(
                         ),
                         namespace: namespace.clone(),
                         ca_bundle: None,
+                        ca_provider: None,
                         auth: VaultAuth {
                             kubernetes: Some(VaultRoleAuth {
                                 mount_path: mount_path.clone(),

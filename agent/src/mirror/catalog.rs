@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 use crate::catalog::{Catalog, CatalogError};
@@ -71,6 +71,14 @@ impl Catalog for AtHand<'_> {
         name: &str,
     ) -> Result<Option<Arc<Secret>>, CatalogError> {
         self.catalog.secret(namespace, name).await
+    }
+
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ConfigMap>>, CatalogError> {
+        self.catalog.config_map(namespace, name).await
     }
 
     async fn namespace_labels(

@@ -32,7 +32,12 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             for role in [&auth.kubernetes, &auth.jwt].into_iter().flatten() {
                 out.push(role.audience.clone().unwrap_or_default());
             }
-            let secret_ref = auth.token_secret_ref.is_some() || auth.app_role.is_some();
+            // Credentials, and a CA bundle from a Secret or ConfigMap, are read as the caller.
+            let secret_ref = auth.token_secret_ref.is_some()
+                || auth.app_role.is_some()
+                || auth.user_pass.is_some()
+                || auth.cert.is_some()
+                || vault.ca_provider.is_some();
             if secret_ref && credentials_as_caller {
                 out.push(api_server());
             }
@@ -46,7 +51,7 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             let client_cert = p
                 .tls
                 .as_ref()
-                .is_some_and(|t| t.client_cert_secret_ref.is_some());
+                .is_some_and(|t| t.client_cert_secret_ref.is_some() || t.ca_provider.is_some());
             if client_cert && credentials_as_caller {
                 out.push(api_server());
             }
@@ -124,11 +129,12 @@ mod tests {
             endpoint: "plugin:4000".into(),
             audiences: vec!["vault".into()],
             tls: Some(PluginTls {
-                ca_bundle: "-----BEGIN CERTIFICATE-----".into(),
+                ca_bundle: Some("-----BEGIN CERTIFICATE-----".into()),
                 client_cert_secret_ref: Some(TlsSecretRef {
                     name: "plugin-client".into(),
                     namespace: None,
                 }),
+                ..Default::default()
             }),
             ..Default::default()
         };

@@ -33,31 +33,39 @@ impl KubernetesSecrets {
         agent_config: Option<&kube::Config>,
         pod: &PodInfo,
     ) -> Result<Self, ProviderError> {
-        let base = agent_config.ok_or_else(|| {
-            ProviderError::Config(
-                "the kubernetes provider needs the Kubernetes API; standalone mode has none".into(),
-            )
-        })?;
-        let audience = spec.audience.as_deref().unwrap_or("");
-        let token = pod.tokens.for_audience(audience).ok_or_else(|| {
-            ProviderError::Config(format!(
-                "kubelet passed no service-account token for audience {audience:?}: add it to the \
-                 CSIDriver's tokenRequests"
-            ))
-        })?;
-        let mut config = base.clone();
-        // Only the pod's token: no client certificate, exec plugin or file of the agent's own.
-        config.auth_info = kube::config::AuthInfo {
-            token: Some(token.token.expose().to_string().into()),
-            ..Default::default()
-        };
-        let client = Client::try_from(config).map_err(|_| {
-            ProviderError::Config("cannot build a client for the API server".into())
-        })?;
+        let client = pod_client(agent_config, pod, spec.audience.as_deref().unwrap_or(""))?;
         Ok(Self {
             secrets: Api::namespaced(client, &pod.namespace),
         })
     }
+}
+
+/// A client for the agent's API server that authenticates as the pod, with its token for
+/// `audience`.
+pub(crate) fn pod_client(
+    agent_config: Option<&kube::Config>,
+    pod: &PodInfo,
+    audience: &str,
+) -> Result<Client, ProviderError> {
+    let base = agent_config.ok_or_else(|| {
+        ProviderError::Config(
+            "the kubernetes provider needs the Kubernetes API; standalone mode has none".into(),
+        )
+    })?;
+    let token = pod.tokens.for_audience(audience).ok_or_else(|| {
+        ProviderError::Config(format!(
+            "kubelet passed no service-account token for audience {audience:?}: add it to the \
+             CSIDriver's tokenRequests"
+        ))
+    })?;
+    let mut config = base.clone();
+    // Only the pod's token: no client certificate, exec plugin or file of the agent's own.
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.token.expose().to_string().into()),
+        ..Default::default()
+    };
+    Client::try_from(config)
+        .map_err(|_| ProviderError::Config("cannot build a client for the API server".into()))
 }
 
 #[async_trait]
@@ -138,7 +146,7 @@ fn as_json(secret: Secret) -> Result<SecretBytes, ProviderError> {
 }
 
 /// The API server's answer as a provider error; only the server's own message is kept.
-fn api_error(e: kube::Error) -> ProviderError {
+pub(crate) fn api_error(e: kube::Error) -> ProviderError {
     match e {
         kube::Error::Api(s) => match s.code {
             404 => ProviderError::NotFound,

@@ -3,6 +3,7 @@
 
 pub mod audiences;
 pub mod aws;
+pub mod ca_provider;
 pub mod credentials;
 pub mod fake;
 pub mod grpc_answer;

@@ -191,6 +191,16 @@ pub(super) const KINDS: &[Kind] = &[
         status_subresource: false,
         fields: &[],
     },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+        crd: false,
+        status_subresource: false,
+        fields: &[],
+    },
 ];
 
 impl Kind {

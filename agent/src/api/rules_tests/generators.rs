@@ -366,6 +366,47 @@ fn samples() -> Vec<(&'static str, &'static str, Value, Verdict)> {
                 DNS_SUBDOMAIN.message.into(),
             ),
         ),
+        (
+            "VaultDynamicSecret",
+            "userpass password in a badly named Secret",
+            auth(
+                json!({"provider": {"auth": {"userPass": {"username": "u", "secretRef": {"name": "../x", "key": "k"}}}}}),
+            ),
+            Rejected(
+                ".provider.auth.userPass.secretRef.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
+        ),
+        (
+            "VaultDynamicSecret",
+            "cert client certificate in a badly named Secret",
+            auth(
+                json!({"provider": {"auth": {"cert": {"clientCert": {"name": "../x", "key": "k"}, "secretRef": {"name": "k", "key": "k"}}}}}),
+            ),
+            Rejected(
+                ".provider.auth.cert.clientCert.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
+        ),
+        (
+            "VaultDynamicSecret",
+            "cert key in a badly named Secret",
+            auth(
+                json!({"provider": {"auth": {"cert": {"clientCert": {"name": "c", "key": "k"}, "secretRef": {"name": "../x", "key": "k"}}}}}),
+            ),
+            Rejected(
+                ".provider.auth.cert.secretRef.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
+        ),
+        (
+            "VaultDynamicSecret",
+            "CA in a badly named ConfigMap",
+            auth(
+                json!({"provider": {"caProvider": {"type": "ConfigMap", "name": "../x", "key": "k"}}}),
+            ),
+            Rejected(".provider.caProvider.name", DNS_SUBDOMAIN.message.into()),
+        ),
         // PluginGenerator
         (
             "PluginGenerator",
@@ -381,6 +422,26 @@ fn samples() -> Vec<(&'static str, &'static str, Value, Verdict)> {
             "TLS on a unix socket",
             json!({"provider": {"tls": {"caBundle": "-----BEGIN CERTIFICATE-----"}}}),
             Rejected(".provider", rules::PLUGIN_TLS_TCP_ONLY.message.into()),
+        ),
+        (
+            "PluginGenerator",
+            "TLS with two CAs",
+            json!({"provider": {"endpoint": "p:4000", "tls": {
+                "caBundle": "-----BEGIN CERTIFICATE-----",
+                "caProvider": {"type": "ConfigMap", "name": "ca", "key": "ca.crt"},
+            }}}),
+            Rejected(".provider.tls", rules::PLUGIN_TLS_ONE_CA.message.into()),
+        ),
+        (
+            "PluginGenerator",
+            "CA in a badly named ConfigMap",
+            json!({"provider": {"endpoint": "p:4000", "tls": {
+                "caProvider": {"type": "ConfigMap", "name": "../x", "key": "ca.crt"},
+            }}}),
+            Rejected(
+                ".provider.tls.caProvider.name",
+                DNS_SUBDOMAIN.message.into(),
+            ),
         ),
         (
             "PluginGenerator",

@@ -202,12 +202,17 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
             &rules::VAULT_VERSION,
         ));
     }
+    if let Some(ca) = &v.ca_provider {
+        ca_provider(format_args!("{at}.caProvider"), ca)?;
+    }
     let auth = &v.auth;
     let methods = set_names(&[
         ("tokenSecretRef", auth.token_secret_ref.is_some()),
         ("kubernetes", auth.kubernetes.is_some()),
         ("jwt", auth.jwt.is_some()),
         ("appRole", auth.app_role.is_some()),
+        ("userPass", auth.user_pass.is_some()),
+        ("cert", auth.cert.is_some()),
     ]);
     if methods.len() != 1 {
         let detail = if methods.is_empty() {
@@ -229,6 +234,55 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
             format_args!("{at}.auth.appRole.secretRef"),
             &app_role.secret_ref,
         )?;
+    }
+    vault_secret_auth(at, auth)
+}
+
+/// A `caProvider` at `path`: a valid object name and a key.
+pub(super) fn ca_provider(
+    path: impl Display + Copy,
+    ca: &super::store::CaProvider,
+) -> Result<(), Invalid> {
+    name(format_args!("{path}.name"), &ca.name)?;
+    not_empty(format_args!("{path}.key"), &ca.key)
+}
+
+/// `userPass` and `cert`: credential Secret names, and a username fit for the login path.
+fn vault_secret_auth(
+    at: impl Display + Copy,
+    auth: &super::store::VaultAuth,
+) -> Result<(), Invalid> {
+    if let Some(user_pass) = &auth.user_pass {
+        let path = format_args!("{at}.auth.userPass.username");
+        not_empty(path, &user_pass.username)?;
+        if user_pass.username.chars().count() > rules::MAX_VAULT_USERNAME_LEN {
+            return Err(Invalid::schema(
+                path,
+                rules::too_long(rules::MAX_VAULT_USERNAME_LEN),
+            ));
+        }
+        // The username is a segment of the login path: `/`, `?`, `#` or a dot segment would
+        // send the password elsewhere.
+        let username = user_pass.username.as_str();
+        if username == "."
+            || username == ".."
+            || username
+                .chars()
+                .any(|c| matches!(c, '/' | '?' | '#' | '%') || c.is_control())
+        {
+            return Err(Invalid(format!(
+                "{path}: must not be '.' or '..' nor contain '/', '?', '#', '%' or control \
+                 characters"
+            )));
+        }
+        secret_name(
+            format_args!("{at}.auth.userPass.secretRef"),
+            &user_pass.secret_ref,
+        )?;
+    }
+    if let Some(cert) = &auth.cert {
+        secret_name(format_args!("{at}.auth.cert.clientCert"), &cert.client_cert)?;
+        secret_name(format_args!("{at}.auth.cert.secretRef"), &cert.secret_ref)?;
     }
     Ok(())
 }

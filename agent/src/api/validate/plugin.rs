@@ -52,12 +52,23 @@ pub fn plugin_at(at: impl Display + Copy, p: &PluginProvider) -> Result<Duration
         if matches!(endpoint, PluginEndpoint::Unix { .. }) {
             return Err(Invalid::rule(at, &rules::PLUGIN_TLS_TCP_ONLY));
         }
-        not_empty(format_args!("{at}.tls.caBundle"), tls.ca_bundle.trim())?;
-        if tls.ca_bundle.len() > rules::MAX_CA_BUNDLE_LEN {
-            return Err(Invalid::schema(
-                format_args!("{at}.tls.caBundle"),
-                format!("must be at most {} KiB", rules::MAX_CA_BUNDLE_LEN >> 10),
-            ));
+        match (&tls.ca_bundle, &tls.ca_provider) {
+            (Some(bundle), None) => {
+                not_empty(format_args!("{at}.tls.caBundle"), bundle.trim())?;
+                if bundle.len() > rules::MAX_CA_BUNDLE_LEN {
+                    return Err(Invalid::schema(
+                        format_args!("{at}.tls.caBundle"),
+                        format!("must be at most {} KiB", rules::MAX_CA_BUNDLE_LEN >> 10),
+                    ));
+                }
+            }
+            (None, Some(ca)) => super::ca_provider(format_args!("{at}.tls.caProvider"), ca)?,
+            _ => {
+                return Err(Invalid::rule(
+                    format_args!("{at}.tls"),
+                    &rules::PLUGIN_TLS_ONE_CA,
+                ));
+            }
         }
         if let Some(secret) = &tls.client_cert_secret_ref {
             name(

@@ -156,7 +156,7 @@ fn auth_errors_name_the_methods_found() {
             .unwrap_err()
             .0,
         "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, jwt, \
-         appRole (none is set)"
+         appRole, userPass, cert (none is set)"
     );
     let two = VaultAuth {
         kubernetes: role(),
@@ -169,6 +169,27 @@ fn auth_errors_name_the_methods_found() {
             .0
             .ends_with("(found kubernetes, jwt)")
     );
+    let user = |username: &str| VaultAuth {
+        user_pass: Some(crate::api::store::VaultUserPass {
+            username: username.into(),
+            secret_ref: crate::api::store::SecretKeySelector {
+                name: "pw".into(),
+                key: "password".into(),
+                namespace: None,
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert!(provider(&vault(user("shop")), StoreKind::SecretStore).is_ok());
+    for bad in ["", "../root", "a/b", "a\nb", "..", "a?b", "a#b", "a%2fb"] {
+        let err = provider(&vault(user(bad)), StoreKind::SecretStore).unwrap_err();
+        assert!(
+            err.0
+                .starts_with("spec.provider.vault.auth.userPass.username"),
+            "{err}"
+        );
+    }
     let one = VaultAuth {
         jwt: role(),
         ..Default::default()
@@ -344,11 +365,12 @@ fn plugin_timeout_defaults_and_is_bounded() {
 fn plugin_tls_only_on_tcp_with_a_ca_bundle() {
     use crate::api::store::{PluginTls, TlsSecretRef};
     let tls = PluginTls {
-        ca_bundle: "-----BEGIN CERTIFICATE-----".into(),
+        ca_bundle: Some("-----BEGIN CERTIFICATE-----".into()),
         client_cert_secret_ref: Some(TlsSecretRef {
             name: "plugin-client".into(),
             namespace: None,
         }),
+        ..Default::default()
     };
     let mut p = PluginProvider {
         endpoint: "plugin.ns.svc:4000".into(),
@@ -365,10 +387,30 @@ fn plugin_tls_only_on_tcp_with_a_ca_bundle() {
     );
     p.endpoint = "plugin.ns.svc:4000".into();
     p.tls = Some(PluginTls {
-        ca_bundle: " ".into(),
+        ca_bundle: Some(" ".into()),
         ..tls.clone()
     });
     assert!(plugin(&p).is_err(), "an empty caBundle");
+    let from_map = crate::api::store::CaProvider {
+        kind: crate::api::store::CaProviderKind::ConfigMap,
+        name: "plugin-ca".into(),
+        key: "ca.crt".into(),
+        namespace: None,
+    };
+    p.tls = Some(PluginTls {
+        ca_bundle: None,
+        ca_provider: Some(from_map.clone()),
+        ..tls.clone()
+    });
+    assert!(plugin(&p).is_ok(), "a caProvider instead of a caBundle");
+    p.tls = Some(PluginTls {
+        ca_provider: Some(from_map),
+        ..tls.clone()
+    });
+    assert_eq!(
+        plugin(&p).unwrap_err().0,
+        "spec.provider.plugin.tls: must set exactly one of caBundle, caProvider"
+    );
     p.tls = Some(PluginTls {
         client_cert_secret_ref: Some(TlsSecretRef {
             name: "../x".into(),

@@ -34,7 +34,7 @@ fn problems(c: &ManifestCatalog) -> Vec<String> {
 async fn documents_of_other_kinds_are_skipped_one_line_each() {
     let app = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: app, namespace: shop}\n---\n\
                apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: app}\nspec: {replicas: 1}\n---\n\
-               apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata: {a: b}\n---\n\
+               apiVersion: v1\nkind: Service\nmetadata: {name: cfg}\nspec: {ports: []}\n---\n\
                apiVersion: external-secrets.io/v1beta1\nkind: ExternalSecret\nmetadata: {name: old}\n";
     let c = load(&[("app.yaml", app), ("store.yaml", STORE)]);
     assert_eq!(problems(&c), Vec::<String>::new());
@@ -48,7 +48,7 @@ async fn documents_of_other_kinds_are_skipped_one_line_each() {
         [
             (1, "ServiceAccount", "app"),
             (2, "Deployment", "app"),
-            (3, "ConfigMap", "cfg"),
+            (3, "Service", "cfg"),
             (4, "ExternalSecret", "old"),
         ]
     );
@@ -302,7 +302,7 @@ fn control_characters_in_names_and_keys_are_escaped_in_messages() {
     let c = load(&[
         (
             "a.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: \"x\\nERROR forged\"}\n",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: \"x\\nERROR forged\"}\n",
         ),
         (
             "b.yaml",

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use serde::Deserialize;
 
 use super::super::lenient::without_values;
@@ -27,6 +27,7 @@ pub(super) enum Object {
     ClusterSecretStore(Arc<ClusterSecretStore>),
     Generator(GeneratorObject),
     Secret(Arc<Secret>),
+    ConfigMap(Arc<ConfigMap>),
     /// A Namespace's labels (with [`NAMESPACE_NAME_LABEL`]).
     Namespace(BTreeMap<String, String>),
 }
@@ -102,7 +103,9 @@ pub(super) fn classify(api_version: &str, kind: &str) -> Class {
     }
     let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
     if group == crate::api::GROUP || group == crate::api::GENERATOR_GROUP {
-        return match Kind::named(kind).filter(|k| !matches!(k, Kind::Secret | Kind::Namespace)) {
+        return match Kind::named(kind)
+            .filter(|k| !matches!(k, Kind::Secret | Kind::Namespace | Kind::ConfigMap))
+        {
             Some(known) => Class::Refuse(
                 Some(known),
                 format!(
@@ -189,6 +192,11 @@ pub(super) fn object(
             with_ns(&mut obj.metadata);
             merge_string_data(&mut obj);
             Object::Secret(Arc::new(obj))
+        }
+        Kind::ConfigMap => {
+            let mut obj: ConfigMap = strict::from_value(kind, value).map_err(valueless_reason)?;
+            with_ns(&mut obj.metadata);
+            Object::ConfigMap(Arc::new(obj))
         }
         Kind::Namespace => {
             let obj: Namespace = strict::from_value(kind, value).map_err(valueless_reason)?;

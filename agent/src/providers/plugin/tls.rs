@@ -1,5 +1,5 @@
-//! `plugin.tls`: the CA bundle the plugin's certificate must chain to (the only roots trusted)
-//! and, for mutual TLS, a client certificate and key from a `kubernetes.io/tls` Secret, read with
+//! `plugin.tls`: the CA bundle the plugin's certificate must chain to (the only roots trusted;
+//! inline, or a Secret or ConfigMap key with `caProvider`) and, for mutual TLS, a client certificate and key from a `kubernetes.io/tls` Secret, read with
 //! the rules of every credential Secret (see [`credentials`](super::super::credentials)): a
 //! SecretStore's from its own namespace as the pod, a ClusterSecretStore's from the agent's
 //! namespace as the agent.
@@ -40,7 +40,22 @@ impl Material {
         tls: &PluginTls,
         ctx: &BuildContext<'_>,
     ) -> Result<Self, ProviderError> {
-        let ca_pem = ca_bundle(at, &tls.ca_bundle)?;
+        let ca_pem = match (&tls.ca_bundle, &tls.ca_provider) {
+            (Some(text), _) => ca_bundle(at, "plugin.tls.caBundle", text)?,
+            (None, Some(ca)) => {
+                const FIELD: &str = "plugin.tls.caProvider";
+                let pem = super::super::ca_provider::read(ctx, FIELD, ca).await?;
+                let text = String::from_utf8(pem).map_err(|_| {
+                    ProviderError::Config(format!("plugin {at}: {FIELD} holds no PEM text"))
+                })?;
+                ca_bundle(at, FIELD, &text)?
+            }
+            (None, None) => {
+                return Err(ProviderError::Config(format!(
+                    "plugin {at}: plugin.tls needs caBundle or caProvider"
+                )));
+            }
+        };
         let client = match &tls.client_cert_secret_ref {
             None => None,
             Some(r) => {
@@ -159,9 +174,9 @@ impl Material {
 /// How long [`Material::probe`] waits for the server's verdict on the client certificate.
 const PROBE_READ: Duration = Duration::from_secs(1);
 
-/// The PEM of `text`: PEM as it is, or base64 of PEM (as `vault.caBundle`), holding at least
-/// one certificate and nothing unparsable.
-fn ca_bundle(at: &str, text: &str) -> Result<Vec<u8>, ProviderError> {
+/// The PEM of `text` (from `field`): PEM as it is, or base64 of PEM (as `vault.caBundle`),
+/// holding at least one certificate and nothing unparsable.
+fn ca_bundle(at: &str, field: &str, text: &str) -> Result<Vec<u8>, ProviderError> {
     let text = text.trim();
     let pem = if text.starts_with("-----BEGIN") {
         text.as_bytes().to_vec()
@@ -170,7 +185,7 @@ fn ca_bundle(at: &str, text: &str) -> Result<Vec<u8>, ProviderError> {
             .decode(text)
             .map_err(|_| {
                 ProviderError::Config(format!(
-                    "plugin {at}: plugin.tls.caBundle is neither PEM nor base64 of PEM"
+                    "plugin {at}: {field} is neither PEM nor base64 of PEM"
                 ))
             })?
     };
@@ -178,7 +193,7 @@ fn ca_bundle(at: &str, text: &str) -> Result<Vec<u8>, ProviderError> {
     match certs {
         Ok(certs) if !certs.is_empty() => Ok(pem),
         _ => Err(ProviderError::Config(format!(
-            "plugin {at}: plugin.tls.caBundle holds no valid PEM certificate"
+            "plugin {at}: {field} holds no valid PEM certificate"
         ))),
     }
 }
@@ -212,7 +227,9 @@ mod tests {
     #[test]
     fn ca_bundles_must_hold_certificates() {
         for bad in ["not pem", "-----BEGIN CERTIFICATE-----\nAAAA\n", "aGVsbG8="] {
-            let err = ca_bundle("h:1", bad).unwrap_err().to_string();
+            let err = ca_bundle("h:1", "plugin.tls.caBundle", bad)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("plugin.tls.caBundle"), "{err}");
         }
         let key = SecretString::new("-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n".into());

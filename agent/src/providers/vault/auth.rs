@@ -1,13 +1,15 @@
-//! Logging in to Vault for one store and one pod: the store's token as is, or a kubernetes, jwt
-//! or AppRole login through the shared [`super::tokens::TokenCache`].
+//! Logging in to Vault for one store and one pod: the store's token as is, or a kubernetes, jwt,
+//! AppRole, userpass or cert login through the shared [`super::tokens::TokenCache`].
 
 use vaultrs::api::auth::approle::requests::LoginWithApproleRequest;
 use vaultrs::api::auth::kubernetes::requests::LoginWithKubernetesRequest;
 use vaultrs::api::auth::oidc::requests::JWTLoginRequest;
+use vaultrs::api::auth::userpass::requests::LoginRequest as UserpassLoginRequest;
 
 use super::super::{BuildContext, ProviderError, credentials};
 use super::bad_request;
 use super::errors::{login_error, server_error};
+use super::secret_auth::{self, CertLogin};
 use super::tokens::TokenKey;
 use super::transport::{self, Transport};
 use crate::api::StoreKind;
@@ -20,13 +22,20 @@ pub(super) async fn authenticate(
     spec: &VaultProvider,
     ctx: &BuildContext<'_>,
     client: &Transport,
+    ca_pem: Option<&[u8]>,
 ) -> Result<SecretString, ProviderError> {
     let auth = &spec.auth;
     if let Some(selector) = &auth.token_secret_ref {
         return credentials::read(ctx, selector).await;
     }
+    // A token is reused only with the roots it was obtained under: after a CA change (an
+    // edited caProvider ConfigMap) the next publish logs in anew over the new trust.
+    let trust = match ca_pem {
+        Some(pem) => format!("#ca={}", secret_auth::digest(&[pem])?),
+        None => String::new(),
+    };
     let key = |method: &str, mount: &str, role: &str, identity: String| TokenKey {
-        server: spec.server.clone(),
+        server: format!("{}{trust}", spec.server),
         namespace: spec.namespace.clone().unwrap_or_default(),
         mount: format!("{method}:{mount}"),
         role: role.to_string(),
@@ -34,6 +43,17 @@ pub(super) async fn authenticate(
     };
     let cache = &ctx.env.vault_tokens;
     let pod_identity = format!("{}/{}", ctx.pod.namespace, ctx.pod.service_account);
+    // Who a login from credential Secrets is for.
+    let scoped = |location: String| match ctx.store_kind {
+        // Only admitted namespaces reach a ClusterSecretStore; its credential is the agent's.
+        StoreKind::ClusterSecretStore => format!("cluster:{location}"),
+        // A SecretStore's credential is read as the pod: a service account that may not read
+        // it must not reuse a token another service account of the namespace obtained.
+        StoreKind::SecretStore => format!(
+            "{}/{}:{location}",
+            ctx.pod.namespace, ctx.pod.service_account
+        ),
+    };
     let count_login = || {
         ctx.env
             .metrics
@@ -118,14 +138,12 @@ pub(super) async fn authenticate(
         // Checked BEFORE the cache lookup: a cached login must never let a store use a
         // credential it may not read (fail closed).
         let location = credentials::locate(ctx, &app_role.secret_ref)?;
-        let identity = match ctx.store_kind {
-            // Only admitted namespaces reach a ClusterSecretStore; its credential is the agent's.
-            StoreKind::ClusterSecretStore => format!("cluster:{location}"),
-            // A SecretStore's credential is read as the pod: a service account that may not read
-            // it must not reuse a token another service account of the namespace obtained.
-            StoreKind::SecretStore => format!("{pod_identity}:{location}"),
-        };
-        let key = key("approle", mount, &app_role.role_id, identity);
+        let key = key(
+            "approle",
+            mount,
+            &app_role.role_id,
+            scoped(location.to_string()),
+        );
         return cache
             .get(&key, renew, || async {
                 let secret_id = credentials::read(ctx, &app_role.secret_ref).await?;
@@ -144,7 +162,73 @@ pub(super) async fn authenticate(
             .await
             .map(|(token, _)| token);
     }
+    if let Some(user_pass) = &auth.user_pass {
+        let mount = user_pass
+            .path
+            .as_deref()
+            .unwrap_or("userpass")
+            .trim_matches('/');
+        // Read BEFORE the cache lookup (as the pod, for a SecretStore): only who may read the
+        // password reuses the login, and a changed password is a new key, so a new login.
+        let location = credentials::locate(ctx, &user_pass.secret_ref)?;
+        let password = credentials::read(ctx, &user_pass.secret_ref).await?;
+        let digest = secret_auth::digest(&[password.expose().as_bytes()])?;
+        let identity = format!("{}#{digest}", scoped(location.to_string()));
+        let key = key("userpass", mount, &user_pass.username, identity);
+        return cache
+            .get(&key, renew, || async {
+                count_login();
+                let request = UserpassLoginRequest::builder()
+                    .mount(mount)
+                    .username(user_pass.username.as_str())
+                    .password(password.expose())
+                    .build()
+                    .map_err(|_| bad_request())?;
+                client
+                    .login(request)
+                    .await
+                    .map_err(|e| login_error(e, "userpass", mount, None))
+            })
+            .await
+            .map(|(token, _)| token);
+    }
+    if let Some(cert) = &auth.cert {
+        let mount = cert.path.as_deref().unwrap_or("cert").trim_matches('/');
+        if !spec.server.starts_with("https://") {
+            return Err(ProviderError::Config(
+                "vault.auth.cert needs an https:// vault.server: the certificate is the TLS \
+                 client's"
+                    .into(),
+            ));
+        }
+        // As for userPass: read first, the contents' digest in the key.
+        let (chain_at, key_at) = (
+            credentials::locate(ctx, &cert.client_cert)?,
+            credentials::locate(ctx, &cert.secret_ref)?,
+        );
+        let chain = credentials::read(ctx, &cert.client_cert).await?;
+        let private = credentials::read(ctx, &cert.secret_ref).await?;
+        let digest =
+            secret_auth::digest(&[chain.expose().as_bytes(), private.expose().as_bytes()])?;
+        let identity = format!("{}+{key_at}#{digest}", scoped(chain_at.to_string()));
+        let key = key("cert", mount, "", identity);
+        return cache
+            .get(&key, renew, || async {
+                let tls = secret_auth::identity(&chain, &chain_at, &private, &key_at)?;
+                // Only the login carries the certificate; the token does the rest.
+                let with_cert = super::new_client(spec, ca_pem, Some(tls))?;
+                count_login();
+                with_cert
+                    .login(CertLogin {
+                        mount: mount.to_string(),
+                    })
+                    .await
+                    .map_err(|e| login_error(e, "cert", mount, None))
+            })
+            .await
+            .map(|(token, _)| token);
+    }
     Err(ProviderError::Config(
-        "vault.auth needs one of tokenSecretRef, kubernetes, jwt, appRole".into(),
+        "vault.auth needs one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert".into(),
     ))
 }

@@ -55,9 +55,13 @@ pub(crate) fn server_error(e: ClientError) -> ProviderError {
             let why = transport::refusal(&e).map(ToString::to_string);
             ProviderError::TooLarge(format!("Vault's answer {}", why.unwrap_or_default()))
         }
-        ClientError::RestClientError { .. } => {
-            ProviderError::Unavailable("Vault could not be reached".into())
-        }
+        e @ ClientError::RestClientError { .. } => match untrusted(&e) {
+            Some(why) => ProviderError::Unavailable(format!(
+                "Vault's TLS certificate is not trusted ({why}): vault.caBundle or \
+                 vault.caProvider must hold the CA that signed it, for the server's host name"
+            )),
+            None => ProviderError::Unavailable("Vault could not be reached".into()),
+        },
         ClientError::ResponseEmptyError | ClientError::ResponseDataEmptyError => {
             ProviderError::NotFound
         }
@@ -66,6 +70,22 @@ pub(crate) fn server_error(e: ClientError) -> ProviderError {
         }
         _ => ProviderError::Unavailable("the Vault request failed".into()),
     }
+}
+
+/// rustls' verdict on the server's certificate, when that is why the request failed. Found in
+/// the error chain's text (the io::Error carrying it hides it from `source()`); the words are
+/// rustls', never the server's.
+fn untrusted(e: &ClientError) -> Option<String> {
+    const VERDICT: &str = "invalid peer certificate";
+    let mut next: Option<&dyn std::error::Error> = Some(e);
+    while let Some(error) = next {
+        let text = error.to_string();
+        if let Some(at) = text.find(VERDICT) {
+            return Some(crate::telemetry::escape::printable(&text[at..], 120));
+        }
+        next = error.source();
+    }
+    None
 }
 
 /// Vault's error strings, bounded and escaped (the server may be a tenant's), for a message.

@@ -1,5 +1,5 @@
-//! The `vault` provider: HashiCorp Vault / OpenBao KV v1 and v2, with token, kubernetes, jwt or
-//! AppRole auth. kubernetes and jwt logins use the pod's own projected token.
+//! The `vault` provider: HashiCorp Vault / OpenBao KV v1 and v2, with token, kubernetes, jwt,
+//! AppRole, userpass or cert auth. kubernetes and jwt logins use the pod's own projected token.
 //!
 //! Login tokens are kept in a [`tokens::TokenCache`] shared by every publish (it lives in
 //! [`super::Env`]), keyed by (server, namespace, auth mount, role, identity), so pods of one
@@ -21,6 +21,7 @@ use vaultrs::error::ClientError;
 
 mod auth;
 pub(crate) mod errors;
+mod secret_auth;
 pub mod tokens;
 pub(crate) mod transport;
 use auth::authenticate;
@@ -212,15 +213,50 @@ pub(crate) async fn logged_in(
     spec: &VaultProvider,
     ctx: &BuildContext<'_>,
 ) -> Result<Transport, ProviderError> {
-    let mut client = new_client(spec)?;
-    let token = authenticate(spec, ctx, &client).await?;
+    let ca_pem = ca_pem(spec, ctx).await?;
+    let mut client = new_client(spec, ca_pem.as_deref(), None)?;
+    let token = authenticate(spec, ctx, &client, ca_pem.as_deref()).await?;
     client.set_token(token.expose());
     Ok(client)
 }
 
-/// A transport for the store's server, namespace and CA; no token yet. Nothing is taken from
-/// the agent's environment (`VAULT_*`, proxies).
-fn new_client(spec: &VaultProvider) -> Result<Transport, ProviderError> {
+/// The PEM roots the store trusts beyond the system's, if any: `caBundle` and the bundle
+/// `caProvider` names, together when both are set (as ESO's Vault provider does). Read anew
+/// for every client, so an edited ConfigMap or Secret counts from the next connection on.
+async fn ca_pem(
+    spec: &VaultProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<Option<Vec<u8>>, ProviderError> {
+    let mut pem = Vec::new();
+    if let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) {
+        pem = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
+    }
+    if let Some(ca) = &spec.ca_provider {
+        let from = super::ca_provider::read(ctx, "vault.caProvider", ca).await?;
+        if reqwest::Certificate::from_pem_bundle(&from).map_or(true, |c| c.is_empty()) {
+            return Err(ProviderError::Config(format!(
+                "vault.caProvider: {:?} {}/{} holds no valid PEM certificate",
+                ca.kind,
+                ca.namespace.as_deref().unwrap_or_default(),
+                ca.name
+            )));
+        }
+        pem.push(b'\n');
+        pem.extend_from_slice(&from);
+    }
+    Ok(Some(pem).filter(|p| !p.is_empty()))
+}
+
+/// A transport for the store's server, namespace and CA (`ca_pem`), with `identity` as its TLS
+/// client certificate if any; no token yet. Nothing is taken from the agent's environment
+/// (`VAULT_*`, proxies).
+fn new_client(
+    spec: &VaultProvider,
+    ca_pem: Option<&[u8]>,
+    identity: Option<reqwest::Identity>,
+) -> Result<Transport, ProviderError> {
     let server = reqwest::Url::parse(&spec.server)
         .ok()
         .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
@@ -237,17 +273,17 @@ fn new_client(spec: &VaultProvider) -> Result<Transport, ProviderError> {
     if server.scheme() == "http" {
         // reqwest with rustls needs roots even when it never uses them.
         http = http.tls_certs_only(Vec::new());
-    } else if let Some(b64) = spec.ca_bundle.as_deref().filter(|b| !b.trim().is_empty()) {
-        let pem = base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
-            .map_err(|_| ProviderError::Config("vault.caBundle is not base64".into()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+    } else if let Some(pem) = ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
             .ok()
             .filter(|c| !c.is_empty())
             .ok_or_else(|| {
                 ProviderError::Config("vault.caBundle holds no valid PEM certificate".into())
             })?;
         http = http.tls_certs_merge(certs);
+    }
+    if let Some(identity) = identity {
+        http = http.identity(identity);
     }
     let http = http
         .build()
