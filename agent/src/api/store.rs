@@ -103,7 +103,7 @@ pub struct LabelSelectorRequirement {
 #[x_kube(validation = &crate::api::rules::ONE_PROVIDER)]
 #[serde(rename_all = "camelCase")]
 pub struct StoreProvider {
-    /// AWS Secrets Manager.
+    /// AWS Secrets Manager or Parameter Store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsProvider>,
     /// HashiCorp Vault or OpenBao.
@@ -144,11 +144,11 @@ pub struct SecretKeySelector {
     pub namespace: Option<String>,
 }
 
-/// AWS Secrets Manager.
+/// AWS Secrets Manager or Systems Manager Parameter Store.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AwsProvider {
-    /// Only `SecretsManager` is supported.
+    /// `SecretsManager` (default) or `ParameterStore`.
     #[serde(default = "default_aws_service")]
     #[x_kube(validation = &crate::api::rules::AWS_SERVICE)]
     pub service: String,

@@ -304,14 +304,8 @@ fn data_from_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<DataFrom> {
 
 /// `dataFrom[].find`.
 fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
-    if f.has("tags") {
-        notes.warn(
-            f.at("tags"),
-            "selecting by tags has no Latchkey equivalent, and dropping it would select more \
-             secrets; entry not carried over",
-        );
-        return None;
-    }
+    // Honoured by Parameter Store stores; any other store refuses a find with tags.
+    let tags = f.strings("tags", notes);
     let path = f.string("path", notes);
     let name = match f.object("name", notes) {
         Some(mut n) => {
@@ -324,13 +318,14 @@ fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
     let decoding_strategy = decoding(f, notes);
     conversion(f, notes);
     f.finish(notes);
-    if name.is_none() && path.is_none() {
-        notes.warn(f.path(), "needs name or path; entry not carried over");
+    if name.is_none() && path.is_none() && tags.is_empty() {
+        notes.warn(f.path(), "needs name, path or tags; entry not carried over");
         return None;
     }
     Some(FindRef {
         path,
         name,
+        tags,
         decoding_strategy,
     })
 }

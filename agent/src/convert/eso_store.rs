@@ -193,16 +193,17 @@ fn aws(
     kind: StoreKind,
     notes: &mut Notes,
 ) -> Result<AwsProvider, String> {
-    match f.string("service", notes).as_deref() {
-        None | Some("SecretsManager") => {}
+    let service = match f.string("service", notes).as_deref() {
+        None | Some("SecretsManager") => "SecretsManager",
+        Some("ParameterStore") => "ParameterStore",
         Some(other) => {
             return Err(format!(
                 "spec.provider.aws.service: {} has no Latchkey equivalent (Latchkey reads AWS \
-                 Secrets Manager only)",
+                 SecretsManager and ParameterStore)",
                 quoted(other)
             ));
         }
-    }
+    };
     let region = f.string("region", notes).unwrap_or_else(|| {
         notes.warn(
             f.at("region"),
@@ -317,7 +318,7 @@ fn aws(
         "settings for writing secrets (PushSecret) have no Latchkey equivalent; not carried over",
     );
     Ok(AwsProvider {
-        service: "SecretsManager".into(),
+        service: service.into(),
         region,
         endpoint: None,
         role,

@@ -1,4 +1,5 @@
-//! The `aws` provider: AWS Secrets Manager.
+//! The `aws` provider: AWS Secrets Manager (here) and Systems Manager Parameter Store
+//! ([`parameter_store`], `service: ParameterStore`), signed the same way.
 //!
 //! Authentication is chosen explicitly by the store, exactly one of:
 //! - `jwt`: the pod's own projected token (audience `sts.amazonaws.com` unless the store says
@@ -26,6 +27,7 @@
 mod auth;
 mod batch;
 mod errors;
+pub mod parameter_store;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +61,17 @@ fn timeouts() -> TimeoutConfig {
         .operation_attempt_timeout(Duration::from_secs(10))
         .operation_timeout(Duration::from_secs(30))
         .build()
+}
+
+/// The store's service, signed as its `auth` says: Secrets Manager, or Parameter Store.
+pub async fn build(
+    spec: &AwsProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    Ok(match spec.service.as_str() {
+        "ParameterStore" => Arc::new(parameter_store::ParameterStore::new(spec, ctx).await?),
+        _ => Arc::new(Aws::new(spec, ctx).await?),
+    })
 }
 
 /// Reads Secrets Manager as one identity.
@@ -213,6 +226,7 @@ mod tests {
         FindQuery {
             path: path.map(String::from),
             name: name.map(|n| regex::Regex::new(n).unwrap()),
+            tags: Default::default(),
         }
     }
 
