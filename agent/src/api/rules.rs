@@ -310,8 +310,8 @@ pub const VAULT_VERSION: CelRule = CelRule {
 /// On `spec.provider.vault.auth`.
 pub const VAULT_AUTH_ONE: CelRule = CelRule {
     rule: "(has(self.tokenSecretRef) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + \
-           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) == 1",
-    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole",
+           (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) + (has(self.iam) ? 1 : 0) == 1",
+    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole, iam",
 };
 
 // ---- Patterns -------------------------------------------------------------------------------

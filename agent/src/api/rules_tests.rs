@@ -1068,7 +1068,20 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole",
+                 jwt, appRole, iam",
+            ),
+        ),
+        (
+            "vault iam",
+            vault(json!({"iam": {"vaultRole": "shop", "role": "arn:aws:iam::1:role/r"}})),
+            Expect::Valid,
+        ),
+        (
+            "vault iam and jwt",
+            vault(json!({"iam": {"vaultRole": "shop", "role": "r"}, "jwt": {"role": "a"}})),
+            rejected(
+                "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
+                 jwt, appRole, iam",
             ),
         ),
         (
@@ -1076,7 +1089,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({"kubernetes": {"role": "a"}, "tokenSecretRef": secret})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole",
+                 jwt, appRole, iam",
             ),
         ),
         (

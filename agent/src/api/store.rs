@@ -251,6 +251,40 @@ pub struct VaultAuth {
     /// AppRole auth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_role: Option<VaultAppRole>,
+    /// AWS IAM auth: a `sts:GetCallerIdentity` request signed as the role the pod's token
+    /// assumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iam: Option<VaultIamAuth>,
+}
+
+/// Vault's `aws` auth method, `iam` type (ESO's `auth.iam`), with the pod's web identity.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultIamAuth {
+    /// Auth mount path (default `aws`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Vault role to log in as.
+    pub vault_role: String,
+    /// IAM role ARN assumed with the pod's token (`sts:AssumeRoleWithWebIdentity`).
+    pub role: String,
+    /// STS region the request is signed for (default `us-east-1`, the global endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// STS endpoint override (VPC endpoints, tests): where the role is assumed and the URL the
+    /// signed request names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Value of the `X-Vault-AWS-IAM-Server-ID` header, when the mount requires one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "vaultAwsIamServerID"
+    )]
+    pub vault_aws_iam_server_id: Option<String>,
+    /// The pod's web identity (token audience, default `sts.amazonaws.com`); the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<AwsJwtAuth>,
 }
 
 /// Role-based login with a service-account token.

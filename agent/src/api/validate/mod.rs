@@ -206,6 +206,7 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
         ("kubernetes", auth.kubernetes.is_some()),
         ("jwt", auth.jwt.is_some()),
         ("appRole", auth.app_role.is_some()),
+        ("iam", auth.iam.is_some()),
     ]);
     if methods.len() != 1 {
         let detail = if methods.is_empty() {

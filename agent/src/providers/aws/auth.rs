@@ -289,31 +289,7 @@ pub(super) async fn signer(
                 )
             })?;
             let audience = jwt.audience.as_deref().unwrap_or(DEFAULT_AUDIENCE);
-            let key = format!("web\n{region}\n{end}\n{role}\n{who}\n{audience}");
-            let creds = cache
-                .session(key, || async {
-                    // Looked up only when a login is due, so cached sessions serve pods
-                    // whose kubelet sent the token earlier.
-                    let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
-                        ProviderError::Config(format!(
-                            "kubelet passed no service-account token for audience \
-                                 {audience:?}: add it to the CSIDriver's tokenRequests"
-                        ))
-                    })?;
-                    login(ctx);
-                    let sts = sts_client(region, endpoint, None);
-                    let out = sts
-                        .assume_role_with_web_identity()
-                        .role_arn(role)
-                        .role_session_name(&session_name)
-                        .web_identity_token(token.token.expose())
-                        .send()
-                        .await
-                        .map_err(|e| map_err("AssumeRoleWithWebIdentity", e))?;
-                    temporary(out.credentials(), "web-identity")
-                })
-                .await?;
-            Signer::Keys(creds)
+            Signer::Keys(web_identity(ctx, region, endpoint, role, audience).await?)
         }
         (None, Some(r), None) => {
             let base = static_keys(ctx, r).await?;
@@ -370,6 +346,45 @@ pub(super) async fn signer(
         }
     };
     Ok(signer)
+}
+
+/// Temporary credentials of `role`, assumed with the pod's token for `audience`
+/// (`sts:AssumeRoleWithWebIdentity`), cached per (region, endpoint, role, pod identity,
+/// audience) until shortly before they expire. Also what Vault's `iam` login signs with.
+pub async fn web_identity(
+    ctx: &BuildContext<'_>,
+    region: &str,
+    endpoint: Option<&str>,
+    role: &str,
+    audience: &str,
+) -> Result<Credentials, ProviderError> {
+    let who = format!("{}/{}", ctx.pod.namespace, ctx.pod.service_account);
+    let end = endpoint.unwrap_or("");
+    let key = format!("web\n{region}\n{end}\n{role}\n{who}\n{audience}");
+    ctx.env
+        .aws_sessions
+        .session(key, || async {
+            // Looked up only when a login is due, so cached sessions serve pods whose kubelet
+            // sent the token earlier.
+            let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
+                ProviderError::Config(format!(
+                    "kubelet passed no service-account token for audience {audience:?}: add it \
+                     to the CSIDriver's tokenRequests"
+                ))
+            })?;
+            login(ctx);
+            let sts = sts_client(region, endpoint, None);
+            let out = sts
+                .assume_role_with_web_identity()
+                .role_arn(role)
+                .role_session_name(session_name(&ctx.pod.namespace, &ctx.pod.service_account))
+                .web_identity_token(token.token.expose())
+                .send()
+                .await
+                .map_err(|e| map_err("AssumeRoleWithWebIdentity", e))?;
+            temporary(out.credentials(), "web-identity")
+        })
+        .await
 }
 
 /// Records one STS call.

@@ -39,7 +39,7 @@ use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::primitives::Blob;
 use aws_sdk_secretsmanager::types::{Filter, FilterNameStringType};
 
-pub use auth::{DEFAULT_AUDIENCE, SessionCache};
+pub use auth::{DEFAULT_AUDIENCE, SessionCache, web_identity};
 use batch::{BATCH, CURRENT, Queue, batch_call, get_one};
 use errors::{code_error, map_err};
 
