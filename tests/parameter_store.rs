@@ -238,9 +238,7 @@ async fn parameter_store_reads_types_versions_labels_properties_batches_and_find
     )
     .await;
 
-    let mut m = creds_secret()
-        + &store("ssm", "ParameterStore", &moto.endpoint)
-        + &store("sm", "SecretsManager", &moto.endpoint);
+    let mut m = creds_secret() + &store("ssm", "ParameterStore", &moto.endpoint);
     m += &external_secret(
         "app",
         "ssm",
@@ -279,7 +277,9 @@ async fn parameter_store_reads_types_versions_labels_properties_batches_and_find
         "ssm",
         &format!("{{find: {{name: {{regexp: \"^/team/.*/one$\"}}}}, {slash}}}"),
     );
-    m += &finder("sm-tags", "sm", "{find: {tags: {team: shop}}}");
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: SecretStore\nmetadata: {name: fake, namespace: shop}\n\
+          spec: {provider: {fake: {data: [{key: x, value: fake-value}]}}}\n";
+    m += &finder("fake-tags", "fake", "{find: {tags: {team: shop}}}");
     m += &external_secret("missing", "ssm", &[entry("x", "/app/nope", "")]);
     m += &external_secret(
         "mixed",
@@ -364,15 +364,15 @@ async fn parameter_store_reads_types_versions_labels_properties_batches_and_find
         .unwrap();
     assert_eq!(files(&agent.target("name-0")), ["team/a/one", "team/b/one"]);
 
-    // Secrets Manager cannot honour tags here: refused, not widened to every secret.
+    // A provider that cannot filter by tags refuses them instead of selecting everything.
     let err = node
-        .node_publish_volume(pod(&agent, "sm-tags-0", "sm-tags", false))
+        .node_publish_volume(pod(&agent, "fake-tags-0", "fake-tags", false))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("find.tags"), "{:?}", err.message());
     assert!(
-        err.message().contains("ParameterStore"),
+        err.message().contains("provider.aws"),
         "{:?}",
         err.message()
     );

@@ -204,7 +204,7 @@ pub struct FindRef {
     /// Name filter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<FindName>,
-    /// Only secrets carrying every one of these tags (key and value); AWS Parameter Store only.
+    /// Only secrets carrying every one of these tags (key and value); `aws` stores only.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = crate::api::rules::MAX_FIND_TAGS))]
     pub tags: BTreeMap<String, String>,

@@ -304,7 +304,7 @@ fn data_from_entry(f: &mut Fields<'_>, notes: &mut Notes) -> Option<DataFrom> {
 
 /// `dataFrom[].find`.
 fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
-    // Honoured by Parameter Store stores; any other store refuses a find with tags.
+    // Honoured by `aws` stores; any other store refuses a find with tags.
     let tags = f.strings("tags", notes);
     let path = f.string("path", notes);
     let name = match f.object("name", notes) {

@@ -75,7 +75,7 @@ pub struct FindQuery {
     /// Only names this expression matches (unanchored, as in ESO).
     pub name: Option<regex::Regex>,
     /// Only secrets carrying every one of these tags; providers that cannot filter by tag
-    /// refuse a query with tags (see [`Provider::finds_by_tags`]).
+    /// (all but `aws`) refuse a query with tags (see [`Provider::finds_by_tags`]).
     pub tags: std::collections::BTreeMap<String, String>,
 }
 
@@ -259,7 +259,8 @@ impl Provider for Instrumented {
     async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
         if !query.tags.is_empty() && !self.inner.finds_by_tags() {
             return Err(ProviderError::Config(
-                "dataFrom.find.tags is only supported by provider.aws with service ParameterStore"
+                "dataFrom.find.tags is only supported by provider.aws (SecretsManager and \
+                 ParameterStore)"
                     .into(),
             ));
         }
