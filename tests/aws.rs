@@ -547,3 +547,49 @@ async fn rotation_waits_for_the_refresh_interval_and_swaps_related_files_togethe
     assert_eq!(metric(&agent, GETS).await, gets + 3.0);
     assert_log_has_no_leak(&agent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_by_tags_keeps_the_secrets_carrying_every_tag_exactly() {
+    use aws_sdk_secretsmanager::types::Tag;
+    let moto = Moto::start().await;
+    let sm = moto.client();
+    let tag = |k: &str, v: &str| Tag::builder().key(k).value(v).build();
+    for (name, tags) in [
+        ("tagged-a", vec![tag("team", "shop"), tag("env", "prod")]),
+        ("tagged-b", vec![tag("team", "shop"), tag("env", "dev")]),
+        // Prefix matches of the key or the value, and the value under another key: not kept.
+        (
+            "tagged-c",
+            vec![tag("team", "shopfloor"), tag("env", "prod")],
+        ),
+        ("tagged-d", vec![tag("teams", "shop"), tag("env", "prod")]),
+        ("tagged-e", vec![tag("owner", "shop"), tag("team", "prod")]),
+    ] {
+        sm.create_secret()
+            .name(name)
+            .secret_string(format!("value-of-{name}"))
+            .set_tags(Some(tags))
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut m = creds_secret("shop") + &secret_ref_store("aws", &moto.endpoint);
+    m += "---\napiVersion: latchkey.dev/v1alpha1\nkind: ExternalSecret\nmetadata: {name: tagged, namespace: shop}\n\
+          spec:\n  secretStoreRef: {name: aws}\n  dataFrom:\n  - find: {tags: {team: shop, env: prod}}\n";
+    let agent = Agent::start(&[("shop.yaml", &m)], &[]).await;
+    agent
+        .node()
+        .await
+        .node_publish_volume(pod(&agent, "tagged-0", "tagged", "web", false))
+        .await
+        .unwrap();
+    let t = agent.target("tagged-0");
+    let mut names: Vec<_> = std::fs::read_dir(&t)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".."))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["tagged-a"]);
+    assert_eq!(read(&t.join("tagged-a")), "value-of-tagged-a");
+}

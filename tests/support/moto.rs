@@ -1,4 +1,4 @@
-//! A real AWS Secrets Manager / STS for tests: `moto_server` (PyPI `moto[server]`) on a free
+//! A real AWS Secrets Manager / Parameter Store / STS for tests: `moto_server` (PyPI `moto[server]`) on a free
 //! loopback port, killed on drop. Missing `moto_server` fails the test; it never skips.
 
 use std::process::{Child, Command, Stdio};
@@ -99,6 +99,23 @@ impl Moto {
             ))
             .build();
         aws_sdk_secretsmanager::Client::from_conf(conf)
+    }
+
+    /// A Systems Manager (Parameter Store) client for setting up test data, with dummy keys.
+    pub fn ssm_client(&self) -> aws_sdk_ssm::Client {
+        let conf = aws_sdk_ssm::Config::builder()
+            .behavior_version(aws_sdk_ssm::config::BehaviorVersion::latest())
+            .region(aws_sdk_ssm::config::Region::new("us-east-1"))
+            .endpoint_url(&self.endpoint)
+            .credentials_provider(Credentials::new(
+                ADMIN_KEY_ID,
+                ADMIN_SECRET,
+                None,
+                None,
+                "test",
+            ))
+            .build();
+        aws_sdk_ssm::Client::from_conf(conf)
     }
 }
 

@@ -193,7 +193,7 @@ pub struct DataFrom {
     pub rewrite: Vec<Rewrite>,
 }
 
-/// Selects remote secrets by name and/or path (at least one of them).
+/// Selects remote secrets by name, path and/or tags (at least one of them).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[x_kube(validation = &crate::api::rules::FIND_NAME_OR_PATH)]
 #[serde(rename_all = "camelCase")]
@@ -204,6 +204,10 @@ pub struct FindRef {
     /// Name filter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<FindName>,
+    /// Only secrets carrying every one of these tags (key and value); `aws` stores only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = crate::api::rules::MAX_FIND_TAGS))]
+    pub tags: BTreeMap<String, String>,
     /// How to decode each fetched value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoding_strategy: Option<DecodingStrategy>,

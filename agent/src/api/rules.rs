@@ -103,9 +103,13 @@ pub const EXTRACT_XOR_FIND: CelRule = CelRule {
 
 /// On `spec.dataFrom[].find`: a find without criteria would list the whole backend.
 pub const FIND_NAME_OR_PATH: CelRule = CelRule {
-    rule: "has(self.name) || has(self.path)",
-    message: "must set name or path",
+    rule: "has(self.name) || has(self.path) || has(self.tags)",
+    message: "must set name, path or tags",
 };
+
+/// `maxProperties` of `spec.dataFrom[].find.tags`: each tag is one filter of the backend's
+/// search (Parameter Store takes a few dozen at most).
+pub const MAX_FIND_TAGS: usize = 10;
 
 /// On `spec.target` (ESO rejects Delete with creationPolicy Merge or None; Latchkey also rejects
 /// Orphan: an orphaned Secret has no owner, so Latchkey does not delete it).
@@ -305,10 +309,10 @@ pub const AGENT_IDENTITY_CLUSTER_ONLY: CelRule = CelRule {
               allowed on a ClusterSecretStore",
 };
 
-/// On `spec.provider.aws.service` (ESO also has ParameterStore; Latchkey does not).
+/// On `spec.provider.aws.service`, the two services of ESO's `aws` provider.
 pub const AWS_SERVICE: CelRule = CelRule {
-    rule: "self == 'SecretsManager'",
-    message: "must be SecretsManager (the only supported service)",
+    rule: "self == 'SecretsManager' || self == 'ParameterStore'",
+    message: "must be SecretsManager or ParameterStore",
 };
 
 /// On `spec.provider.aws.auth`. No method at all passes the schema (as in ESO, where it means
@@ -333,8 +337,8 @@ pub const VAULT_VERSION: CelRule = CelRule {
 pub const VAULT_AUTH_ONE: CelRule = CelRule {
     rule: "(has(self.tokenSecretRef) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + \
            (has(self.jwt) ? 1 : 0) + (has(self.appRole) ? 1 : 0) + \
-           (has(self.userPass) ? 1 : 0) + (has(self.cert) ? 1 : 0) == 1",
-    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert",
+           (has(self.userPass) ? 1 : 0) + (has(self.cert) ? 1 : 0) + (has(self.iam) ? 1 : 0) == 1",
+    message: "must set exactly one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert, iam",
 };
 
 // ---- Patterns -------------------------------------------------------------------------------

@@ -567,7 +567,19 @@ fn external_secret_samples() -> Vec<(&'static str, Value, Expect)> {
         (
             "find without criteria",
             json!({"spec": {"dataFrom": [{"find": {"decodingStrategy": "Auto"}}]}}),
-            rejected("spec.dataFrom[0].find: must set name or path"),
+            rejected("spec.dataFrom[0].find: must set name, path or tags"),
+        ),
+        (
+            "find by tags",
+            json!({"spec": {"dataFrom": [{"find": {"tags": {"team": "shop"}}}]}}),
+            Expect::Valid,
+        ),
+        (
+            "find by too many tags",
+            json!({"spec": {"dataFrom": [{"find": {"tags": (0..=rules::MAX_FIND_TAGS)
+                .map(|i| (format!("t{i}"), json!("v")))
+                .collect::<serde_json::Map<String, Value>>()}}]}}),
+            rejected("spec.dataFrom[0].find.tags: must have at most 10 properties"),
         ),
         (
             "too many dataFrom entries",
@@ -1065,9 +1077,12 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
         (
             "aws ParameterStore",
             json!({"fake": null, "aws": {"region": "eu-west-1", "service": "ParameterStore"}}),
-            rejected(
-                "spec.provider.aws.service: must be SecretsManager (the only supported service)",
-            ),
+            Expect::Valid,
+        ),
+        (
+            "aws another service",
+            json!({"fake": null, "aws": {"region": "eu-west-1", "service": "Vault"}}),
+            rejected("spec.provider.aws.service: must be SecretsManager or ParameterStore"),
         ),
         (
             "aws with two auth methods",
@@ -1081,7 +1096,20 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole, userPass, cert",
+                 jwt, appRole, userPass, cert, iam",
+            ),
+        ),
+        (
+            "vault iam",
+            vault(json!({"iam": {"vaultRole": "shop", "role": "arn:aws:iam::1:role/r"}})),
+            Expect::Valid,
+        ),
+        (
+            "vault iam and jwt",
+            vault(json!({"iam": {"vaultRole": "shop", "role": "r"}, "jwt": {"role": "a"}})),
+            rejected(
+                "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
+                 jwt, appRole, userPass, cert, iam",
             ),
         ),
         (
@@ -1089,7 +1117,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             vault(json!({"kubernetes": {"role": "a"}, "tokenSecretRef": secret})),
             rejected(
                 "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, \
-                 jwt, appRole, userPass, cert",
+                 jwt, appRole, userPass, cert, iam",
             ),
         ),
         (

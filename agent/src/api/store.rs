@@ -107,7 +107,7 @@ pub struct LabelSelectorRequirement {
 #[x_kube(validation = &crate::api::rules::ONE_PROVIDER)]
 #[serde(rename_all = "camelCase")]
 pub struct StoreProvider {
-    /// AWS Secrets Manager.
+    /// AWS Secrets Manager or Parameter Store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsProvider>,
     /// HashiCorp Vault or OpenBao.
@@ -148,11 +148,11 @@ pub struct SecretKeySelector {
     pub namespace: Option<String>,
 }
 
-/// AWS Secrets Manager.
+/// AWS Secrets Manager or Systems Manager Parameter Store.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AwsProvider {
-    /// Only `SecretsManager` is supported.
+    /// `SecretsManager` (default) or `ParameterStore`.
     #[serde(default = "default_aws_service")]
     #[x_kube(validation = &crate::api::rules::AWS_SERVICE)]
     pub service: String,
@@ -296,6 +296,40 @@ pub struct VaultAuth {
     /// TLS certificate auth (`cert`), the client certificate and key from Secrets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert: Option<VaultCert>,
+    /// AWS IAM auth: a `sts:GetCallerIdentity` request signed as the role the pod's token
+    /// assumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iam: Option<VaultIamAuth>,
+}
+
+/// Vault's `aws` auth method, `iam` type (ESO's `auth.iam`), with the pod's web identity.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VaultIamAuth {
+    /// Auth mount path (default `aws`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Vault role to log in as.
+    pub vault_role: String,
+    /// IAM role ARN assumed with the pod's token (`sts:AssumeRoleWithWebIdentity`).
+    pub role: String,
+    /// STS region the request is signed for (default `us-east-1`, the global endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// STS endpoint override (VPC endpoints, tests): where the role is assumed and the URL the
+    /// signed request names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Value of the `X-Vault-AWS-IAM-Server-ID` header, when the mount requires one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "vaultAwsIamServerID"
+    )]
+    pub vault_aws_iam_server_id: Option<String>,
+    /// The pod's web identity (token audience, default `sts.amazonaws.com`); the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<AwsJwtAuth>,
 }
 
 /// Role-based login with a service-account token.

@@ -462,7 +462,8 @@ fn rewrites(f: &mut Fields<'_>, notes: &mut Notes) -> Option<Vec<Rewrite>> {
 
 /// `dataFrom[].find`.
 fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
-    let tags = f.value("tags");
+    // Honoured by `aws` stores; any other store refuses a find with tags.
+    let tags = f.strings("tags", notes);
     let path = f.string("path", notes);
     let name = match f.object("name", notes) {
         Some(mut n) => {
@@ -475,21 +476,14 @@ fn find(f: &mut Fields<'_>, notes: &mut Notes) -> Option<FindRef> {
     let decoding_strategy = decoding(f, notes);
     conversion(f, notes);
     f.finish(notes);
-    if tags.is_some() {
-        notes.warn(
-            f.at("tags"),
-            "selecting by tags has no Latchkey equivalent, and dropping it would select more \
-             secrets; entry not carried over",
-        );
-        return None;
-    }
-    if name.is_none() && path.is_none() {
-        notes.warn(f.path(), "needs name or path; entry not carried over");
+    if name.is_none() && path.is_none() && tags.is_empty() {
+        notes.warn(f.path(), "needs name, path or tags; entry not carried over");
         return None;
     }
     Some(FindRef {
         path,
         name,
+        tags,
         decoding_strategy,
     })
 }

@@ -10,8 +10,8 @@ use super::spc_aws::{REGION_PLACEHOLDER, ROLE_PLACEHOLDER};
 use crate::api::store::{
     AwsAuth, AwsJwtAuth, AwsProvider, AwsSecretRef, ClusterSecretStoreSpec, ClusterStoreCondition,
     Empty, FakeEntry, FakeProvider, KubernetesProvider, LabelSelector, LabelSelectorRequirement,
-    SecretKeySelector, SecretStoreSpec, StoreProvider, VaultAppRole, VaultAuth, VaultProvider,
-    VaultRoleAuth,
+    SecretKeySelector, SecretStoreSpec, StoreProvider, VaultAppRole, VaultAuth, VaultIamAuth,
+    VaultProvider, VaultRoleAuth,
 };
 use crate::api::store::{CaProvider, CaProviderKind, VaultCert, VaultUserPass};
 use crate::api::{ClusterSecretStore, SecretStore, StoreKind};
@@ -194,16 +194,17 @@ fn aws(
     kind: StoreKind,
     notes: &mut Notes,
 ) -> Result<AwsProvider, String> {
-    match f.string("service", notes).as_deref() {
-        None | Some("SecretsManager") => {}
+    let service = match f.string("service", notes).as_deref() {
+        None | Some("SecretsManager") => "SecretsManager",
+        Some("ParameterStore") => "ParameterStore",
         Some(other) => {
             return Err(format!(
                 "spec.provider.aws.service: {} has no Latchkey equivalent (Latchkey reads AWS \
-                 Secrets Manager only)",
+                 SecretsManager and ParameterStore)",
                 quoted(other)
             ));
         }
-    }
+    };
     let region = f.string("region", notes).unwrap_or_else(|| {
         notes.warn(
             f.at("region"),
@@ -318,7 +319,7 @@ fn aws(
         "settings for writing secrets (PushSecret) have no Latchkey equivalent; not carried over",
     );
     Ok(AwsProvider {
-        service: "SecretsManager".into(),
+        service: service.into(),
         region,
         endpoint: None,
         role,
@@ -373,6 +374,7 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
             "jwt" => auth.jwt = Some(jwt_login(&mut a, notes)?),
             "userPass" => auth.user_pass = Some(user_pass(&mut a, notes)?),
             "cert" => auth.cert = Some(cert_login(&mut a, notes)?),
+            "iam" => auth.iam = Some(iam_login(&mut a, notes)?),
             "namespace" => a.drop_field(
                 "namespace",
                 notes,
@@ -382,8 +384,8 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
             other => {
                 return Err(format!(
                     "spec.provider.vault.auth.{other}: this login method has no Latchkey \
-                     equivalent (Latchkey has tokenSecretRef, appRole, kubernetes, jwt, userPass \
-                     and cert)"
+                     equivalent (Latchkey has tokenSecretRef, appRole, kubernetes, jwt, userPass, \
+                     cert and iam)"
                 ));
             }
         }
@@ -511,6 +513,67 @@ fn kubernetes_login(a: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultRoleAu
         role,
         audience,
     })
+}
+
+/// `auth.iam`: Vault's AWS IAM login, always signed with the pod's web identity.
+fn iam_login(a: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultIamAuth, String> {
+    let mut f = a
+        .object("iam", notes)
+        .ok_or("spec.provider.vault.auth.iam is not an object")?;
+    if f.has("secretRef") {
+        return Err(
+            "spec.provider.vault.auth.iam.secretRef: Latchkey signs the IAM login with \
+                    the pod's web identity (auth.iam.jwt), not static keys from a Secret"
+                .into(),
+        );
+    }
+    let vault_role = f
+        .string("vaultRole", notes)
+        .ok_or("spec.provider.vault.auth.iam.vaultRole is missing")?;
+    let role = f.string("role", notes).unwrap_or_else(|| {
+        notes.warn(
+            f.at("role"),
+            format!(
+                "is not set (ESO took the role from a service account's \
+                 eks.amazonaws.com/role-arn annotation): replace the placeholder role \
+                 {ROLE_PLACEHOLDER} with the role the pod's token assumes"
+            ),
+        );
+        ROLE_PLACEHOLDER.into()
+    });
+    let jwt = match f.object("jwt", notes) {
+        Some(mut j) => {
+            let audience = service_account_ref(&mut j, "serviceAccountRef", notes);
+            j.finish(notes);
+            AwsJwtAuth { audience }
+        }
+        None => {
+            notes.warn(
+                f.at("jwt"),
+                "is not set, so ESO signed with its controller's own AWS identity; Latchkey \
+                 signs with the pod's web identity (auth.iam.jwt): give the role a trust \
+                 policy for the pod's service account",
+            );
+            AwsJwtAuth::default()
+        }
+    };
+    f.drop_field(
+        "externalID",
+        notes,
+        "Latchkey assumes the role with the pod's token, which takes no external id; not \
+         carried over",
+    );
+    let out = VaultIamAuth {
+        path: f.string("path", notes),
+        vault_role,
+        role,
+        region: f.string("region", notes),
+        endpoint: None,
+        vault_aws_iam_server_id: f.string("vaultAwsIamServerID", notes),
+        jwt: Some(jwt),
+    };
+    f.finish(notes);
+    Ok(out)
 }
 
 /// `auth.jwt`: login with the pod's token.

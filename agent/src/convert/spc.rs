@@ -57,9 +57,9 @@ pub fn convert(top: &mut Fields<'_>, meta: &Meta, notes: &mut Notes) -> Result<C
         notes.warn(
             "spec.parameters.objects",
             format!(
-                "the objects live in {} different KV mounts and a Latchkey store reads one: \
-                 converted into the stores and ExternalSecrets {}, one pod volume each (see the \
-                 volume below)",
+                "the objects live in {} different KV mounts or AWS services and a Latchkey \
+                 store reads one: converted into the stores and ExternalSecrets {}, one pod \
+                 volume each (see the volume below)",
                 groups.len(),
                 names.join(", ")
             ),

@@ -1,5 +1,6 @@
 //! The AWS provider's SecretProviderClass parameters (`region`, `objects`, ...) -> an `aws` store
-//! with web identity (the pod's token, as IRSA) and one entry per file.
+//! with web identity (the pod's token, as IRSA) and one entry per file; `ssmparameter` objects
+//! go to a second, `ParameterStore` store when the class mixes both services.
 
 use serde_norway::Value;
 
@@ -69,30 +70,53 @@ pub fn convert(
     let Value::Sequence(items) = &objects else {
         return Err(format!("{objects_path}: is not a YAML list of objects"));
     };
-    let mut entries = Vec::new();
+    let (mut secrets, mut parameters) = (Vec::new(), Vec::new());
     for (i, item) in items.iter().enumerate() {
         let path = format!("{objects_path}[{i}]");
         if let Some(mut f) = Fields::of(item, &path, notes) {
-            entries.extend(object(&mut f, translation, notes));
+            match object(&mut f, translation, notes) {
+                (Service::SecretsManager, e) => secrets.extend(e),
+                (Service::ParameterStore, e) => parameters.extend(e),
+            }
         }
     }
-    Ok(vec![Group {
-        suffix: String::new(),
-        provider: StoreProvider {
-            aws: Some(AwsProvider {
-                service: "SecretsManager".into(),
-                region: region.unwrap_or_else(|| REGION_PLACEHOLDER.into()),
-                endpoint: None,
-                role: Some(ROLE_PLACEHOLDER.into()),
-                auth: Some(AwsAuth {
-                    jwt: Some(AwsJwtAuth { audience: None }),
-                    ..Default::default()
+    let region = region.unwrap_or_else(|| REGION_PLACEHOLDER.into());
+    // A store reads one service: a class mixing both becomes two stores (the Secrets Manager
+    // one first, named as the class), and two ExternalSecrets.
+    let mut groups = Vec::new();
+    for (service, suffix, entries) in [
+        ("SecretsManager", "", secrets),
+        ("ParameterStore", "ssm", parameters),
+    ] {
+        if entries.is_empty() {
+            continue;
+        }
+        groups.push(Group {
+            suffix: suffix.into(),
+            provider: StoreProvider {
+                aws: Some(AwsProvider {
+                    service: service.into(),
+                    region: region.clone(),
+                    endpoint: None,
+                    role: Some(ROLE_PLACEHOLDER.into()),
+                    auth: Some(AwsAuth {
+                        jwt: Some(AwsJwtAuth { audience: None }),
+                        ..Default::default()
+                    }),
                 }),
-            }),
-            ..Default::default()
-        },
-        entries,
-    }])
+                ..Default::default()
+            },
+            entries,
+        });
+    }
+    Ok(groups)
+}
+
+/// Which AWS service an object is read from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Service {
+    SecretsManager,
+    ParameterStore,
 }
 
 /// `pathTranslation`: the character that replaces `/` in file names made from object names
@@ -124,8 +148,12 @@ fn path_translation(params: &mut Fields<'_>, notes: &mut Notes) -> Option<char> 
     }
 }
 
-/// One item of `objects`: the secret's own file and its `jmesPath` files.
-fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> Vec<Entry> {
+/// One item of `objects`: its service, and the secret's own file and its `jmesPath` files.
+fn object(
+    f: &mut Fields<'_>,
+    translation: Option<char>,
+    notes: &mut Notes,
+) -> (Service, Vec<Entry>) {
     // Every field is read before the object is judged, so that a typo is reported as unknown
     // even in an object dropped for another reason.
     let name = f.string("objectName", notes);
@@ -139,7 +167,7 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
     f.finish(notes);
     let Some(name) = name else {
         notes.warn(f.at("objectName"), "is missing; object not carried over");
-        return Vec::new();
+        return (Service::SecretsManager, Vec::new());
     };
     let is_arn = name.starts_with("arn:");
     let ssm = match ty.as_deref() {
@@ -153,7 +181,7 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
                     quoted(other)
                 ),
             );
-            return Vec::new();
+            return (Service::SecretsManager, Vec::new());
         }
         None if is_arn => name.contains(":ssm:"),
         None => {
@@ -165,19 +193,11 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
             false
         }
     };
-    if ssm {
-        let at = if ty.is_some() {
-            f.at("objectType")
-        } else {
-            f.at("objectName")
-        };
-        notes.warn(
-            at,
-            "ssmparameter has no Latchkey equivalent (the aws provider reads Secrets Manager \
-             only); object not carried over",
-        );
-        return Vec::new();
-    }
+    let service = if ssm {
+        Service::ParameterStore
+    } else {
+        Service::SecretsManager
+    };
     let file = match (&alias, translation) {
         (Some(a), _) => a.clone(),
         (None, Some(c)) => name.replace('/', &c.to_string()),
@@ -188,6 +208,11 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
     } else {
         f.at("objectName")
     };
+    // Secrets Manager versions are ids (`uuid/`); a parameter's are numbers, taken as they are.
+    let pinned = |id: String| match service {
+        Service::SecretsManager => format!("uuid/{id}"),
+        Service::ParameterStore => id,
+    };
     let version = match (id, label) {
         (Some(id), Some(_)) => {
             notes.warn(
@@ -195,9 +220,9 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
                 "Latchkey pins one version: objectVersion (the version id) is kept, the label \
                  is not carried over",
             );
-            Some(format!("uuid/{id}"))
+            Some(pinned(id))
         }
-        (Some(id), None) => Some(format!("uuid/{id}")),
+        (Some(id), None) => Some(pinned(id)),
         (None, label) => label,
     };
     if failover {
@@ -250,7 +275,7 @@ fn object(f: &mut Fields<'_>, translation: Option<char>, notes: &mut Notes) -> V
             });
         }
     }
-    entries
+    (service, entries)
 }
 
 /// A `jmesPath` item: its path, and its expression and alias with theirs.

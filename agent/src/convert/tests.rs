@@ -135,8 +135,8 @@ spec:
         objectType: ssmparameter
 "#)
     .unwrap();
-    let line = "SecretProviderClass shop/db: spec.parameters.objects[1].objectType: ssmparameter \
-                has no Latchkey equivalent";
+    let line = "SecretProviderClass shop/db: spec.parameters.objects: the objects live in 2 \
+                different KV mounts or AWS services";
     assert!(
         c.yaml.contains(&format!("# latchkey convert: {line}")),
         "{}",
@@ -148,13 +148,15 @@ spec:
             .any(|m| m.starts_with(&format!("warning: {line}")))
     );
     assert!(c.yaml.contains("secretKey: prod_db"), "{}", c.yaml);
+    assert!(c.yaml.contains("service: ParameterStore"), "{}", c.yaml);
+    assert!(c.yaml.contains("secretKey: _prod_flag"), "{}", c.yaml);
     assert!(
         c.yaml
             .contains("SecretProviderClass shop/db: metadata: uid: set by the API server"),
         "{}",
         c.yaml
     );
-    assert_eq!(c.documents, 2);
+    assert_eq!(c.documents, 4, "two stores, two ExternalSecrets");
 }
 
 #[test]

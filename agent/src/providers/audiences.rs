@@ -32,6 +32,9 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             for role in [&auth.kubernetes, &auth.jwt].into_iter().flatten() {
                 out.push(role.audience.clone().unwrap_or_default());
             }
+            if let Some(iam) = &auth.iam {
+                out.push(super::vault::iam::audience(iam).to_string());
+            }
             // Credentials, and a CA bundle from a Secret or ConfigMap, are read as the caller.
             let secret_ref = auth.token_secret_ref.is_some()
                 || auth.app_role.is_some()
@@ -120,6 +123,17 @@ mod tests {
                 StoreKind::ClusterSecretStore
             ),
             ["api"]
+        );
+        let iam = VaultProvider {
+            auth: VaultAuth {
+                iam: Some(VaultIamAuth::default()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(
+            token_audiences(ProviderSpec::Vault(&iam), StoreKind::SecretStore),
+            ["sts.amazonaws.com"]
         );
         let fake = FakeProvider::default();
         assert!(token_audiences(ProviderSpec::Fake(&fake), StoreKind::SecretStore).is_empty());

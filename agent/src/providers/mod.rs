@@ -75,12 +75,16 @@ pub struct FindQuery {
     pub path: Option<String>,
     /// Only names this expression matches (unanchored, as in ESO).
     pub name: Option<regex::Regex>,
+    /// Only secrets carrying every one of these tags; providers that cannot filter by tag
+    /// (all but `aws`) refuse a query with tags (see [`Provider::finds_by_tags`]).
+    pub tags: std::collections::BTreeMap<String, String>,
 }
 
 impl FindQuery {
-    /// True when both queries select the same names (same path, same pattern text).
+    /// True when both queries select the same names (same path, pattern text and tags).
     pub fn same_as(&self, other: &FindQuery) -> bool {
         self.path == other.path
+            && self.tags == other.tags
             && self.name.as_ref().map(regex::Regex::as_str)
                 == other.name.as_ref().map(regex::Regex::as_str)
     }
@@ -166,6 +170,12 @@ pub trait Provider: Send + Sync {
     async fn find(&self, _query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
         Err(ProviderError::CannotFind)
     }
+
+    /// True when `find` honours [`FindQuery::tags`]; a query with tags is refused otherwise,
+    /// rather than answered with every secret the other filters match.
+    fn finds_by_tags(&self) -> bool {
+        false
+    }
 }
 
 /// What providers need from the agent itself.
@@ -211,7 +221,7 @@ pub async fn build(
     ctx: &BuildContext<'_>,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     let inner: Arc<dyn Provider> = match spec {
-        ProviderSpec::Aws(a) => Arc::new(aws::Aws::new(a, ctx).await?),
+        ProviderSpec::Aws(a) => aws::build(a, ctx).await?,
         ProviderSpec::Fake(f) => Arc::new(fake::Fake::new(f)?),
         ProviderSpec::Kubernetes(k) => Arc::new(kubernetes::KubernetesSecrets::new(
             k,
@@ -248,6 +258,13 @@ impl Provider for Instrumented {
     }
 
     async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
+        if !query.tags.is_empty() && !self.inner.finds_by_tags() {
+            return Err(ProviderError::Config(
+                "dataFrom.find.tags is only supported by provider.aws (SecretsManager and \
+                 ParameterStore)"
+                    .into(),
+            ));
+        }
         let start = Instant::now();
         let result = self.inner.find(query).await;
         self.record("find", start, result.as_ref().err());

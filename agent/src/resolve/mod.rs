@@ -339,6 +339,7 @@ fn find_query(ctx: &Context, index: usize, f: &FindRef) -> Result<FindQuery, Res
     Ok(FindQuery {
         path: f.path.clone().filter(|p| !p.is_empty()),
         name,
+        tags: f.tags.clone(),
     })
 }
 

@@ -153,7 +153,7 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
 
 /// `spec.provider.aws`: the service, and at most one auth method (none is left to the provider).
 fn aws(a: &AwsProvider) -> Result<(), Invalid> {
-    if a.service != "SecretsManager" {
+    if a.service != "SecretsManager" && a.service != "ParameterStore" {
         return Err(Invalid::rule(
             "spec.provider.aws.service",
             &rules::AWS_SERVICE,
@@ -213,6 +213,7 @@ pub(super) fn vault(at: impl Display + Copy, v: &VaultProvider) -> Result<(), In
         ("appRole", auth.app_role.is_some()),
         ("userPass", auth.user_pass.is_some()),
         ("cert", auth.cert.is_some()),
+        ("iam", auth.iam.is_some()),
     ]);
     if methods.len() != 1 {
         let detail = if methods.is_empty() {
@@ -412,14 +413,19 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
             d.rewrite.len(),
             rules::MAX_REWRITES,
         )?;
-        if let Some(f) = &d.find
-            && f.name.is_none()
-            && f.path.is_none()
-        {
-            return Err(Invalid::rule(
-                format_args!("spec.dataFrom[{i}].find"),
-                &rules::FIND_NAME_OR_PATH,
-            ));
+        if let Some(f) = &d.find {
+            if f.name.is_none() && f.path.is_none() && f.tags.is_empty() {
+                return Err(Invalid::rule(
+                    format_args!("spec.dataFrom[{i}].find"),
+                    &rules::FIND_NAME_OR_PATH,
+                ));
+            }
+            if f.tags.len() > rules::MAX_FIND_TAGS {
+                return Err(Invalid::schema(
+                    format_args!("spec.dataFrom[{i}].find.tags"),
+                    rules::too_many_properties(rules::MAX_FIND_TAGS),
+                ));
+            }
         }
     }
     if let Some(t) = &spec.target {

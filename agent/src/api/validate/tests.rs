@@ -156,7 +156,7 @@ fn auth_errors_name_the_methods_found() {
             .unwrap_err()
             .0,
         "spec.provider.vault.auth: must set exactly one of tokenSecretRef, kubernetes, jwt, \
-         appRole, userPass, cert (none is set)"
+         appRole, userPass, cert, iam (none is set)"
     );
     let two = VaultAuth {
         kubernetes: role(),

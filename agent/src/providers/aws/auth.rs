@@ -46,6 +46,8 @@ pub struct SessionCache {
     sessions: Mutex<Sessions>,
     /// Secrets Manager clients by (region, endpoint, credentials fingerprint).
     clients: Mutex<HashMap<ClientKey, (Credentials, Client)>>,
+    /// Parameter Store clients, keyed the same way.
+    ssm_clients: Mutex<HashMap<ClientKey, (Credentials, aws_sdk_ssm::Client)>>,
     /// The agent's own SDK configuration (default chain) by region.
     agent: Mutex<HashMap<String, aws_config::SdkConfig>>,
 }
@@ -111,34 +113,53 @@ impl SessionCache {
 
     /// A Secrets Manager client for these credentials, reused while they stay the same.
     fn client(&self, region: &str, endpoint: Option<&str>, creds: Credentials) -> Client {
-        let key = (
+        let key = self.client_key(region, endpoint, &creds);
+        reuse(&self.clients, key, creds, |creds| {
+            let conf = aws_sdk_secretsmanager::Config::builder()
+                .interceptor(BodyLimit::JSON)
+                .behavior_version(BehaviorVersion::latest())
+                .region(Region::new(region.to_string()))
+                .credentials_provider(creds)
+                .retry_config(retry())
+                .timeout_config(timeouts());
+            let conf = match endpoint {
+                Some(e) => conf.endpoint_url(e),
+                None => conf,
+            };
+            Client::from_conf(conf.build())
+        })
+    }
+
+    /// A Parameter Store client for these credentials, reused while they stay the same.
+    fn ssm_client(
+        &self,
+        region: &str,
+        endpoint: Option<&str>,
+        creds: Credentials,
+    ) -> aws_sdk_ssm::Client {
+        let key = self.client_key(region, endpoint, &creds);
+        reuse(&self.ssm_clients, key, creds, |creds| {
+            let conf = aws_sdk_ssm::Config::builder()
+                .interceptor(BodyLimit::JSON)
+                .behavior_version(aws_sdk_ssm::config::BehaviorVersion::latest())
+                .region(aws_sdk_ssm::config::Region::new(region.to_string()))
+                .credentials_provider(creds)
+                .retry_config(retry())
+                .timeout_config(timeouts());
+            let conf = match endpoint {
+                Some(e) => conf.endpoint_url(e),
+                None => conf,
+            };
+            aws_sdk_ssm::Client::from_conf(conf.build())
+        })
+    }
+
+    fn client_key(&self, region: &str, endpoint: Option<&str>, creds: &Credentials) -> ClientKey {
+        (
             region.to_string(),
             endpoint.map(String::from),
-            self.fingerprint(&creds),
-        );
-        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((c, client)) = clients.get(&key)
-            && *c == creds
-        {
-            return client.clone();
-        }
-        if clients.len() >= MAX_CLIENTS {
-            clients.clear();
-        }
-        let conf = aws_sdk_secretsmanager::Config::builder()
-            .interceptor(BodyLimit::JSON)
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(region.to_string()))
-            .credentials_provider(creds.clone())
-            .retry_config(retry())
-            .timeout_config(timeouts());
-        let conf = match endpoint {
-            Some(e) => conf.endpoint_url(e),
-            None => conf,
-        };
-        let client = Client::from_conf(conf.build());
-        clients.insert(key, (creds, client.clone()));
-        client
+            self.fingerprint(creds),
+        )
     }
 
     /// The agent's own SDK configuration for `region` (loaded once; its chain caches itself).
@@ -165,6 +186,28 @@ impl SessionCache {
     }
 }
 
+/// The cached client for `key` when it was made with these very credentials, else a new one
+/// (the map is emptied when full: clients are cheap to rebuild).
+fn reuse<C: Clone>(
+    clients: &Mutex<HashMap<ClientKey, (Credentials, C)>>,
+    key: ClientKey,
+    creds: Credentials,
+    make: impl FnOnce(Credentials) -> C,
+) -> C {
+    let mut clients = clients.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((c, client)) = clients.get(&key)
+        && *c == creds
+    {
+        return client.clone();
+    }
+    if clients.len() >= MAX_CLIENTS {
+        clients.clear();
+    }
+    let client = make(creds.clone());
+    clients.insert(key, (creds, client.clone()));
+    client
+}
+
 fn fresh(c: Option<&Credentials>) -> bool {
     c.is_some_and(|c| {
         c.expiry()
@@ -172,11 +215,58 @@ fn fresh(c: Option<&Credentials>) -> bool {
     })
 }
 
+/// What a store's requests are signed with.
+pub(super) enum Signer {
+    /// Static keys, or temporary ones from STS (cached sessions).
+    Keys(Credentials),
+    /// The agent's own default chain, no role (a ClusterSecretStore's `agentIdentity`).
+    Agent(Box<aws_config::SdkConfig>),
+}
+
 /// A Secrets Manager client signed as the store's `auth` says, reusing cached sessions.
 pub(super) async fn client(
     spec: &AwsProvider,
     ctx: &BuildContext<'_>,
 ) -> Result<Client, ProviderError> {
+    let (region, endpoint) = (spec.region.as_str(), spec.endpoint.as_deref());
+    Ok(match signer(spec, ctx).await? {
+        Signer::Keys(creds) => ctx.env.aws_sessions.client(region, endpoint, creds),
+        Signer::Agent(sdk) => {
+            let conf =
+                aws_sdk_secretsmanager::config::Builder::from(&*sdk).interceptor(BodyLimit::JSON);
+            let conf = match endpoint {
+                Some(e) => conf.endpoint_url(e),
+                None => conf,
+            };
+            Client::from_conf(conf.build())
+        }
+    })
+}
+
+/// A Parameter Store client signed as the store's `auth` says, reusing cached sessions.
+pub(super) async fn ssm_client(
+    spec: &AwsProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<aws_sdk_ssm::Client, ProviderError> {
+    let (region, endpoint) = (spec.region.as_str(), spec.endpoint.as_deref());
+    Ok(match signer(spec, ctx).await? {
+        Signer::Keys(creds) => ctx.env.aws_sessions.ssm_client(region, endpoint, creds),
+        Signer::Agent(sdk) => {
+            let conf = aws_sdk_ssm::config::Builder::from(&*sdk).interceptor(BodyLimit::JSON);
+            let conf = match endpoint {
+                Some(e) => conf.endpoint_url(e),
+                None => conf,
+            };
+            aws_sdk_ssm::Client::from_conf(conf.build())
+        }
+    })
+}
+
+/// The credentials the store's `auth` (and `role`) give, through the session cache.
+pub(super) async fn signer(
+    spec: &AwsProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<Signer, ProviderError> {
     let cache = &ctx.env.aws_sessions;
     let region = spec.region.as_str();
     let endpoint = spec.endpoint.as_deref();
@@ -190,7 +280,7 @@ pub(super) async fn client(
     let who = format!("{}/{}", ctx.pod.namespace, ctx.pod.service_account);
     let session_name = session_name(&ctx.pod.namespace, &ctx.pod.service_account);
     let end = endpoint.unwrap_or("");
-    let client = match (&auth.jwt, &auth.secret_ref, &auth.agent_identity) {
+    let signer = match (&auth.jwt, &auth.secret_ref, &auth.agent_identity) {
         (Some(jwt), None, None) => {
             let role = spec.role.as_deref().ok_or_else(|| {
                 ProviderError::Config(
@@ -199,36 +289,12 @@ pub(super) async fn client(
                 )
             })?;
             let audience = jwt.audience.as_deref().unwrap_or(DEFAULT_AUDIENCE);
-            let key = format!("web\n{region}\n{end}\n{role}\n{who}\n{audience}");
-            let creds = cache
-                .session(key, || async {
-                    // Looked up only when a login is due, so cached sessions serve pods
-                    // whose kubelet sent the token earlier.
-                    let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
-                        ProviderError::Config(format!(
-                            "kubelet passed no service-account token for audience \
-                                 {audience:?}: add it to the CSIDriver's tokenRequests"
-                        ))
-                    })?;
-                    login(ctx);
-                    let sts = sts_client(region, endpoint, None);
-                    let out = sts
-                        .assume_role_with_web_identity()
-                        .role_arn(role)
-                        .role_session_name(&session_name)
-                        .web_identity_token(token.token.expose())
-                        .send()
-                        .await
-                        .map_err(|e| map_err("AssumeRoleWithWebIdentity", e))?;
-                    temporary(out.credentials(), "web-identity")
-                })
-                .await?;
-            cache.client(region, endpoint, creds)
+            Signer::Keys(web_identity(ctx, region, endpoint, role, audience).await?)
         }
         (None, Some(r), None) => {
             let base = static_keys(ctx, r).await?;
             match spec.role.as_deref() {
-                None => cache.client(region, endpoint, base),
+                None => Signer::Keys(base),
                 Some(role) => {
                     let key = format!(
                         "keys\n{region}\n{end}\n{role}\n{who}\n{:x}",
@@ -240,7 +306,7 @@ pub(super) async fn client(
                             assume_role(ctx, sts, role, &session_name)
                         })
                         .await?;
-                    cache.client(region, endpoint, creds)
+                    Signer::Keys(creds)
                 }
             }
         }
@@ -254,15 +320,7 @@ pub(super) async fn client(
             }
             let sdk = cache.agent_config(region).await;
             match spec.role.as_deref() {
-                None => {
-                    let conf = aws_sdk_secretsmanager::config::Builder::from(&sdk)
-                        .interceptor(BodyLimit::JSON);
-                    let conf = match endpoint {
-                        Some(e) => conf.endpoint_url(e),
-                        None => conf,
-                    };
-                    Client::from_conf(conf.build())
-                }
+                None => Signer::Agent(Box::new(sdk)),
                 Some(role) => {
                     let key = format!("agent\n{region}\n{end}\n{role}\n{who}");
                     let creds = cache
@@ -277,7 +335,7 @@ pub(super) async fn client(
                             assume_role(ctx, sts, role, &session_name)
                         })
                         .await?;
-                    cache.client(region, endpoint, creds)
+                    Signer::Keys(creds)
                 }
             }
         }
@@ -287,7 +345,46 @@ pub(super) async fn client(
             ));
         }
     };
-    Ok(client)
+    Ok(signer)
+}
+
+/// Temporary credentials of `role`, assumed with the pod's token for `audience`
+/// (`sts:AssumeRoleWithWebIdentity`), cached per (region, endpoint, role, pod identity,
+/// audience) until shortly before they expire. Also what Vault's `iam` login signs with.
+pub async fn web_identity(
+    ctx: &BuildContext<'_>,
+    region: &str,
+    endpoint: Option<&str>,
+    role: &str,
+    audience: &str,
+) -> Result<Credentials, ProviderError> {
+    let who = format!("{}/{}", ctx.pod.namespace, ctx.pod.service_account);
+    let end = endpoint.unwrap_or("");
+    let key = format!("web\n{region}\n{end}\n{role}\n{who}\n{audience}");
+    ctx.env
+        .aws_sessions
+        .session(key, || async {
+            // Looked up only when a login is due, so cached sessions serve pods whose kubelet
+            // sent the token earlier.
+            let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
+                ProviderError::Config(format!(
+                    "kubelet passed no service-account token for audience {audience:?}: add it \
+                     to the CSIDriver's tokenRequests"
+                ))
+            })?;
+            login(ctx);
+            let sts = sts_client(region, endpoint, None);
+            let out = sts
+                .assume_role_with_web_identity()
+                .role_arn(role)
+                .role_session_name(session_name(&ctx.pod.namespace, &ctx.pod.service_account))
+                .web_identity_token(token.token.expose())
+                .send()
+                .await
+                .map_err(|e| map_err("AssumeRoleWithWebIdentity", e))?;
+            temporary(out.credentials(), "web-identity")
+        })
+        .await
 }
 
 /// Records one STS call.

@@ -29,7 +29,7 @@ const WINDOW_YIELDS: usize = 2;
 /// The stage `BatchGetSecretValue` returns.
 pub(super) const CURRENT: &str = "AWSCURRENT";
 
-type Reply = oneshot::Sender<Result<SecretBytes, ProviderError>>;
+pub(super) type Reply = oneshot::Sender<Result<SecretBytes, ProviderError>>;
 /// Current-version reads waiting for the next flush: (secret id, where its outcome goes).
 pub(super) type Queue = Arc<Mutex<Vec<(String, Reply)>>>;
 
@@ -41,6 +41,26 @@ pub(super) async fn current(
     metrics: &Arc<Metrics>,
     id: &str,
 ) -> Result<SecretBytes, ProviderError> {
+    let (client, metrics) = (client.clone(), Arc::clone(metrics));
+    queued(queue, id, "GetSecretValue", move |queued| async move {
+        flush(&client, &metrics, queued).await;
+    })
+    .await
+}
+
+/// Queues `id` and waits for its outcome. The first caller of a window spawns `flush` with
+/// everything queued once it has let its task run on (or was dropped); `op` names the read in
+/// the error of an abandoned flush. Shared by Secrets Manager and Parameter Store.
+pub(super) async fn queued<F, Fut>(
+    queue: &Queue,
+    id: &str,
+    op: &str,
+    flush: F,
+) -> Result<SecretBytes, ProviderError>
+where
+    F: FnOnce(Vec<(String, Reply)>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let (tx, rx) = oneshot::channel();
     let first = {
         let mut queued = queue.lock().unwrap_or_else(PoisonError::into_inner);
@@ -51,12 +71,10 @@ pub(super) async fn current(
         // The flush waits until this caller has let its task run on, or was dropped.
         let (go, wait) = oneshot::channel::<()>();
         let queue = Arc::clone(queue);
-        let client = client.clone();
-        let metrics = Arc::clone(metrics);
         tokio::spawn(async move {
             let _ = wait.await;
             let queued = std::mem::take(&mut *queue.lock().unwrap_or_else(PoisonError::into_inner));
-            flush(&client, &metrics, queued).await;
+            flush(queued).await;
         });
         for _ in 0..WINDOW_YIELDS {
             tokio::task::yield_now().await;
@@ -64,10 +82,36 @@ pub(super) async fn current(
         drop(go);
     }
     rx.await.unwrap_or_else(|_| {
-        Err(ProviderError::Unavailable(
-            "GetSecretValue: the batched read was abandoned".into(),
-        ))
+        Err(ProviderError::Unavailable(format!(
+            "{op}: the batched read was abandoned"
+        )))
     })
+}
+
+/// Groups queued callers by name (first-asked order) for one flush.
+pub(super) fn by_name(queued: Vec<(String, Reply)>) -> (Vec<String>, HashMap<String, Vec<Reply>>) {
+    let mut names: Vec<String> = Vec::new();
+    let mut replies: HashMap<String, Vec<Reply>> = HashMap::new();
+    for (name, tx) in queued {
+        let waiting = replies.entry(name).or_insert_with_key(|n| {
+            names.push(n.clone());
+            Vec::new()
+        });
+        waiting.push(tx);
+    }
+    (names, replies)
+}
+
+/// Sends every caller waiting for a name its outcome.
+pub(super) fn answer(
+    mut replies: HashMap<String, Vec<Reply>>,
+    results: Vec<(String, Result<SecretBytes, ProviderError>)>,
+) {
+    for (name, result) in results {
+        for tx in replies.remove(&name).unwrap_or_default() {
+            let _ = tx.send(result.clone());
+        }
+    }
 }
 
 /// One secret with `GetSecretValue`: its current value, or the given stage or `uuid/` version.
@@ -101,31 +145,33 @@ pub(super) async fn batch_call(
         .send()
         .await
         .map_err(|e| map_err("BatchGetSecretValue", e));
+    count(metrics, "batch_get", start, result.as_ref().err());
+    result
+}
+
+/// Counts and times one batched call under `provider="aws"` and its own `operation`.
+pub(super) fn count(
+    metrics: &Metrics,
+    operation: &'static str,
+    start: Instant,
+    error: Option<&ProviderError>,
+) {
     let labels = BackendLabels {
         provider: "aws",
-        operation: "batch_get",
-        result: result.as_ref().err().map_or("success", ProviderError::kind),
+        operation,
+        result: error.map_or("success", ProviderError::kind),
     };
     metrics.backend_requests.get_or_create(&labels).inc();
     metrics
         .backend_duration
         .get_or_create(&labels)
         .observe(start.elapsed().as_secs_f64());
-    result
 }
 
 /// Reads the current values of everything queued and answers every caller: one name with
 /// `GetSecretValue`, more with concurrent `BatchGetSecretValue` calls of `BATCH` names.
 async fn flush(client: &Client, metrics: &Metrics, queued: Vec<(String, Reply)>) {
-    let mut names: Vec<String> = Vec::new();
-    let mut replies: HashMap<String, Vec<Reply>> = HashMap::new();
-    for (name, tx) in queued {
-        let waiting = replies.entry(name).or_insert_with_key(|n| {
-            names.push(n.clone());
-            Vec::new()
-        });
-        waiting.push(tx);
-    }
+    let (names, replies) = by_name(queued);
     let results = if let [name] = names.as_slice() {
         vec![(name.clone(), get_one(client, name, None).await)]
     } else {
@@ -139,11 +185,7 @@ async fn flush(client: &Client, metrics: &Metrics, queued: Vec<(String, Reply)>)
         .flatten()
         .collect()
     };
-    for (name, result) in results {
-        for tx in replies.remove(&name).unwrap_or_default() {
-            let _ = tx.send(result.clone());
-        }
-    }
+    answer(replies, results);
 }
 
 /// The current value, or the error, of each of `ids` (at most `BATCH`): one

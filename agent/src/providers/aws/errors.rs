@@ -48,9 +48,15 @@ where
             let why = refusal(&err).map(ToString::to_string).unwrap_or_default();
             ProviderError::TooLarge(format!("{op}: the answer {why}"))
         }
-        SdkError::ResponseError(_) => {
-            ProviderError::Unavailable(format!("{op}: unreadable response from AWS"))
-        }
+        // An error body the protocol parser cannot read (moto answers Parameter Store's JSON
+        // protocol with XML errors, a proxy with HTML): the HTTP status still says what happened.
+        SdkError::ResponseError(e) => match e.raw().status().as_u16() {
+            status @ (401 | 403) => ProviderError::PermissionDenied(format!(
+                "{op}: HTTP {status}, unreadable error response"
+            )),
+            429 => ProviderError::Throttled(format!("{op}: HTTP 429, unreadable error response")),
+            _ => ProviderError::Unavailable(format!("{op}: unreadable response from AWS")),
+        },
         SdkError::ConstructionFailure(_) => {
             ProviderError::Config(format!("{op}: cannot build the request"))
         }
@@ -130,7 +136,9 @@ pub(super) fn code_error(
     let code = &printable(code, 100);
     let detail = format!("{op}: {code}: {message}");
     match code.as_str() {
-        "ResourceNotFoundException" => ProviderError::NotFound,
+        "ResourceNotFoundException" | "ParameterNotFound" | "ParameterVersionNotFound" => {
+            ProviderError::NotFound
+        }
         "AccessDeniedException"
         | "AccessDenied"
         | "UnrecognizedClientException"

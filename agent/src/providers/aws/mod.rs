@@ -1,4 +1,5 @@
-//! The `aws` provider: AWS Secrets Manager.
+//! The `aws` provider: AWS Secrets Manager (here) and Systems Manager Parameter Store
+//! ([`parameter_store`], `service: ParameterStore`), signed the same way.
 //!
 //! Authentication is chosen explicitly by the store, exactly one of:
 //! - `jwt`: the pod's own projected token (audience `sts.amazonaws.com` unless the store says
@@ -21,11 +22,13 @@
 //! queue. Each caller receives its own value or its own error; a lone key, and any key with
 //! another stage or a `uuid/` version, is read with `GetSecretValue`. Every
 //! `BatchGetSecretValue` call is counted as `operation="batch_get"` (the per-key `get` series
-//! stays as it was). `find` reads its matches in batches of 20 as well.
+//! stays as it was). `find` reads its matches in batches of 20 as well; `find.tags` narrows
+//! `ListSecrets` with tag filters and keeps the secrets that carry every tag exactly.
 
 mod auth;
 mod batch;
 mod errors;
+pub mod parameter_store;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +40,7 @@ use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::primitives::Blob;
 use aws_sdk_secretsmanager::types::{Filter, FilterNameStringType};
 
-pub use auth::{DEFAULT_AUDIENCE, SessionCache};
+pub use auth::{DEFAULT_AUDIENCE, SessionCache, web_identity};
 use batch::{BATCH, CURRENT, Queue, batch_call, get_one};
 use errors::{code_error, map_err};
 
@@ -59,6 +62,17 @@ fn timeouts() -> TimeoutConfig {
         .operation_attempt_timeout(Duration::from_secs(10))
         .operation_timeout(Duration::from_secs(30))
         .build()
+}
+
+/// The store's service, signed as its `auth` says: Secrets Manager, or Parameter Store.
+pub async fn build(
+    spec: &AwsProvider,
+    ctx: &BuildContext<'_>,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    Ok(match spec.service.as_str() {
+        "ParameterStore" => Arc::new(parameter_store::ParameterStore::new(spec, ctx).await?),
+        _ => Arc::new(Aws::new(spec, ctx).await?),
+    })
 }
 
 /// Reads Secrets Manager as one identity.
@@ -110,15 +124,17 @@ impl Provider for Aws {
     }
 
     async fn find(&self, query: &FindQuery) -> Result<Vec<(String, SecretBytes)>, ProviderError> {
-        let prefix = list_prefix(query);
-        let filters = prefix.map(|p| {
-            vec![
-                Filter::builder()
-                    .key(FilterNameStringType::Name)
-                    .values(p)
-                    .build(),
-            ]
-        });
+        let mut filters = Vec::new();
+        if let Some(p) = list_prefix(query) {
+            filters.push(filter(FilterNameStringType::Name, [p]));
+        }
+        // ListSecrets matches tag keys and values by prefix and apart from each other: it
+        // narrows the listing, `has_tags` decides.
+        if !query.tags.is_empty() {
+            filters.push(filter(FilterNameStringType::TagKey, query.tags.keys()));
+            filters.push(filter(FilterNameStringType::TagValue, query.tags.values()));
+        }
+        let filters = (!filters.is_empty()).then_some(filters);
         let mut names = Vec::new();
         let mut next = None;
         loop {
@@ -134,6 +150,7 @@ impl Provider for Aws {
             names.extend(
                 out.secret_list()
                     .iter()
+                    .filter(|s| has_tags(s, &query.tags))
                     .filter_map(|s| s.name())
                     .filter(|n| query.matches(n))
                     .map(String::from),
@@ -156,6 +173,30 @@ impl Provider for Aws {
         names.dedup();
         found(self.batch(&names).await?)
     }
+
+    fn finds_by_tags(&self) -> bool {
+        true
+    }
+}
+
+fn filter<T: ToString>(key: FilterNameStringType, values: impl IntoIterator<Item = T>) -> Filter {
+    Filter::builder()
+        .key(key)
+        .set_values(Some(values.into_iter().map(|v| v.to_string()).collect()))
+        .build()
+}
+
+/// True when the secret carries every one of `tags` (key and value, exactly).
+fn has_tags(
+    secret: &aws_sdk_secretsmanager::types::SecretListEntry,
+    tags: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    tags.iter().all(|(k, v)| {
+        secret
+            .tags()
+            .iter()
+            .any(|t| t.key() == Some(k.as_str()) && t.value() == Some(v.as_str()))
+    })
 }
 
 /// The secret's value: its string or its binary bytes.
@@ -213,6 +254,7 @@ mod tests {
         FindQuery {
             path: path.map(String::from),
             name: name.map(|n| regex::Regex::new(n).unwrap()),
+            tags: Default::default(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Logging in to Vault for one store and one pod: the store's token as is, or a kubernetes, jwt,
-//! AppRole, userpass or cert login through the shared [`super::tokens::TokenCache`].
+//! AppRole, userpass, cert or AWS IAM ([`super::iam`]) login through the shared
+//! [`super::tokens::TokenCache`].
 
 use vaultrs::api::auth::approle::requests::LoginWithApproleRequest;
 use vaultrs::api::auth::kubernetes::requests::LoginWithKubernetesRequest;
@@ -228,7 +229,26 @@ pub(super) async fn authenticate(
             .await
             .map(|(token, _)| token);
     }
+    if let Some(iam) = &auth.iam {
+        let mount = iam
+            .path
+            .as_deref()
+            .unwrap_or(super::iam::DEFAULT_MOUNT)
+            .trim_matches('/');
+        let identity = format!("{pod_identity}\n{}", super::iam::identity(iam));
+        let key = key("iam", mount, &iam.vault_role, identity);
+        return cache
+            .get(&key, renew, || async {
+                count_login();
+                // Boxed: the AWS session behind it would nest the publish future past the
+                // compiler's layout depth.
+                Box::pin(super::iam::login(iam, mount, ctx, client)).await
+            })
+            .await
+            .map(|(token, _)| token);
+    }
     Err(ProviderError::Config(
-        "vault.auth needs one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert".into(),
+        "vault.auth needs one of tokenSecretRef, kubernetes, jwt, appRole, userPass, cert, iam"
+            .into(),
     ))
 }

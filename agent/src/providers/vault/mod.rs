@@ -21,6 +21,7 @@ use vaultrs::error::ClientError;
 
 mod auth;
 pub(crate) mod errors;
+pub mod iam;
 mod secret_auth;
 pub mod tokens;
 pub(crate) mod transport;
