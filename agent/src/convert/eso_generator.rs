@@ -117,7 +117,7 @@ fn vault_dynamic(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultDynamicSe
     // The generator's `path` is the whole API path: the store's note about a missing KV mount
     // `path` does not apply here.
     let mut scratch = Notes::default();
-    let provider = super::eso_store::vault(&mut p, &mut scratch)?;
+    let provider = super::eso_vault::vault(&mut p, &mut scratch)?;
     p.finish(&mut scratch);
     let mount_note = p.at("path");
     notes

@@ -56,35 +56,9 @@ pub async fn read(
 ) -> Result<SecretString, ProviderError> {
     let location = locate(ctx, selector)?;
     let (namespace, name, key) = (&location.namespace, &location.name, &location.key);
-    let missing =
-        || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
-    let bytes = match (ctx.store_kind, &ctx.env.kube) {
-        // In a cluster, a namespaced store's credentials are read with the pod's own token.
-        (StoreKind::SecretStore, Some(kube)) => {
-            let as_pod =
-                KubernetesSecrets::new(&KubernetesProvider::default(), Some(kube), ctx.pod)?;
-            let doc = as_pod
-                .get(&RemoteKey {
-                    key: name.clone(),
-                    version: None,
-                })
-                .await
-                .map_err(|e| match e {
-                    ProviderError::NotFound => missing(),
-                    other => other,
-                })?;
-            json_field(&doc, key)
-        }
-        _ => {
-            let secret = ctx
-                .env
-                .catalog
-                .secret(namespace, name)
-                .await
-                .map_err(|e| ProviderError::Unavailable(e.to_string()))?
-                .ok_or_else(missing)?;
-            data_field(&secret, key)
-        }
+    let bytes = match fetch(ctx, &location).await? {
+        Fetched::AsPod(doc) => json_field(&doc, key),
+        Fetched::Catalog(secret) => data_field(&secret, key),
     };
     let bytes = bytes.ok_or_else(|| {
         ProviderError::Config(format!(
@@ -115,8 +89,6 @@ pub async fn read_all(
     };
     let location = locate(ctx, &selector)?;
     let (namespace, name) = (&location.namespace, &location.name);
-    let missing =
-        || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
     let too_large = || {
         ProviderError::Config(format!(
             "credential Secret {namespace}/{name} is larger than {} KiB",
@@ -125,20 +97,8 @@ pub async fn read_all(
     };
     let not_text =
         || ProviderError::Config(format!("credential Secret {namespace}/{name} is not text"));
-    let pairs: Vec<(String, Vec<u8>)> = match (ctx.store_kind, &ctx.env.kube) {
-        (StoreKind::SecretStore, Some(kube)) => {
-            let as_pod =
-                KubernetesSecrets::new(&KubernetesProvider::default(), Some(kube), ctx.pod)?;
-            let doc = as_pod
-                .get(&RemoteKey {
-                    key: name.clone(),
-                    version: None,
-                })
-                .await
-                .map_err(|e| match e {
-                    ProviderError::NotFound => missing(),
-                    other => other,
-                })?;
+    let pairs: Vec<(String, Vec<u8>)> = match fetch(ctx, &location).await? {
+        Fetched::AsPod(doc) => {
             if doc.expose().len() > MAX_SECRET_BYTES * 2 {
                 return Err(too_large());
             }
@@ -146,21 +106,12 @@ pub async fn read_all(
                 crate::json::parse(doc.expose()).map_err(|_| not_text())?;
             map.into_iter().map(|(k, v)| (k, v.into_bytes())).collect()
         }
-        _ => {
-            let secret = ctx
-                .env
-                .catalog
-                .secret(namespace, name)
-                .await
-                .map_err(|e| ProviderError::Unavailable(e.to_string()))?
-                .ok_or_else(missing)?;
-            secret
-                .data
-                .iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.0.clone()))
-                .collect()
-        }
+        Fetched::Catalog(secret) => secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect(),
     };
     let bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
     if bytes > MAX_SECRET_BYTES {
@@ -174,6 +125,45 @@ pub async fn read_all(
                 .map_err(|_| not_text())
         })
         .collect()
+}
+
+/// A credential Secret as read: the pod's view of it (JSON of its data) or the catalog's object.
+enum Fetched {
+    AsPod(SecretBytes),
+    Catalog(std::sync::Arc<Secret>),
+}
+
+/// Reads the Secret at `location`: in a cluster, a namespaced store's credentials with the pod's
+/// own token; otherwise from the catalog (the agent's namespace, or standalone manifests).
+async fn fetch(ctx: &BuildContext<'_>, location: &Location) -> Result<Fetched, ProviderError> {
+    let (namespace, name) = (&location.namespace, &location.name);
+    let missing =
+        || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
+    match (ctx.store_kind, &ctx.env.kube) {
+        (StoreKind::SecretStore, Some(kube)) => {
+            let as_pod =
+                KubernetesSecrets::new(&KubernetesProvider::default(), Some(kube), ctx.pod)?;
+            let doc = as_pod
+                .get(&RemoteKey {
+                    key: name.clone(),
+                    version: None,
+                })
+                .await
+                .map_err(|e| match e {
+                    ProviderError::NotFound => missing(),
+                    other => other,
+                })?;
+            Ok(Fetched::AsPod(doc))
+        }
+        _ => ctx
+            .env
+            .catalog
+            .secret(namespace, name)
+            .await
+            .map_err(|e| ProviderError::Unavailable(e.to_string()))?
+            .map(Fetched::Catalog)
+            .ok_or_else(missing),
+    }
 }
 
 /// The namespace a store of this kind may read credentials from.
