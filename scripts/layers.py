@@ -28,7 +28,7 @@ LAYERS = [
     ["cache", "resolve", "generators"],
     ["fetch"],
     ["publish"],
-    ["csi", "mirror", "convert", "generator_gc", "cluster_external_secret"],
+    ["csi", "mirror", "convert", "generator_gc", "cluster_external_secret", "push_secret"],
     ["cmd"],
 ]
 
