@@ -1,0 +1,214 @@
+//! PushSecret writes to AWS Secrets Manager against a real `moto_server`: created with
+//! Latchkey's tag, every property of one remote secret in one write, nothing written over or
+//! deleted that Latchkey did not mark, and no value in any error.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use latchkey::providers::aws::push::AwsPush;
+use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
+use latchkey::secret::SecretBytes;
+use support::moto::Moto;
+
+const PASSWORD: &str = "push-e2e-password-9931";
+const NEW_PASSWORD: &str = "push-e2e-password-rotated-4417";
+const THEIRS: &str = "someone-elses-value-e2e-0007";
+
+const REPLACE: PushPolicy = PushPolicy {
+    if_not_exists: false,
+    adopt: false,
+};
+
+fn props(pairs: &[(&str, &[u8])]) -> PushValue {
+    PushValue::Properties(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), SecretBytes::new(v.to_vec())))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+async fn read(client: &aws_sdk_secretsmanager::Client, key: &str) -> serde_json::Value {
+    let out = client
+        .get_secret_value()
+        .secret_id(key)
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_str(out.secret_string().unwrap()).unwrap()
+}
+
+async fn tags(client: &aws_sdk_secretsmanager::Client, key: &str) -> Vec<(String, String)> {
+    let out = client
+        .describe_secret()
+        .secret_id(key)
+        .send()
+        .await
+        .unwrap();
+    out.tags()
+        .iter()
+        .map(|t| {
+            (
+                t.key().unwrap_or_default().to_string(),
+                t.value().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn versions(client: &aws_sdk_secretsmanager::Client, key: &str) -> usize {
+    let out = client
+        .list_secret_version_ids()
+        .secret_id(key)
+        .include_deprecated(true)
+        .send()
+        .await
+        .unwrap();
+    out.versions().len()
+}
+
+async fn exists(client: &aws_sdk_secretsmanager::Client, key: &str) -> bool {
+    client.describe_secret().secret_id(key).send().await.is_ok()
+}
+
+fn assert_no_value(err: &PushError) {
+    let text = format!("{err} {err:?}");
+    for value in [PASSWORD, NEW_PASSWORD, THEIRS] {
+        assert!(!text.contains(value), "a value leaked: {text}");
+    }
+}
+
+#[tokio::test]
+async fn pushes_create_tagged_secrets_and_merge_every_property_in_one_write() {
+    let moto = Moto::start().await;
+    let admin = moto.client();
+    let push = AwsPush::from_client(moto.client());
+    let value = props(&[("username", b"app"), ("password", PASSWORD.as_bytes())]);
+    let first = push.push("prod/db", &value, REPLACE).await.unwrap();
+    assert!(matches!(first, Pushed::Written { ref version } if !version.is_empty()));
+    assert_eq!(
+        read(&admin, "prod/db").await,
+        serde_json::json!({"username": "app", "password": PASSWORD})
+    );
+    assert_eq!(
+        tags(&admin, "prod/db").await,
+        [("managed-by".to_string(), "latchkey".to_string())]
+    );
+    assert_eq!(versions(&admin, "prod/db").await, 1);
+
+    // A change: one new version, the other property kept.
+    let changed = props(&[("password", NEW_PASSWORD.as_bytes())]);
+    let second = push.push("prod/db", &changed, REPLACE).await.unwrap();
+    assert_ne!(first, second);
+    assert_eq!(
+        read(&admin, "prod/db").await,
+        serde_json::json!({"username": "app", "password": NEW_PASSWORD})
+    );
+    assert_eq!(versions(&admin, "prod/db").await, 2);
+
+    // One property that cannot be a JSON string: nothing of the push is written.
+    let bad = props(&[("password", b"x"), ("blob", &[0xff, 0xfe])]);
+    let err = push.push("prod/db", &bad, REPLACE).await.unwrap_err();
+    assert!(matches!(err, PushError::NotText { .. }), "{err}");
+    assert_no_value(&err);
+    assert_eq!(versions(&admin, "prod/db").await, 2);
+    assert_eq!(read(&admin, "prod/db").await["password"], NEW_PASSWORD);
+
+    // IfNotExists keeps what is there.
+    let keep = PushPolicy {
+        if_not_exists: true,
+        adopt: false,
+    };
+    let got = push.push("prod/db", &value, keep).await.unwrap();
+    assert_eq!(got, Pushed::Kept);
+    assert_eq!(versions(&admin, "prod/db").await, 2);
+
+    // A whole binary value.
+    let binary = PushValue::Whole(SecretBytes::new(vec![0, 159, 255]));
+    push.push("prod/blob", &binary, REPLACE).await.unwrap();
+    let out = admin
+        .get_secret_value()
+        .secret_id("prod/blob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.secret_binary().unwrap().as_ref(), [0, 159, 255]);
+}
+
+#[tokio::test]
+async fn a_secret_latchkey_did_not_create_is_a_conflict_left_untouched() {
+    let moto = Moto::start().await;
+    let admin = moto.client();
+    let theirs = serde_json::json!({"owner": THEIRS}).to_string();
+    admin
+        .create_secret()
+        .name("shared/app")
+        .secret_string(&theirs)
+        .send()
+        .await
+        .unwrap();
+    let push = AwsPush::from_client(moto.client());
+    for value in [
+        props(&[("password", PASSWORD.as_bytes())]),
+        PushValue::Whole(SecretBytes::from(PASSWORD)),
+    ] {
+        let err = push.push("shared/app", &value, REPLACE).await.unwrap_err();
+        assert!(matches!(err, PushError::Conflict { .. }), "{err}");
+        assert!(err.to_string().contains("\"shared/app\""), "{err}");
+        assert_no_value(&err);
+    }
+    let err = push.delete("shared/app", &[]).await.unwrap_err();
+    assert!(matches!(err, PushError::Conflict { .. }), "{err}");
+    assert_eq!(read(&admin, "shared/app").await["owner"], THEIRS);
+    assert!(tags(&admin, "shared/app").await.is_empty());
+    assert_eq!(versions(&admin, "shared/app").await, 1);
+
+    // A store that allows adoption: marked, merged into, and later only its property removed.
+    let adopt = PushPolicy {
+        if_not_exists: false,
+        adopt: true,
+    };
+    let value = props(&[("password", PASSWORD.as_bytes())]);
+    push.push("shared/app", &value, adopt).await.unwrap();
+    assert_eq!(
+        read(&admin, "shared/app").await,
+        serde_json::json!({"owner": THEIRS, "password": PASSWORD})
+    );
+    assert_eq!(
+        tags(&admin, "shared/app").await,
+        [("managed-by".to_string(), "latchkey".to_string())]
+    );
+    push.delete("shared/app", &["password".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(
+        read(&admin, "shared/app").await,
+        serde_json::json!({"owner": THEIRS})
+    );
+}
+
+#[tokio::test]
+async fn delete_removes_only_what_was_pushed() {
+    let moto = Moto::start().await;
+    let admin = moto.client();
+    let push = AwsPush::from_client(moto.client());
+    let two = props(&[("a", b"1"), ("b", b"2")]);
+    push.push("prod/pair", &two, REPLACE).await.unwrap();
+    push.delete("prod/pair", &["a".to_string()]).await.unwrap();
+    assert_eq!(
+        read(&admin, "prod/pair").await,
+        serde_json::json!({"b": "2"})
+    );
+    // The last pushed property of a secret Latchkey created: the secret goes.
+    push.delete("prod/pair", &["b".to_string()]).await.unwrap();
+    assert!(!exists(&admin, "prod/pair").await);
+    // A whole one goes, gone twice is fine, and it can be pushed again at once.
+    let whole = PushValue::Whole(SecretBytes::from(PASSWORD));
+    push.push("prod/whole", &whole, REPLACE).await.unwrap();
+    push.delete("prod/whole", &[]).await.unwrap();
+    push.delete("prod/whole", &[]).await.unwrap();
+    assert!(!exists(&admin, "prod/whole").await);
+    push.push("prod/whole", &whole, REPLACE).await.unwrap();
+    assert!(exists(&admin, "prod/whole").await);
+}
