@@ -1,14 +1,22 @@
-//! PushSecret writes to AWS Secrets Manager against a real `moto_server`: created with
+//! PushSecret pieces end to end. Writes to AWS Secrets Manager against a real `moto_server`: created with
 //! Latchkey's tag, every property of one remote secret in one write, nothing written over or
-//! deleted that Latchkey did not mark, and no value in any error.
+//! deleted that Latchkey did not mark, and no value in any error. And the source Secret read
+//! as the PushSecret's service account, against the fake API server with the deploy files'
+//! RBAC for the controller.
 
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use base64::Engine as _;
+use latchkey::mirror::tokens::TokenMinter;
 use latchkey::providers::aws::push::AwsPush;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
+use latchkey::push_secret::source::{ApiTokens, SourceError, SourceReader};
 use latchkey::secret::SecretBytes;
+use serde_json::json;
+use support::apiserver::{API_AUDIENCE, FakeApiServer, Identity};
 use support::moto::Moto;
 
 const PASSWORD: &str = "push-e2e-password-9931";
@@ -211,4 +219,100 @@ async fn delete_removes_only_what_was_pushed() {
     assert!(!exists(&admin, "prod/whole").await);
     push.push("prod/whole", &whole, REPLACE).await.unwrap();
     assert!(exists(&admin, "prod/whole").await);
+}
+
+/// The mirror's minter, for the API server's audience: what `latchkey controller` gives the
+/// PushSecret controller.
+struct Minted(latchkey::mirror::tokens::TokenMinter);
+
+#[async_trait::async_trait]
+impl ApiTokens for Minted {
+    async fn api_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<latchkey::secret::SecretString, String> {
+        let tokens = self
+            .0
+            .tokens(namespace, service_account, &[String::new()])
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = tokens.for_audience("").ok_or("no token minted")?;
+        Ok(token.token.clone())
+    }
+}
+
+const CONTROLLER_TOKEN: &str = "push-controller-token";
+
+#[tokio::test]
+async fn the_source_secret_is_read_as_the_service_account_never_as_the_controller() {
+    let s = FakeApiServer::start().await;
+    let controller = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(CONTROLLER_TOKEN, controller.clone());
+    // The controller's own rights (which include reading Secrets of the namespaces it serves)
+    // as the deploy files grant them: the refusals below come from the accounts' rights.
+    let granted = s.allow_roles_of(controller, "daemonset/components/mirror/rbac.yaml");
+    assert!(granted > 10);
+    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}));
+    for (name, opted_in) in [("pusher", true), ("tenant", true), ("shy", false)] {
+        let annotations = if opted_in {
+            json!({"latchkey.dev/allow-controller": "true"})
+        } else {
+            json!({})
+        };
+        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": "shop", "annotations": annotations}}));
+    }
+    s.allow(
+        Identity::service_account("shop", "pusher"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": base64::engine::general_purpose::STANDARD.encode(PASSWORD)}}));
+
+    let base = kube::Config::new(s.url().parse().unwrap());
+    let minter = TokenMinter::new(s.client(CONTROLLER_TOKEN).await);
+    let reader = SourceReader::new(base, Arc::new(Minted(minter)));
+
+    let data = reader.read("shop", "pusher", "db").await.unwrap();
+    assert_eq!(data["password"].expose(), PASSWORD.as_bytes());
+    let requests = s.token_requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].service_account, "pusher");
+    // No audience asked: the API server's own, as the API server records it.
+    assert_eq!(requests[0].audiences, [API_AUDIENCE]);
+
+    let err = reader.read("shop", "pusher", "gone").await.unwrap_err();
+    assert!(matches!(err, SourceError::Missing { .. }), "{err}");
+
+    // An account without get on the Secret is refused, though the controller could read it.
+    let err = reader.read("shop", "tenant", "db").await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "service account shop/tenant may not read Secret shop/db: grant it get on that Secret \
+         (the controller never reads it with its own rights)"
+    );
+    // An account that did not opt in gets no token at all.
+    let err = reader.read("shop", "shy", "db").await.unwrap_err();
+    assert!(matches!(err, SourceError::Identity(_)), "{err}");
+    assert!(
+        err.to_string().contains("latchkey.dev/allow-controller"),
+        "{err}"
+    );
+    assert_eq!(s.token_requests().len(), 2);
+    // No Secret was read with the controller's token.
+    for request in s.requests() {
+        if request.path.contains("/secrets/") {
+            assert_ne!(
+                request.identity,
+                Some(Identity::service_account("latchkey", "latchkey-controller")),
+                "{}",
+                request.path
+            );
+        }
+    }
 }
