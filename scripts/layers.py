@@ -28,7 +28,9 @@ LAYERS = [
     ["cache", "resolve", "generators"],
     ["fetch"],
     ["publish"],
-    ["csi", "mirror", "convert", "generator_gc", "cluster_external_secret", "push_secret"],
+    ["csi", "mirror", "convert", "generator_gc", "cluster_external_secret"],
+    # Acts as service accounts under the mirror's consent and token-minting rules.
+    ["push_secret"],
     ["cmd"],
 ]
 

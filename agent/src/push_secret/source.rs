@@ -128,3 +128,22 @@ impl SourceReader {
         }
     }
 }
+
+/// The mirror's minter, for the API server's own audience: its opt-in rule applies.
+#[async_trait]
+impl ApiTokens for crate::mirror::tokens::TokenMinter {
+    async fn api_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<SecretString, String> {
+        let tokens = self
+            .tokens(namespace, service_account, &[String::new()])
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = tokens
+            .for_audience("")
+            .ok_or_else(|| format!("no token minted for {namespace}/{service_account}"))?;
+        Ok(token.token.clone())
+    }
+}
