@@ -17,6 +17,7 @@ use latchkey::push_secret::source::{ApiTokens, SourceError, SourceReader};
 use latchkey::secret::SecretBytes;
 use serde_json::json;
 use support::apiserver::{API_AUDIENCE, FakeApiServer, Identity};
+use support::controller::ControllerProcess;
 use support::moto::Moto;
 
 const PASSWORD: &str = "push-e2e-password-9931";
@@ -315,4 +316,245 @@ async fn the_source_secret_is_read_as_the_service_account_never_as_the_controlle
             );
         }
     }
+}
+
+// ---- the controller loop, end to end: `latchkey controller` against the fake API server ----
+
+const API: &str = "latchkey.dev/v1alpha1";
+const LOOP_TOKEN: &str = "push-loop-controller-token";
+const OTHER_VALUE: &str = "unrelated-e2e-value-5521";
+
+fn b64(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// A cluster with namespace `shop`, a `fake` SecretStore there (holding one remote secret of
+/// someone else's, `theirs`), the Secret `db`, and the accounts `pusher` (may read Secrets of
+/// `shop`) and `tenant` (may not); the controller has exactly the deploy files' rights.
+async fn push_cluster() -> FakeApiServer {
+    let s = FakeApiServer::start().await;
+    let who = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(LOOP_TOKEN, who.clone());
+    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
+    for ns in ["latchkey", "shop"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    for name in ["pusher", "tenant"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": "shop",
+                         "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+    }
+    s.allow(
+        Identity::service_account("shop", "pusher"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+        "metadata": {"name": "fake", "namespace": "shop"},
+        "spec": {"provider": {"fake": {"data": [{"key": "theirs", "value": THEIRS}]}}}}));
+    secret(&s, PASSWORD, OTHER_VALUE);
+    s
+}
+
+fn secret(s: &FakeApiServer, password: &str, other: &str) {
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(password), "username": b64("app"), "other": b64(other)}}));
+}
+
+fn push_secret(
+    name: &str,
+    service_account: &str,
+    remote: &str,
+    deletion: &str,
+) -> serde_json::Value {
+    json!({"apiVersion": API, "kind": "PushSecret",
+    "metadata": {"name": name, "namespace": "shop"},
+    "spec": {
+        "serviceAccountName": service_account,
+        "refreshInterval": "1h",
+        "deletionPolicy": deletion,
+        "secretStoreRefs": [{"name": "fake", "kind": "SecretStore"}],
+        "selector": {"secret": {"name": "db"}},
+        "data": [
+            {"match": {"secretKey": "password",
+                       "remoteRef": {"remoteKey": remote, "property": "password"}}},
+            {"match": {"secretKey": "username",
+                       "remoteRef": {"remoteKey": remote, "property": "username"}}},
+        ]}})
+}
+
+/// Polls `check` every 50 ms for up to `within`; the controller's log shows on a timeout.
+async fn eventually<T>(
+    c: &ControllerProcess,
+    within: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; controller log:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn ready(s: &FakeApiServer, name: &str) -> Option<serde_json::Value> {
+    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
+    let conditions = ps["status"]["conditions"].as_array()?.clone();
+    conditions.into_iter().find(|c| c["type"] == "Ready")
+}
+
+fn synced_version(s: &FakeApiServer, name: &str, remote: &str) -> Option<String> {
+    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
+    ps["status"]["syncedPushSecrets"]["SecretStore/fake"][remote]["version"]
+        .as_str()
+        .map(String::from)
+}
+
+fn writes_logged(c: &ControllerProcess, remote: &str) -> usize {
+    c.log_text()
+        .lines()
+        .filter(|l| l.contains("pushed") && l.contains(&format!("remote_key={remote}")))
+        .count()
+}
+
+#[tokio::test]
+async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
+    let s = push_cluster().await;
+    s.apply(push_secret("db", "pusher", "prod/db", "None"));
+    s.apply(push_secret("denied", "tenant", "prod/denied", "None"));
+    s.apply(push_secret("clash", "pusher", "theirs", "None"));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(LOOP_TOKEN), "push-a", &[]).await;
+
+    // Pushed: both properties in one write, listed in the status, Ready.
+    let version = std::time::Duration::from_secs(15);
+    eventually(&c, version, "the first push", || {
+        (synced_version(&s, "db", "prod/db")? == "1").then_some(())
+    })
+    .await;
+    let ps = s.get(API, "PushSecret", Some("shop"), "db").unwrap();
+    assert_eq!(
+        ps["status"]["syncedPushSecrets"]["SecretStore/fake"]["prod/db"]["properties"],
+        json!(["password", "username"])
+    );
+    let condition = ready(&s, "db").unwrap();
+    assert_eq!(condition["status"], "True", "{condition}");
+    assert_eq!(writes_logged(&c, "prod/db"), 1);
+
+    // A change of a key nobody pushes: the Secret is read again, nothing is written.
+    secret(&s, PASSWORD, "changed-unrelated");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(synced_version(&s, "db", "prod/db").as_deref(), Some("1"));
+    assert_eq!(writes_logged(&c, "prod/db"), 1, "{}", c.log_text());
+
+    // The pushed key changes: pushed again within seconds.
+    let changed = std::time::Instant::now();
+    secret(&s, NEW_PASSWORD, "changed-unrelated");
+    eventually(
+        &c,
+        std::time::Duration::from_secs(5),
+        "the second push",
+        || (synced_version(&s, "db", "prod/db")? == "2").then_some(()),
+    )
+    .await;
+    eprintln!("pushed {:?} after the Secret changed", changed.elapsed());
+    assert_eq!(writes_logged(&c, "prod/db"), 2);
+
+    // An account that may not read the Secret: nothing pushed, the condition names all.
+    let condition = eventually(&c, version, "the refusal", || {
+        ready(&s, "denied").filter(|c| c["status"] == "False")
+    })
+    .await;
+    let message = condition["message"].as_str().unwrap();
+    for part in [
+        "PushSecret shop/denied",
+        "SecretStore/fake",
+        "prod/denied",
+        "service account shop/tenant may not read Secret shop/db",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    assert_eq!(condition["reason"], "SourceUnavailable");
+    assert!(synced_version(&s, "denied", "prod/denied").is_none());
+
+    // Someone else's remote secret: a conflict, left alone.
+    let condition = eventually(&c, version, "the conflict", || {
+        ready(&s, "clash").filter(|c| c["status"] == "False")
+    })
+    .await;
+    assert_eq!(condition["reason"], "Conflict", "{condition}");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.contains("PushSecret shop/clash, SecretStore/fake, remote key \"theirs\""),
+        "{message}"
+    );
+    let reasons: Vec<String> = s
+        .events()
+        .iter()
+        .filter_map(|e| e["reason"].as_str().map(String::from))
+        .collect();
+    assert!(reasons.iter().any(|r| r == "PushFailed"), "{reasons:?}");
+
+    // No value anywhere the controller reports.
+    let mut shown = c.log_text();
+    for name in ["db", "denied", "clash"] {
+        shown.push_str(
+            &s.get(API, "PushSecret", Some("shop"), name)
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for event in s.events() {
+        shown.push_str(&event.to_string());
+    }
+    for value in [
+        PASSWORD,
+        NEW_PASSWORD,
+        OTHER_VALUE,
+        THEIRS,
+        "changed-unrelated",
+    ] {
+        assert!(!shown.contains(value), "{value} shown");
+        assert!(!shown.contains(&b64(value)), "{value} shown in base64");
+    }
+}
+
+#[tokio::test]
+async fn deletion_policy_delete_removes_what_was_pushed_then_releases_the_finalizer() {
+    let s = push_cluster().await;
+    s.apply(push_secret("gone", "pusher", "prod/gone", "Delete"));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(LOOP_TOKEN), "push-b", &[]).await;
+    let within = std::time::Duration::from_secs(15);
+    eventually(&c, within, "the push and the finalizer", || {
+        let ps = s.get(API, "PushSecret", Some("shop"), "gone")?;
+        let ours = ps["metadata"]["finalizers"]
+            .as_array()?
+            .iter()
+            .any(|f| f == "latchkey.dev/push-secret");
+        (ours && synced_version(&s, "gone", "prod/gone").is_some()).then_some(())
+    })
+    .await;
+    s.delete(API, "PushSecret", Some("shop"), "gone");
+    eventually(&c, within, "the PushSecret gone", || {
+        s.get(API, "PushSecret", Some("shop"), "gone")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let log = c.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("pushed remote secret deleted") && l.contains("prod/gone")),
+        "{log}"
+    );
+    assert!(!log.contains(PASSWORD));
 }

@@ -5,8 +5,8 @@
 //! `deletionPolicy: Delete` a finalizer holds the PushSecret until what was pushed, and only
 //! that, is deleted; never longer than `cleanup_timeout`.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, Shared};
@@ -51,6 +51,8 @@ const MIN_REFRESH: Duration = Duration::from_secs(5);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Reconciles run at once.
 const CONCURRENCY: u16 = 4;
+/// Most status entries of writes remembered (as many as the fingerprints).
+const MAX_ENTRIES: usize = 100_000;
 /// Longest condition or Event message, in bytes.
 const MAX_MESSAGE: usize = 2048;
 
@@ -97,6 +99,9 @@ pub enum PushSecretError {
 pub struct PushController {
     parts: Parts,
     recorded: Recorded,
+    /// The status entry of the last write per (store, remote key): a reconcile may run on a
+    /// cached object whose status does not show that write yet, and must not write again.
+    entries: Mutex<HashMap<(String, String), SyncedPush>>,
 }
 
 type Stop = Shared<BoxFuture<'static, ()>>;
@@ -107,6 +112,7 @@ impl PushController {
         Self {
             parts,
             recorded: Recorded::default(),
+            entries: Mutex::new(HashMap::new()),
         }
     }
 
@@ -359,10 +365,12 @@ impl PushController {
         policy: PushPolicy,
         before: Option<&SyncedPush>,
     ) -> Result<(Option<SyncedPush>, bool), (&'static str, String)> {
-        if let Some(before) = before
-            && self.recorded.unchanged(store_id, write)
-        {
-            return Ok((Some(before.clone()), false));
+        let key = (store_id.to_string(), write.remote_key.clone());
+        if self.recorded.unchanged(store_id, write) {
+            let last = self.entries().get(&key).cloned();
+            if let Some(entry) = last.or_else(|| before.cloned()) {
+                return Ok((Some(entry), false));
+            }
         }
         if self.parts.dry_run {
             info!(store = %store_id, remote_key = %write.remote_key, "dry run: would push");
@@ -379,16 +387,33 @@ impl PushController {
                     properties: write.properties(),
                     version: Some(version),
                 };
+                let mut entries = self.entries();
+                if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
+                    // As the fingerprints: starting over costs a write each, never a change.
+                    entries.clear();
+                }
+                entries.insert(key, entry.clone());
                 Ok((Some(entry), true))
             }
             // Not written by this push: only what an earlier push of ours wrote is listed
             // (and would be deleted).
             Ok(Pushed::Kept) => Ok((before.cloned(), false)),
             Err(e) => {
-                self.recorded.forget(store_id, &write.remote_key);
+                self.forget(store_id, &write.remote_key);
                 Err((e.reason(), e.to_string()))
             }
         }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<(String, String), SyncedPush>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `remote_key` of `store_id` is to be written again at the next push.
+    fn forget(&self, store_id: &str, remote_key: &str) {
+        self.recorded.forget(store_id, remote_key);
+        self.entries()
+            .remove(&(store_id.to_string(), remote_key.to_string()));
     }
 
     /// The store `kind/name` as `object`'s namespace may use it, and its writer.
@@ -608,7 +633,7 @@ impl PushController {
                     }
                     match pusher.delete(remote, &entry.properties).await {
                         Ok(()) => {
-                            self.recorded.forget(&id, remote);
+                            self.forget(&id, remote);
                             info!(push_secret = %name, %namespace, store = %key, remote_key = %remote, "pushed remote secret deleted");
                         }
                         Err(e) => {
