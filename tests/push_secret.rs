@@ -370,13 +370,24 @@ fn push_secret(
     remote: &str,
     deletion: &str,
 ) -> serde_json::Value {
+    let store = json!({"name": "fake", "kind": "SecretStore"});
+    push_secret_to(name, service_account, remote, deletion, store)
+}
+
+fn push_secret_to(
+    name: &str,
+    service_account: &str,
+    remote: &str,
+    deletion: &str,
+    store: serde_json::Value,
+) -> serde_json::Value {
     json!({"apiVersion": API, "kind": "PushSecret",
     "metadata": {"name": name, "namespace": "shop"},
     "spec": {
         "serviceAccountName": service_account,
         "refreshInterval": "1h",
         "deletionPolicy": deletion,
-        "secretStoreRefs": [{"name": "fake", "kind": "SecretStore"}],
+        "secretStoreRefs": [store],
         "selector": {"secret": {"name": "db"}},
         "data": [
             {"match": {"secretKey": "password",
@@ -433,6 +444,32 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
     s.apply(push_secret("db", "pusher", "prod/db", "None"));
     s.apply(push_secret("denied", "tenant", "prod/denied", "None"));
     s.apply(push_secret("clash", "pusher", "theirs", "None"));
+    // A ClusterSecretStore that does not admit `shop`, and a provider that cannot be written.
+    s.apply(json!({"apiVersion": API, "kind": "ClusterSecretStore",
+        "metadata": {"name": "elsewhere"},
+        "spec": {"conditions": [{"namespaces": ["billing"]}],
+                 "provider": {"fake": {"data": []}}}}));
+    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+        "metadata": {"name": "vault", "namespace": "shop"},
+        "spec": {"provider": {"vault": {"server": "https://vault.example:8200",
+            "path": "secret", "version": "v2",
+            "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop", "audience": "vault"}}}}}}));
+    let cluster = json!({"name": "elsewhere", "kind": "ClusterSecretStore"});
+    s.apply(push_secret_to(
+        "outside",
+        "pusher",
+        "prod/outside",
+        "None",
+        cluster,
+    ));
+    let vault = json!({"name": "vault", "kind": "SecretStore"});
+    s.apply(push_secret_to(
+        "to-vault",
+        "pusher",
+        "prod/vault",
+        "None",
+        vault,
+    ));
     let c = ControllerProcess::start(&s.kubeconfig_yaml(LOOP_TOKEN), "push-a", &[]).await;
 
     // Pushed: both properties in one write, listed in the status, Ready.
@@ -497,6 +534,32 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
         message.contains("PushSecret shop/clash, SecretStore/fake, remote key \"theirs\""),
         "{message}"
     );
+    for (name, reason, parts) in [
+        (
+            "outside",
+            "NotAdmitted",
+            &["PushSecret shop/outside", "ClusterSecretStore/elsewhere"][..],
+        ),
+        (
+            "to-vault",
+            "Unimplemented",
+            &[
+                "PushSecret shop/to-vault",
+                "SecretStore/vault",
+                "vault provider",
+            ][..],
+        ),
+    ] {
+        let condition = eventually(&c, version, name, || {
+            ready(&s, name).filter(|c| c["status"] == "False")
+        })
+        .await;
+        assert_eq!(condition["reason"], reason, "{condition}");
+        let message = condition["message"].as_str().unwrap();
+        for part in parts {
+            assert!(message.contains(part), "{part}: {message}");
+        }
+    }
     let reasons: Vec<String> = s
         .events()
         .iter()
@@ -506,7 +569,7 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
 
     // No value anywhere the controller reports.
     let mut shown = c.log_text();
-    for name in ["db", "denied", "clash"] {
+    for name in ["db", "denied", "clash", "outside", "to-vault"] {
         shown.push_str(
             &s.get(API, "PushSecret", Some("shop"), name)
                 .unwrap()
