@@ -22,6 +22,13 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
+mod finalize;
+mod helpers;
+#[cfg(test)]
+mod tests;
+
+use helpers::{bounded, describe, describe_targets, refresh};
+
 use super::plan::{self, Recorded, RemoteWrite};
 use super::pushers::{Pushers, StoreTarget, fake_store_id};
 use super::source::SourceReader;
@@ -553,178 +560,5 @@ impl PushController {
             self.warn(object, PUSH_FAILED, message);
         }
         Ok(())
-    }
-
-    /// Adds (`on`) or removes the finalizer, guarded by the resourceVersion read.
-    async fn set_finalizer(
-        &self,
-        object: &PushSecret,
-        namespace: &str,
-        name: &str,
-        on: bool,
-    ) -> Result<(), PushSecretError> {
-        if self.parts.dry_run || !self.leading() {
-            return Ok(());
-        }
-        let mut finalizers: Vec<&String> = object
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .collect();
-        let ours = FINALIZER.to_string();
-        if on {
-            finalizers.push(&ours);
-        }
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": object.resource_version(),
-        }});
-        let api: Api<Lenient<PushSecret>> = Api::namespaced(self.parts.client.clone(), namespace);
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(PushSecretError::Write {
-                namespace: namespace.into(),
-                name: name.into(),
-                what: "finalizers",
-                reason: describe(&e),
-            }),
-        }
-    }
-
-    /// Deletes what was pushed (as listed in the status), then releases the finalizer; past
-    /// `cleanup_timeout` since the deletion, releases it anyway and logs what is left.
-    async fn finalize(
-        &self,
-        object: &PushSecret,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Action, PushSecretError> {
-        if !self.leading() {
-            return Ok(Action::requeue(RETRY));
-        }
-        let who = format!("PushSecret {namespace}/{name}");
-        let mut failures = Vec::new();
-        let synced = object
-            .status
-            .as_ref()
-            .map(|s| s.synced_push_secrets.clone())
-            .unwrap_or_default();
-        if object.spec.deletion_policy == PushDeletionPolicy::Delete {
-            for (key, remotes) in &synced {
-                let Some((kind, store)) = parse_store_key(key) else {
-                    continue;
-                };
-                let id = fake_store_id(kind, namespace, store);
-                let pusher = match self.pusher(object, namespace, kind, store).await {
-                    Ok(p) => p,
-                    Err((_, why)) => {
-                        failures.push(format!("{who}, {key}: {why}"));
-                        continue;
-                    }
-                };
-                for (remote, entry) in remotes {
-                    if self.parts.dry_run {
-                        info!(store = %id, remote_key = %remote, "dry run: would delete");
-                        continue;
-                    }
-                    match pusher.delete(remote, &entry.properties).await {
-                        Ok(()) => {
-                            self.forget(&id, remote);
-                            info!(push_secret = %name, %namespace, store = %key, remote_key = %remote, "pushed remote secret deleted");
-                        }
-                        Err(e) => {
-                            failures.push(format!("{who}, {key}, remote key {remote:?}: {e}"))
-                        }
-                    }
-                }
-            }
-        }
-        if !failures.is_empty() {
-            let message = bounded(failures.join("; "));
-            let since = object
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map(|t| Timestamp::now().duration_since(t.0).unsigned_abs())
-                .unwrap_or_default();
-            if since < self.parts.cleanup_timeout {
-                self.warn(object, DELETE_FAILED, &message);
-                return Ok(Action::requeue(RETRY));
-            }
-            warn!(push_secret = %name, %namespace, %message, "giving up deleting what was pushed after the cleanup timeout; releasing the finalizer, the remote secrets above are left in their stores");
-        }
-        self.set_finalizer(object, namespace, name, false).await?;
-        Ok(Action::await_change())
-    }
-}
-
-/// `SecretStore/name` back into its parts.
-fn parse_store_key(key: &str) -> Option<(StoreKind, &str)> {
-    let (kind, name) = key.split_once('/')?;
-    let kind = match kind {
-        "SecretStore" => StoreKind::SecretStore,
-        "ClusterSecretStore" => StoreKind::ClusterSecretStore,
-        _ => return None,
-    };
-    Some((kind, name))
-}
-
-/// The stores and remote keys of `object`, for messages (bounded).
-fn describe_targets(object: &PushSecret) -> String {
-    let stores: Vec<String> = object
-        .spec
-        .secret_store_refs
-        .iter()
-        .map(|s| s.status_key())
-        .collect();
-    let mut remotes: Vec<&str> = object
-        .spec
-        .data
-        .iter()
-        .map(|d| d.match_.remote_ref.remote_key.as_str())
-        .collect();
-    remotes.sort_unstable();
-    remotes.dedup();
-    bounded(format!(
-        "{} (remote keys {})",
-        stores.join(", "),
-        remotes.join(", ")
-    ))
-}
-
-/// `text` cut to [`MAX_MESSAGE`] bytes at a character boundary.
-fn bounded(mut text: String) -> String {
-    if text.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push_str("...");
-    }
-    text
-}
-
-fn refresh(object: &PushSecret) -> Duration {
-    match object
-        .spec
-        .refresh_interval
-        .as_deref()
-        .map(crate::api::duration::parse)
-    {
-        None | Some(None) => DEFAULT_REFRESH,
-        Some(Some(d)) if d.is_zero() => Duration::from_secs(24 * 3600),
-        Some(Some(d)) => d.clamp(MIN_REFRESH, Duration::from_secs(24 * 3600)),
-    }
-}
-
-fn describe(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
-        other => other.to_string(),
     }
 }
