@@ -621,3 +621,54 @@ async fn deletion_policy_delete_removes_what_was_pushed_then_releases_the_finali
     );
     assert!(!log.contains(PASSWORD));
 }
+
+#[tokio::test]
+async fn the_controller_pushes_to_secrets_manager_as_the_service_account() {
+    let moto = Moto::start().await;
+    let admin = moto.client();
+    let s = push_cluster().await;
+    // The store's credentials, read as the account (which may read Secrets of `shop`).
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "aws-creds", "namespace": "shop"},
+        "data": {"id": b64("testing"), "secret": b64("testing")}}));
+    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+        "metadata": {"name": "aws", "namespace": "shop"},
+        "spec": {"provider": {"aws": {"service": "SecretsManager", "region": "us-east-1",
+            "endpoint": moto.endpoint,
+            "auth": {"secretRef": {
+                "accessKeyIDSecretRef": {"name": "aws-creds", "key": "id"},
+                "secretAccessKeySecretRef": {"name": "aws-creds", "key": "secret"}}}}}}}));
+    let store = json!({"name": "aws", "kind": "SecretStore"});
+    s.apply(push_secret_to(
+        "to-aws", "pusher", "prod/aws", "None", store,
+    ));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(LOOP_TOKEN), "push-aws", &[]).await;
+    let within = std::time::Duration::from_secs(15);
+    eventually(&c, within, "the push to Secrets Manager", || {
+        s.get(API, "PushSecret", Some("shop"), "to-aws")?["status"]["syncedPushSecrets"]
+            ["SecretStore/aws"]["prod/aws"]["version"]
+            .as_str()
+            .map(String::from)
+    })
+    .await;
+    assert_eq!(
+        read(&admin, "prod/aws").await,
+        json!({"password": PASSWORD, "username": "app"})
+    );
+    secret(&s, NEW_PASSWORD, OTHER_VALUE);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while read(&admin, "prod/aws").await["password"] != NEW_PASSWORD {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not pushed again:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let condition = ready(&s, "to-aws").unwrap();
+    assert_eq!(condition["status"], "True", "{condition}");
+    let log = c.log_text();
+    for value in [PASSWORD, NEW_PASSWORD, "testing"] {
+        assert!(!log.contains(value), "{value} in the log");
+    }
+}
