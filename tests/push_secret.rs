@@ -667,6 +667,47 @@ async fn the_controller_pushes_to_secrets_manager_as_the_service_account() {
     }
     let condition = ready(&s, "to-aws").unwrap();
     assert_eq!(condition["status"], "True", "{condition}");
+
+    // deletionPolicy: Delete, and `username` no longer pushed: that property goes, the
+    // finalizer comes.
+    let mut edited = s.get(API, "PushSecret", Some("shop"), "to-aws").unwrap();
+    edited["spec"]["deletionPolicy"] = json!("Delete");
+    edited["spec"]["data"].as_array_mut().unwrap().truncate(1);
+    s.apply(edited);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while read(&admin, "prod/aws").await != json!({"password": NEW_PASSWORD}) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "username not removed:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    eventually(
+        &c,
+        within,
+        "the finalizer and the status without username",
+        || {
+            let ps = s.get(API, "PushSecret", Some("shop"), "to-aws")?;
+            let entry = &ps["status"]["syncedPushSecrets"]["SecretStore/aws"]["prod/aws"];
+            (ps["metadata"]["finalizers"] == json!(["latchkey.dev/push-secret"])
+                && entry["properties"] == json!(["password"]))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Deleted: the remote secret Latchkey created goes with it, then the PushSecret.
+    s.delete(API, "PushSecret", Some("shop"), "to-aws");
+    eventually(&c, within, "the PushSecret gone", || {
+        s.get(API, "PushSecret", Some("shop"), "to-aws")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let left = admin.describe_secret().secret_id("prod/aws").send().await;
+    assert!(left.is_err(), "prod/aws is still there");
+
     let log = c.log_text();
     for value in [PASSWORD, NEW_PASSWORD, "testing"] {
         assert!(!log.contains(value), "{value} in the log");

@@ -1,5 +1,6 @@
-//! The finalizer of PushSecrets with `deletionPolicy: Delete`: added while the policy asks for
-//! it, and released once what was pushed is deleted, or past the cleanup timeout (a deletion
+//! `deletionPolicy: Delete`: what a PushSecret no longer pushes (an entry, a property or a store
+//! dropped from its spec) is deleted, and only that; the finalizer is added while the policy asks
+//! for it, and released once what was pushed is deleted, or past the cleanup timeout (a deletion
 //! never waits on Latchkey for longer).
 
 use kube::ResourceExt;
@@ -10,7 +11,9 @@ use tracing::{info, warn};
 
 use super::helpers::{bounded, describe, parse_store_key};
 use super::{DELETE_FAILED, FINALIZER, PushController, PushSecretError, RETRY};
-use crate::api::push_secret::{PushDeletionPolicy, PushSecret};
+use std::collections::BTreeMap;
+
+use crate::api::push_secret::{PushDeletionPolicy, PushSecret, SyncedPush};
 use crate::catalog::Lenient;
 use crate::push_secret::pushers::fake_store_id;
 use k8s_openapi::jiff::Timestamp;
@@ -121,5 +124,87 @@ impl PushController {
         }
         self.set_finalizer(object, namespace, name, false).await?;
         Ok(Action::await_change())
+    }
+
+    /// Deletes what `before` lists and `synced` (this push) no longer does: whole remote
+    /// secrets, or properties dropped from one. What cannot be deleted stays listed in `synced`
+    /// (so it is tried again) and is reported in `failures`.
+    pub(super) async fn prune(
+        &self,
+        object: &PushSecret,
+        namespace: &str,
+        before: &BTreeMap<String, BTreeMap<String, SyncedPush>>,
+        synced: &mut BTreeMap<String, BTreeMap<String, SyncedPush>>,
+        failures: &mut Vec<(&'static str, String)>,
+    ) {
+        let who = format!("PushSecret {namespace}/{}", object.name_any());
+        for (key, remotes) in before {
+            let now = synced.get(key);
+            let gone: Vec<(&String, &SyncedPush, Vec<String>)> = remotes
+                .iter()
+                .filter_map(|(remote, entry)| match now.and_then(|n| n.get(remote)) {
+                    None => Some((remote, entry, entry.properties.clone())),
+                    // A whole secret, before or now: the push replaced it as a whole.
+                    Some(current)
+                        if entry.properties.is_empty() || current.properties.is_empty() =>
+                    {
+                        None
+                    }
+                    Some(current) => {
+                        let removed: Vec<String> = entry
+                            .properties
+                            .iter()
+                            .filter(|p| !current.properties.contains(p))
+                            .cloned()
+                            .collect();
+                        (!removed.is_empty()).then_some((remote, entry, removed))
+                    }
+                })
+                .collect();
+            if gone.is_empty() || self.parts.dry_run || !self.leading() {
+                continue;
+            }
+            let Some((kind, store)) = parse_store_key(key) else {
+                continue;
+            };
+            let id = fake_store_id(kind, namespace, store);
+            let pusher = self.pusher(object, namespace, kind, store).await;
+            for (remote, entry, properties) in gone {
+                let result = match &pusher {
+                    Ok(p) => p
+                        .delete(remote, &properties)
+                        .await
+                        .map_err(|e| (e.reason(), e.to_string())),
+                    Err((reason, why)) => Err((*reason, why.clone())),
+                };
+                match result {
+                    Ok(()) => {
+                        if properties.len() == entry.properties.len() {
+                            self.forget(&id, remote);
+                        }
+                        info!(push_secret = %object.name_any(), %namespace, store = %key, remote_key = %remote, ?properties, "no longer pushed: deleted");
+                    }
+                    Err(("StoreNotFound", why)) if !synced.contains_key(key) => {
+                        // A store dropped from the spec and deleted: nothing left to write to.
+                        warn!(push_secret = %object.name_any(), %namespace, store = %key, remote_key = %remote, %why, "no longer pushed, and its store is gone: left as it is");
+                    }
+                    Err((reason, why)) => {
+                        failures.push((reason, format!("{who}, {key}, remote key {remote:?}: deleting what is no longer pushed: {why}")));
+                        // Listed again, with the properties still to delete.
+                        let slot = synced.entry(key.clone()).or_default();
+                        match slot.get_mut(remote) {
+                            Some(current) => {
+                                current.properties.extend(properties);
+                                current.properties.sort();
+                                current.properties.dedup();
+                            }
+                            None => {
+                                slot.insert(remote.clone(), entry.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -344,6 +344,16 @@ impl PushController {
                 synced.insert(key, now);
             }
         }
+        if object.spec.deletion_policy == PushDeletionPolicy::Delete {
+            self.prune(
+                object,
+                &namespace,
+                &previous.synced_push_secrets,
+                &mut synced,
+                &mut failures,
+            )
+            .await;
+        }
         if !self.leading() {
             return Ok(Action::requeue(RETRY));
         }
