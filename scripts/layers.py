@@ -29,6 +29,8 @@ LAYERS = [
     ["fetch"],
     ["publish"],
     ["csi", "mirror", "convert", "generator_gc", "cluster_external_secret"],
+    # Acts as service accounts under the mirror's consent and token-minting rules.
+    ["push_secret"],
     ["cmd"],
 ]
 

@@ -1126,6 +1126,11 @@ fn generator_permissions_are_what_each_part_needs() {
 
 /// Verbs on the ExternalSecret kinds of `latchkey.dev`, over the named ClusterRoles and Roles.
 fn external_secret_grants(docs: &[Value], roles: &[&str]) -> BTreeMap<String, Vec<String>> {
+    latchkey_grants(docs, roles, "externalsecrets")
+}
+
+/// The verbs `roles` grant on latchkey.dev resources whose name contains `needle`.
+fn latchkey_grants(docs: &[Value], roles: &[&str], needle: &str) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for role in docs.iter().filter(|d| {
         matches!(d["kind"].as_str(), Some("ClusterRole" | "Role"))
@@ -1138,7 +1143,7 @@ fn external_secret_grants(docs: &[Value], roles: &[&str]) -> BTreeMap<String, Ve
             }
             for resource in rule["resources"].as_array().unwrap() {
                 let resource = resource.as_str().unwrap();
-                if !resource.contains("externalsecrets") {
+                if !resource.contains(needle) {
                     continue;
                 }
                 let verbs = out.entry(resource.into()).or_default();
@@ -1195,6 +1200,40 @@ fn cluster_external_secret_permissions_are_what_the_controller_needs() {
                 .all(|r| !r.starts_with("clusterexternalsecrets")),
             "{what}: {node:?}"
         );
+    }
+}
+
+/// The controller reads PushSecrets, writes their status and its finalizer (a patch of
+/// metadata.finalizers, and the finalizers subresource), never creates or deletes them; the node
+/// agent never sees one.
+#[test]
+fn push_secret_permissions_are_what_the_controller_needs() {
+    let chart = chart();
+    for (docs, what) in [
+        (kustomize("with-mirror"), "daemonset/with-mirror"),
+        (
+            chart.render("lk", "lk", &json!({"controller": {"enabled": true}})),
+            "the chart with the controller",
+        ),
+    ] {
+        let read = latchkey_grants(&docs, &["latchkey-controller-read"], "pushsecrets");
+        assert_eq!(
+            read,
+            grants(&[("pushsecrets", &["get", "list", "watch"])]),
+            "{what}"
+        );
+        let write = latchkey_grants(&docs, &["latchkey-controller-write"], "pushsecrets");
+        assert_eq!(
+            write,
+            grants(&[
+                ("pushsecrets", &["patch"]),
+                ("pushsecrets/finalizers", &["update"]),
+                ("pushsecrets/status", &["patch", "update"]),
+            ]),
+            "{what}"
+        );
+        let node = latchkey_grants(&docs, &["latchkey-node"], "pushsecrets");
+        assert!(node.is_empty(), "{what}: {node:?}");
     }
 }
 

@@ -25,6 +25,7 @@ pub mod memory;
 pub mod mirror;
 pub mod providers;
 pub mod publish;
+pub mod push_secret;
 pub mod resolve;
 pub mod secret;
 pub mod telemetry;

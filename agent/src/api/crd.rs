@@ -6,6 +6,7 @@ use super::cluster_external_secret::ClusterExternalSecret;
 use super::generator::{
     ClusterGenerator, GeneratorState, Password, PluginGenerator, VaultDynamicSecret,
 };
+use super::push_secret::PushSecret;
 use super::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 /// Every CRD as one multi-document YAML text, in a stable order.
@@ -15,6 +16,7 @@ pub fn render_all() -> Result<String, serde_norway::Error> {
         ClusterSecretStore::crd(),
         ExternalSecret::crd(),
         ClusterExternalSecret::crd(),
+        PushSecret::crd(),
         Password::crd(),
         VaultDynamicSecret::crd(),
         PluginGenerator::crd(),
@@ -39,6 +41,7 @@ mod tests {
     use crate::api::generator::{
         ClusterGenerator, GeneratorState, Password, PluginGenerator, VaultDynamicSecret,
     };
+    use crate::api::push_secret::PushSecret;
     use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
     use crate::generators::states::{LABEL_GENERATOR, LABEL_POD};
 
@@ -67,17 +70,18 @@ mod tests {
             let kind = &crd.spec.names.kind;
             assert!(text.contains(&format!("kind: {kind}\n")), "{kind} missing");
         }
-        assert_eq!(text.matches("group: latchkey.dev").count(), 4);
+        assert_eq!(text.matches("group: latchkey.dev").count(), 5);
         assert_eq!(text.matches("group: generators.latchkey.dev").count(), 5);
         assert!(text.contains("scope: Cluster") && text.contains("scope: Namespaced"));
     }
 
-    fn crds() -> [v1::CustomResourceDefinition; 9] {
+    fn crds() -> [v1::CustomResourceDefinition; 10] {
         [
             SecretStore::crd(),
             ClusterSecretStore::crd(),
             ExternalSecret::crd(),
             ClusterExternalSecret::crd(),
+            PushSecret::crd(),
             Password::crd(),
             VaultDynamicSecret::crd(),
             PluginGenerator::crd(),
@@ -128,6 +132,7 @@ mod tests {
                 "lkcss",
                 "lkes",
                 "lkces",
+                "lkps",
                 "lkpassword",
                 "lkvds",
                 "lkpg",
@@ -165,6 +170,7 @@ mod tests {
                 ],
                 "SecretStore" | "ClusterSecretStore" => &["Provider", "Status", "Ready", "Age"],
                 "ClusterExternalSecret" => &["Store", "Refresh Time", "Status", "Ready", "Age"],
+                "PushSecret" => &["Secret", "Refresh Interval", "Status", "Ready", "Age"],
                 "Password" => &["Length", "Age"],
                 "VaultDynamicSecret" => &["Path", "Age"],
                 "PluginGenerator" => &["Endpoint", "Age"],

@@ -1,5 +1,5 @@
 //! The Latchkey API: CRD types for `latchkey.dev/v1alpha1` (SecretStore, ClusterSecretStore,
-//! ExternalSecret, ClusterExternalSecret) and `generators.latchkey.dev/v1alpha1` (see [`generator`]), the agent-side validation of objects it reads, and CRD YAML rendering.
+//! ExternalSecret, ClusterExternalSecret, PushSecret) and `generators.latchkey.dev/v1alpha1` (see [`generator`]), the agent-side validation of objects it reads, and CRD YAML rendering.
 //!
 //! Field names follow the External Secrets Operator so an ESO manifest ports by changing
 //! `apiVersion`. Types only: nothing here talks to a backend or the API server.
@@ -10,6 +10,7 @@ pub mod duration;
 pub mod external_secret;
 pub mod generator;
 pub mod mode;
+pub mod push_secret;
 pub mod rules;
 #[cfg(test)]
 mod rules_tests;

@@ -259,6 +259,48 @@ pub const MAX_NAMESPACE_SELECTORS: usize = 32;
 /// `spec.externalSecretMetadata`.
 pub const MAX_CES_METADATA: usize = 64;
 
+// ---- PushSecret ----------------------------------------------------------------------------
+
+/// `maxItems` of a PushSecret's `spec.secretStoreRefs`: each store is one backend write per
+/// change of the source Secret.
+pub const MAX_PUSH_STORES: usize = 16;
+
+/// `maxItems` of a PushSecret's `spec.data`: each entry is one value written to every store.
+pub const MAX_PUSH_DATA: usize = 100;
+
+/// `maxLength` of `spec.data[].match.remoteRef.remoteKey` and `.property`: longer than any
+/// backend's name (AWS: 512, Vault paths are bounded by the agent at 1024).
+pub const MAX_REMOTE_KEY_LEN: usize = 1024;
+
+/// On a PushSecret's `spec`: something to push, somewhere to push it.
+pub const PUSH_STORES_AND_DATA: CelRule = CelRule {
+    rule: "has(self.secretStoreRefs) && size(self.secretStoreRefs) > 0 && \
+           has(self.data) && size(self.data) > 0",
+    message: "secretStoreRefs and data must each have at least one entry",
+};
+
+/// On a PushSecret's `spec`: templates are not implemented yet; refused rather than pruned or
+/// ignored, so a manifest written for ESO does not push the raw value where a rendered one was
+/// meant.
+pub const PUSH_NO_TEMPLATE: CelRule = CelRule {
+    rule: "!has(self.template)",
+    message: "template is not supported yet",
+};
+
+/// On a PushSecret's `spec.selector`: only a Secret of the namespace can be pushed for now
+/// (`generatorRef` is not implemented yet).
+pub const PUSH_SELECTOR_SECRET: CelRule = CelRule {
+    rule: "has(self.secret) && !has(self.generatorRef)",
+    message: "must set secret (generatorRef is not supported yet)",
+};
+
+/// On a PushSecret's `spec.secretStoreRefs[]`: stores are named; selecting them by label is
+/// not implemented yet.
+pub const PUSH_STORE_BY_NAME: CelRule = CelRule {
+    rule: "!has(self.labelSelector)",
+    message: "labelSelector is not supported yet; name the store",
+};
+
 // ---- SecretStore / ClusterSecretStore -------------------------------------------------------
 
 /// On `spec.provider` (ESO: "store must only have exactly one backend specified").

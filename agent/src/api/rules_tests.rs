@@ -31,6 +31,7 @@ use crate::volume::path::Reason;
 
 mod cluster_external_secret;
 mod generators;
+mod push_secret;
 
 /// One failed check: the instance path (`spec.data[0].secretKey`) and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1315,6 +1316,7 @@ fn crd_rules_and_agent_agree_on_every_sample() {
     }
     generators::check_every_sample(&schemas, &mut broken);
     cluster_external_secret::check_every_sample(&schemas, external_secret_samples(), &mut broken);
+    push_secret::check_every_sample(&schemas, &mut broken);
     // Every rule and pattern of every CRD was broken by some sample (one nobody breaks is
     // untested).
     for (kind, schema) in &schemas {

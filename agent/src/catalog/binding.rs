@@ -344,7 +344,7 @@ async fn cluster_store_hint(catalog: &dyn Catalog, namespace: &str, store: &str)
 /// the smallest safe reading of a criterion the agent cannot evaluate is the empty set, so a
 /// broken entry can only narrow who is admitted, never widen it. (ESO refuses the whole store on
 /// an invalid selector; here the other, valid criteria still admit what they say.)
-pub(super) fn admits(
+pub fn admits(
     conditions: &[ClusterStoreCondition],
     namespace: &str,
     labels: &BTreeMap<String, String>,

@@ -29,6 +29,9 @@ use crate::mirror::reconcile::{Parts, Reconciler};
 use crate::mirror::tokens::TokenMinter;
 use crate::mirror::{self, Scope};
 use crate::providers;
+use crate::push_secret::controller::{self as push, PushController};
+use crate::push_secret::pushers::StorePushers;
+use crate::push_secret::source::{ApiTokens, SourceReader};
 use crate::telemetry::Metrics;
 use crate::telemetry::http::Readiness;
 
@@ -110,6 +113,14 @@ pub struct ControllerArgs {
     /// cluster, leave it on in one of them only.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cluster_external_secrets: bool,
+    /// Push the Secrets PushSecrets name into their stores, as their service accounts (within
+    /// `--namespace`, if given). Needs the PushSecret CRD and RBAC on pushsecrets.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub push_secrets: bool,
+    /// How long deleting what a PushSecret with `deletionPolicy: Delete` pushed is retried
+    /// (from its deletion) before its finalizer is released anyway, leaving the remote secrets.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub push_secret_cleanup_timeout: Duration,
 }
 
 /// Tokens for generator cleanup: minted as the state's service account under the mirror's
@@ -196,6 +207,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         (Leadership::always(), None)
     };
 
+    let kube_config = config.clone();
     let env = providers::Env {
         metrics: Arc::clone(&metrics),
         kube: Some(config),
@@ -210,6 +222,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         // secretsStoreCSI store is for the node agent (see docs/providers.md).
         secrets_store: Default::default(),
     };
+    let push_env = env.clone();
     let fetcher = Fetcher::new(
         env.clone(),
         CacheLimits {
@@ -289,6 +302,30 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             stopped().boxed().shared(),
         ))
     });
+    let pushing = args.push_secrets.then(|| {
+        let leading = leadership.clone();
+        let minter = Arc::new(TokenMinter::new(client.clone()));
+        let controller = Arc::new(PushController::new(push::Parts {
+            client: client.clone(),
+            catalog: Arc::clone(&catalog),
+            namespaces: args.namespaces.clone(),
+            leading: Arc::new(move || leading.is_leader()),
+            events: (!args.dry_run).then(|| Arc::new(KubeEvents::new(client.clone(), &identity))),
+            dry_run: args.dry_run,
+            reader: SourceReader::new(kube_config, Arc::clone(&minter) as Arc<dyn ApiTokens>),
+            pushers: Arc::new(StorePushers {
+                env: push_env,
+                minter,
+                allow_agent_identity: args.allow_agent_identity,
+            }),
+            cleanup_timeout: args.push_secret_cleanup_timeout,
+        }));
+        tokio::spawn(run_while_leading(
+            move |ended| Arc::clone(&controller).run(ended).boxed(),
+            leadership.clone(),
+            stopped().boxed().shared(),
+        ))
+    });
     let scope = Scope {
         namespaces: args.namespaces,
         selector: args.selector,
@@ -312,7 +349,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     readiness.set_serving(false);
     // Cleanups and ExternalSecret writes are idempotent and the next leader retries them:
     // never hold the exit.
-    for mut task in collecting.into_iter().chain(provisioning) {
+    for mut task in collecting.into_iter().chain(provisioning).chain(pushing) {
         if tokio::time::timeout(Duration::from_secs(6), &mut task)
             .await
             .is_err()

@@ -6,9 +6,11 @@ pub mod aws;
 pub mod ca_provider;
 pub mod credentials;
 pub mod fake;
+pub mod fake_push;
 pub mod grpc_answer;
 pub mod kubernetes;
 pub mod plugin;
+pub mod push;
 pub mod secrets_store_csi;
 pub mod vault;
 

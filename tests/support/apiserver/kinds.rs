@@ -124,6 +124,16 @@ pub(super) const KINDS: &[Kind] = &[
     Kind {
         group: "latchkey.dev",
         version: "v1alpha1",
+        plural: "pushsecrets",
+        kind: "PushSecret",
+        namespaced: true,
+        crd: true,
+        status_subresource: true,
+        fields: &[],
+    },
+    Kind {
+        group: "latchkey.dev",
+        version: "v1alpha1",
         plural: "secretstores",
         kind: "SecretStore",
         namespaced: true,

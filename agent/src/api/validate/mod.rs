@@ -14,11 +14,13 @@ pub mod cluster_external_secret;
 mod fields;
 pub mod generator;
 pub mod plugin;
+pub mod push_secret;
 
 pub use cluster_external_secret::cluster_external_secret;
 use fields::{file_mode, max_items, name, not_empty, secret_name, set_names, shaped};
 pub use generator::generator;
 use plugin::{plugin, secrets_store_csi};
+pub use push_secret::push_secret;
 
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
@@ -458,7 +460,7 @@ pub fn external_secret(spec: &ExternalSecretSpec) -> Result<(), Invalid> {
 }
 
 /// `spec.refreshInterval`: a duration that Go and the agent's parser read alike, at most a year.
-fn refresh_interval(text: &str) -> Result<(), Invalid> {
+pub(super) fn refresh_interval(text: &str) -> Result<(), Invalid> {
     const PATH: &str = "spec.refreshInterval";
     shaped(PATH, text, rules::MAX_DURATION_LEN, &rules::DURATION)?;
     // Every form the pattern admits is one Go reads, so a text that still does not parse is

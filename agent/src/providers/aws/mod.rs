@@ -29,6 +29,7 @@ mod auth;
 mod batch;
 mod errors;
 pub mod parameter_store;
+pub mod push;
 
 use std::sync::Arc;
 use std::time::Duration;

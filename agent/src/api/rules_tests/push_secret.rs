@@ -1,0 +1,187 @@
+//! PushSecrets: every rule of the kind broken by a sample, the fields not supported yet refused
+//! by both the CRD and the agent, and the clashes only the agent sees.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::{Value, json};
+
+use super::{Expect, agree, merge, rejected};
+use crate::api::push_secret::PushSecret;
+use crate::api::rules::{self, DNS_SUBDOMAIN, DURATION};
+use crate::api::validate;
+
+fn base() -> Value {
+    json!({
+        "apiVersion": "latchkey.dev/v1alpha1",
+        "kind": "PushSecret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "spec": {
+            "secretStoreRefs": [{"name": "aws-prod", "kind": "ClusterSecretStore"}],
+            "selector": {"secret": {"name": "db-credentials"}},
+            "data": [{"match": {"secretKey": "password",
+                                "remoteRef": {"remoteKey": "prod/db", "property": "password"}}}],
+        }
+    })
+}
+
+/// Checks every PushSecret sample.
+pub(super) fn check_every_sample(
+    schemas: &HashMap<String, Value>,
+    broken: &mut BTreeSet<(String, String)>,
+) {
+    let rule = |path: &str, r: &rules::CelRule| rejected(format!("{path}: {}", r.message));
+    let name_rule = |path: &str| rejected(format!("{path}: {}", DNS_SUBDOMAIN.message));
+    let entry = |key: &str, remote: &str, property: Option<&str>| {
+        json!({"match": {"secretKey": key,
+                         "remoteRef": {"remoteKey": remote, "property": property}}})
+    };
+    let stores: Vec<Value> = (0..=rules::MAX_PUSH_STORES)
+        .map(|i| json!({"name": format!("s{i}")}))
+        .collect();
+    let data: Vec<Value> = (0..=rules::MAX_PUSH_DATA)
+        .map(|i| entry("k", "prod/db", Some(&format!("p{i}"))))
+        .collect();
+    let long = "k".repeat(rules::MAX_REMOTE_KEY_LEN + 1);
+    let samples = [
+        (
+            "every field set",
+            json!({"spec": {"refreshInterval": "10m", "updatePolicy": "IfNotExists",
+                            "deletionPolicy": "Delete", "serviceAccountName": "pusher",
+                            "data": [entry("password", "prod/db", Some("password")),
+                                     entry("user", "prod/db", Some("user")),
+                                     entry("cert", "prod/cert", None)]}}),
+            Expect::Valid,
+        ),
+        (
+            "no store",
+            json!({"spec": {"secretStoreRefs": []}}),
+            rule("spec", &rules::PUSH_STORES_AND_DATA),
+        ),
+        (
+            "no data",
+            json!({"spec": {"data": []}}),
+            rule("spec", &rules::PUSH_STORES_AND_DATA),
+        ),
+        (
+            "a template",
+            json!({"spec": {"template": {"data": {"x": "{{ .password }}"}}}}),
+            rule("spec", &rules::PUSH_NO_TEMPLATE),
+        ),
+        (
+            "a generator source",
+            json!({"spec": {"selector": {"secret": null,
+                                         "generatorRef": {"kind": "Password", "name": "pw"}}}}),
+            rule("spec.selector", &rules::PUSH_SELECTOR_SECRET),
+        ),
+        (
+            "a generator beside the secret",
+            json!({"spec": {"selector": {"generatorRef": {"kind": "Password", "name": "pw"}}}}),
+            rule("spec.selector", &rules::PUSH_SELECTOR_SECRET),
+        ),
+        (
+            "stores by label",
+            json!({"spec": {"secretStoreRefs": [
+                {"name": "a", "labelSelector": {"matchLabels": {"push": "yes"}}}]}}),
+            rule("spec.secretStoreRefs[0]", &rules::PUSH_STORE_BY_NAME),
+        ),
+        (
+            "an empty store name",
+            json!({"spec": {"secretStoreRefs": [{"name": ""}]}}),
+            rule("spec.secretStoreRefs[0].name", &rules::NOT_EMPTY),
+        ),
+        (
+            "a bad store name",
+            json!({"spec": {"secretStoreRefs": [{"name": "Prod"}]}}),
+            name_rule("spec.secretStoreRefs[0].name"),
+        ),
+        (
+            "a bad source name",
+            json!({"spec": {"selector": {"secret": {"name": "../db"}}}}),
+            name_rule("spec.selector.secret.name"),
+        ),
+        (
+            "a bad service account",
+            json!({"spec": {"serviceAccountName": "A"}}),
+            name_rule("spec.serviceAccountName"),
+        ),
+        (
+            "an empty secret key",
+            json!({"spec": {"data": [entry("", "prod/db", None)]}}),
+            rule("spec.data[0].match.secretKey", &rules::NOT_EMPTY),
+        ),
+        (
+            "an empty remote key",
+            json!({"spec": {"data": [entry("k", "", None)]}}),
+            rule("spec.data[0].match.remoteRef.remoteKey", &rules::NOT_EMPTY),
+        ),
+        (
+            "an empty property",
+            json!({"spec": {"data": [entry("k", "prod/db", Some(""))]}}),
+            rule("spec.data[0].match.remoteRef.property", &rules::NOT_EMPTY),
+        ),
+        (
+            "a remote key too long",
+            json!({"spec": {"data": [entry("k", &long, None)]}}),
+            rejected(format!(
+                "spec.data[0].match.remoteRef.remoteKey: {}",
+                rules::too_long(rules::MAX_REMOTE_KEY_LEN)
+            )),
+        ),
+        (
+            "a refreshInterval that is no duration",
+            json!({"spec": {"refreshInterval": "1 hour"}}),
+            rejected(format!("spec.refreshInterval: {}", DURATION.message)),
+        ),
+        (
+            "a refreshInterval over a year",
+            json!({"spec": {"refreshInterval": "8761h"}}),
+            rule("spec.refreshInterval", &rules::REFRESH_INTERVAL_MAX),
+        ),
+        (
+            "too many stores",
+            json!({"spec": {"secretStoreRefs": stores}}),
+            rejected(format!(
+                "spec.secretStoreRefs: {}",
+                rules::too_many_items(rules::MAX_PUSH_STORES)
+            )),
+        ),
+        (
+            "too many entries",
+            json!({"spec": {"data": data}}),
+            rejected(format!(
+                "spec.data: {}",
+                rules::too_many_items(rules::MAX_PUSH_DATA)
+            )),
+        ),
+        (
+            "one store twice",
+            json!({"spec": {"secretStoreRefs": [{"name": "a"}, {"name": "a"}]}}),
+            Expect::AgentOnly("spec.secretStoreRefs[1]: duplicates".into()),
+        ),
+        (
+            "one property twice",
+            json!({"spec": {"data": [entry("a", "prod/db", Some("p")),
+                                     entry("b", "prod/db", Some("p"))]}}),
+            Expect::AgentOnly("spec.data[1].match.remoteRef: writes the same remote key".into()),
+        ),
+        (
+            "a whole secret and a property of it",
+            json!({"spec": {"data": [entry("a", "prod/db", Some("p")),
+                                     entry("b", "prod/db", None)]}}),
+            Expect::AgentOnly("spec.data[1].match.remoteRef: writes the same remote key".into()),
+        ),
+    ];
+    for (name, patch, expect) in &samples {
+        let mut object = base();
+        merge(&mut object, patch);
+        agree::<PushSecret>(
+            schemas,
+            "PushSecret",
+            name,
+            object,
+            |p| validate::push_secret(&p.spec),
+            expect,
+            broken,
+        );
+    }
+}

@@ -1,0 +1,574 @@
+//! The PushSecret loop of `latchkey controller`: each PushSecret's source Secret, read as its
+//! service account, written into each of its stores (as that account too), on every change of
+//! the PushSecret or of the Secret (watched by metadata only: no Secret value of the cluster is
+//! held here) and at `refreshInterval`. Unchanged data costs no backend write. With
+//! `deletionPolicy: Delete` a finalizer holds the PushSecret until what was pushed, and only
+//! that, is deleted; never longer than `cleanup_timeout`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, future};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+mod finalize;
+mod helpers;
+#[cfg(test)]
+mod tests;
+
+use helpers::{bounded, describe, describe_targets, refresh};
+
+use super::plan::{self, Recorded, RemoteWrite};
+use super::pushers::{Pushers, StoreTarget, fake_store_id};
+use super::source::SourceReader;
+use crate::api::push_secret::{
+    PushDeletionPolicy, PushSecret, PushSecretStatus, PushUpdatePolicy, SyncedPush,
+};
+use crate::api::{StoreKind, validate};
+use crate::catalog::binding::admits;
+use crate::catalog::{Catalog, Lenient};
+use crate::events::{EventTarget, KubeEvents, WARNING};
+use crate::mirror::status::with_ready;
+use crate::providers::push::{PushPolicy, Pushed, Pusher};
+
+/// The finalizer that holds a PushSecret with `deletionPolicy: Delete`.
+pub const FINALIZER: &str = "latchkey.dev/push-secret";
+/// Reason of the Warning Event of a push that failed.
+pub const PUSH_FAILED: &str = "PushFailed";
+/// Reason of the Warning Event of a deletion that failed.
+pub const DELETE_FAILED: &str = "DeleteFailed";
+/// Retry of a failed reconcile.
+const RETRY: Duration = Duration::from_secs(5);
+/// When `refreshInterval` is not set.
+const DEFAULT_REFRESH: Duration = Duration::from_secs(3600);
+/// Shortest refresh, so that a tenant cannot make the controller spin.
+const MIN_REFRESH: Duration = Duration::from_secs(5);
+/// How long in-flight reconciles may take to finish once a stop is asked for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Reconciles run at once.
+const CONCURRENCY: u16 = 4;
+/// Most status entries of writes remembered (as many as the fingerprints).
+const MAX_ENTRIES: usize = 100_000;
+/// Longest condition or Event message, in bytes.
+const MAX_MESSAGE: usize = 2048;
+
+/// What the controller needs.
+pub struct Parts {
+    /// The controller's API client (PushSecrets, their status and finalizers, stores).
+    pub client: Client,
+    /// Stores and namespace labels.
+    pub catalog: Arc<dyn Catalog>,
+    /// Namespaces to serve; empty: all.
+    pub namespaces: Vec<String>,
+    /// Whether this replica may write now (checked before every write).
+    pub leading: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Where Events go; `None` records none (dry run).
+    pub events: Option<Arc<KubeEvents>>,
+    /// Log what would be pushed, write nothing.
+    pub dry_run: bool,
+    /// Reads source Secrets as the PushSecrets' service accounts.
+    pub reader: SourceReader,
+    /// Makes the writer of each store.
+    pub pushers: Arc<dyn Pushers>,
+    /// How long deleting what was pushed is retried before the finalizer is released anyway.
+    pub cleanup_timeout: Duration,
+}
+
+/// Why a reconcile did not finish; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum PushSecretError {
+    /// The status or finalizers could not be written.
+    #[error("PushSecret {namespace}/{name}: {what} not written: {reason}")]
+    Write {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// `status`, `finalizers`.
+        what: &'static str,
+        /// The API server's Status message (holds no value).
+        reason: String,
+    },
+}
+
+/// Runs PushSecrets.
+pub struct PushController {
+    parts: Parts,
+    recorded: Recorded,
+    /// The status entry of the last write per (store, remote key): a reconcile may run on a
+    /// cached object whose status does not show that write yet, and must not write again.
+    entries: Mutex<HashMap<(String, String), SyncedPush>>,
+}
+
+type Stop = Shared<BoxFuture<'static, ()>>;
+
+impl PushController {
+    /// A controller over `parts`.
+    pub fn new(parts: Parts) -> Self {
+        Self {
+            parts,
+            recorded: Recorded::default(),
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs until `stop` completes.
+    pub async fn run(
+        self: Arc<Self>,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let stop: BoxFuture<'static, ()> = Box::pin(stop);
+        let stop = stop.shared();
+        let scopes: Vec<Option<String>> = if self.parts.namespaces.is_empty() {
+            vec![None]
+        } else {
+            self.parts.namespaces.iter().cloned().map(Some).collect()
+        };
+        let runs = future::join_all(
+            scopes
+                .into_iter()
+                .map(|ns| Arc::clone(&self).run_in(ns, stop.clone())),
+        );
+        tokio::pin!(runs);
+        tokio::select! {
+            _ = &mut runs => {}
+            _ = stop.clone() => {
+                // A first list that never succeeds (no CRD, no RBAC yet) would hold the stop.
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, &mut runs).await;
+            }
+        }
+    }
+
+    async fn run_in(self: Arc<Self>, namespace: Option<String>, stop: Stop) {
+        let client = self.parts.client.clone();
+        let (pushes, secrets) = match &namespace {
+            Some(ns) => (
+                Api::<Lenient<PushSecret>>::namespaced(client.clone(), ns),
+                Api::<PartialObjectMeta<Secret>>::namespaced(client, ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client)),
+        };
+        let controller = Controller::new(pushes, watcher::Config::default())
+            .with_config(ControllerConfig::default().concurrency(CONCURRENCY));
+        let seen = controller.store();
+        // Metadata only, and no cache of them: each event is mapped to the PushSecrets of its
+        // namespace that name it, and the value is read as their account.
+        let secret_events = watcher(secrets, watcher::Config::default())
+            .default_backoff()
+            .touched_objects();
+        controller
+            .watches_stream(secret_events, move |secret: PartialObjectMeta<Secret>| {
+                let (namespace, name) = (secret.namespace(), secret.name_any());
+                seen.state()
+                    .iter()
+                    .filter(|p| match p.as_ref() {
+                        Lenient::Usable(o) => {
+                            o.namespace() == namespace && o.source_secret() == name
+                        }
+                        Lenient::Unusable { .. } => false,
+                    })
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            })
+            .graceful_shutdown_on(stop)
+            .run(
+                |ps, me: Arc<PushController>| async move { me.reconcile(&ps).await },
+                |_, error: &PushSecretError, _| {
+                    debug!(%error, "push secret reconcile failed; retrying");
+                    Action::requeue(RETRY)
+                },
+                self,
+            )
+            .for_each(|result| {
+                if let Err(error) = result {
+                    debug!(%error, "push secret reconcile not run");
+                }
+                future::ready(())
+            })
+            .await;
+    }
+
+    fn leading(&self) -> bool {
+        (self.parts.leading)()
+    }
+
+    fn warn(&self, ps: &PushSecret, reason: &'static str, message: &str) {
+        if let Some(events) = &self.parts.events {
+            let target = EventTarget {
+                api_version: "latchkey.dev/v1alpha1",
+                kind: "PushSecret",
+                namespace: ps.namespace().unwrap_or_default(),
+                name: ps.name_any(),
+                uid: ps.uid().unwrap_or_default(),
+            };
+            events.record(&target, WARNING, reason, "Push", message);
+        }
+    }
+
+    async fn reconcile(&self, ps: &Lenient<PushSecret>) -> Result<Action, PushSecretError> {
+        let object = match ps {
+            Lenient::Usable(object) => object,
+            Lenient::Unusable { reason, .. } => {
+                warn!(push_secret = %ps.name_any(), %reason, "PushSecret cannot be read; nothing is pushed for it");
+                return Ok(Action::await_change());
+            }
+        };
+        let namespace = object.namespace().unwrap_or_default();
+        let name = object.name_any();
+        let ours = object.finalizers().iter().any(|f| f == FINALIZER);
+        if object.metadata.deletion_timestamp.is_some() {
+            return if ours {
+                self.finalize(object, &namespace, &name).await
+            } else {
+                Ok(Action::await_change())
+            };
+        }
+        let who = format!("PushSecret {namespace}/{name}");
+        let previous = object.status.clone().unwrap_or_default();
+        if let Err(invalid) = validate::push_secret(&object.spec) {
+            let message = format!("{who}: invalid: {invalid}");
+            self.report(
+                object,
+                &previous,
+                previous.synced_push_secrets.clone(),
+                Some(("Invalid", message)),
+                false,
+            )
+            .await?;
+            return Ok(Action::await_change());
+        }
+        let delete = object.spec.deletion_policy == PushDeletionPolicy::Delete;
+        if delete != ours {
+            self.set_finalizer(object, &namespace, &name, delete)
+                .await?;
+        }
+        let secret = object.source_secret();
+        let service_account = object.service_account();
+        let targets = describe_targets(object);
+        let data = match self
+            .parts
+            .reader
+            .read(&namespace, service_account, secret)
+            .await
+        {
+            Ok(data) => data,
+            Err(e) => {
+                let message = format!("{who}: nothing pushed to {targets}: {e}");
+                self.report(
+                    object,
+                    &previous,
+                    previous.synced_push_secrets.clone(),
+                    Some(("SourceUnavailable", message)),
+                    false,
+                )
+                .await?;
+                return Ok(Action::requeue(refresh(object)));
+            }
+        };
+        let writes = match plan::plan(&object.spec, secret, &data) {
+            Ok(w) => w,
+            Err(e) => {
+                let message = format!("{who}: nothing pushed to {targets}: {e}");
+                self.report(
+                    object,
+                    &previous,
+                    previous.synced_push_secrets.clone(),
+                    Some(("MissingKey", message)),
+                    false,
+                )
+                .await?;
+                return Ok(Action::requeue(refresh(object)));
+            }
+        };
+        drop(data);
+        let policy = PushPolicy {
+            if_not_exists: object.spec.update_policy == PushUpdatePolicy::IfNotExists,
+            // No store field allows adopting yet: never over what Latchkey did not create.
+            adopt: false,
+        };
+        let mut synced = BTreeMap::new();
+        let mut failures: Vec<(&'static str, String)> = Vec::new();
+        let mut wrote = false;
+        for store_ref in &object.spec.secret_store_refs {
+            let key = store_ref.status_key();
+            let before = previous
+                .synced_push_secrets
+                .get(&key)
+                .cloned()
+                .unwrap_or_default();
+            let id = fake_store_id(store_ref.kind, &namespace, &store_ref.name);
+            let mut now = BTreeMap::new();
+            match self
+                .pusher(object, &namespace, store_ref.kind, &store_ref.name)
+                .await
+            {
+                Err((reason, why)) => {
+                    failures.push((reason, format!("{who}, {key}: {why}")));
+                    now = before;
+                }
+                Ok(pusher) => {
+                    for write in &writes {
+                        let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
+                        match self
+                            .push_one(&*pusher, &id, write, policy, before.get(&write.remote_key))
+                            .await
+                        {
+                            Ok((entry, written)) => {
+                                wrote |= written;
+                                if let Some(entry) = entry {
+                                    now.insert(write.remote_key.clone(), entry);
+                                }
+                            }
+                            Err((reason, why)) => {
+                                failures.push((reason, format!("{at}: {why}")));
+                                if let Some(entry) = before.get(&write.remote_key) {
+                                    now.insert(write.remote_key.clone(), entry.clone());
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !now.is_empty() {
+                synced.insert(key, now);
+            }
+        }
+        if object.spec.deletion_policy == PushDeletionPolicy::Delete {
+            self.prune(
+                object,
+                &namespace,
+                &previous.synced_push_secrets,
+                &mut synced,
+                &mut failures,
+            )
+            .await;
+        }
+        if !self.leading() {
+            return Ok(Action::requeue(RETRY));
+        }
+        let failure = (!failures.is_empty()).then(|| {
+            let reason = failures[0].0;
+            let message: Vec<String> = failures.into_iter().map(|(_, m)| m).collect();
+            (reason, bounded(message.join("; ")))
+        });
+        let failed = failure.is_some();
+        self.report(object, &previous, synced, failure, wrote)
+            .await?;
+        Ok(Action::requeue(if failed {
+            RETRY.max(refresh(object).min(Duration::from_secs(30)))
+        } else {
+            refresh(object)
+        }))
+    }
+
+    /// Pushes one remote secret unless unchanged: the status entry to keep and whether a
+    /// write happened.
+    async fn push_one(
+        &self,
+        pusher: &dyn Pusher,
+        store_id: &str,
+        write: &RemoteWrite,
+        policy: PushPolicy,
+        before: Option<&SyncedPush>,
+    ) -> Result<(Option<SyncedPush>, bool), (&'static str, String)> {
+        let key = (store_id.to_string(), write.remote_key.clone());
+        if self.recorded.unchanged(store_id, write) {
+            let last = self.entries().get(&key).cloned();
+            if let Some(entry) = last.or_else(|| before.cloned()) {
+                return Ok((Some(entry), false));
+            }
+        }
+        if self.parts.dry_run {
+            info!(store = %store_id, remote_key = %write.remote_key, "dry run: would push");
+            return Ok((before.cloned(), false));
+        }
+        if !self.leading() {
+            return Err(("NotLeading", "this replica stopped leading".into()));
+        }
+        match pusher.push(&write.remote_key, &write.value, policy).await {
+            Ok(Pushed::Written { version }) => {
+                self.recorded.written(store_id, write);
+                debug!(store = %store_id, remote_key = %write.remote_key, %version, "pushed");
+                let entry = SyncedPush {
+                    properties: write.properties(),
+                    version: Some(version),
+                };
+                let mut entries = self.entries();
+                if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
+                    // As the fingerprints: starting over costs a write each, never a change.
+                    entries.clear();
+                }
+                entries.insert(key, entry.clone());
+                Ok((Some(entry), true))
+            }
+            // Not written by this push: only what an earlier push of ours wrote is listed
+            // (and would be deleted).
+            Ok(Pushed::Kept) => Ok((before.cloned(), false)),
+            Err(e) => {
+                self.forget(store_id, &write.remote_key);
+                Err((e.reason(), e.to_string()))
+            }
+        }
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<(String, String), SyncedPush>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `remote_key` of `store_id` is to be written again at the next push.
+    fn forget(&self, store_id: &str, remote_key: &str) {
+        self.recorded.forget(store_id, remote_key);
+        self.entries()
+            .remove(&(store_id.to_string(), remote_key.to_string()));
+    }
+
+    /// The store `kind/name` as `object`'s namespace may use it, and its writer.
+    async fn pusher(
+        &self,
+        object: &PushSecret,
+        namespace: &str,
+        kind: StoreKind,
+        name: &str,
+    ) -> Result<Arc<dyn Pusher>, (&'static str, String)> {
+        let catalog = &*self.parts.catalog;
+        let unavailable = |e: crate::catalog::CatalogError| ("StoreUnavailable", e.to_string());
+        let missing = || ("StoreNotFound", format!("{kind} {name:?} not found"));
+        let store_kind;
+        let provider = match kind {
+            StoreKind::SecretStore => {
+                let store = catalog
+                    .secret_store(namespace, name)
+                    .await
+                    .map_err(unavailable)?;
+                store_kind = store.ok_or_else(missing)?;
+                &store_kind.spec.provider
+            }
+            StoreKind::ClusterSecretStore => {
+                let store = catalog
+                    .cluster_secret_store(name)
+                    .await
+                    .map_err(unavailable)?;
+                let store = store.ok_or_else(missing)?;
+                let labels = catalog
+                    .namespace_labels(namespace)
+                    .await
+                    .map_err(unavailable)?;
+                admits(&store.spec.conditions, namespace, &labels).map_err(|rule| {
+                    (
+                        "NotAdmitted",
+                        format!("{kind} {name:?} does not admit namespace {namespace:?}: {rule}"),
+                    )
+                })?;
+                return self
+                    .pusher_of(object, namespace, kind, name, &store.spec.provider)
+                    .await;
+            }
+        };
+        self.pusher_of(object, namespace, kind, name, provider)
+            .await
+    }
+
+    async fn pusher_of(
+        &self,
+        object: &PushSecret,
+        namespace: &str,
+        kind: StoreKind,
+        name: &str,
+        provider: &crate::api::store::StoreProvider,
+    ) -> Result<Arc<dyn Pusher>, (&'static str, String)> {
+        let spec = validate::provider(provider, kind)
+            .map_err(|e| ("InvalidStore", format!("{kind} {name:?} is invalid: {e}")))?;
+        let target = StoreTarget {
+            namespace,
+            push_secret: &object.name_any(),
+            service_account: object.service_account(),
+            kind,
+            store: name,
+            spec,
+        };
+        self.parts
+            .pushers
+            .pusher(&target)
+            .await
+            .map_err(|e| (e.reason(), e.to_string()))
+    }
+
+    /// Writes the status when it changes, and a Warning Event when it changed to a failure.
+    async fn report(
+        &self,
+        object: &PushSecret,
+        previous: &PushSecretStatus,
+        synced: BTreeMap<String, BTreeMap<String, SyncedPush>>,
+        failure: Option<(&'static str, String)>,
+        wrote: bool,
+    ) -> Result<(), PushSecretError> {
+        let (status, reason, message) = match &failure {
+            None => {
+                let count: usize = synced.values().map(BTreeMap::len).sum();
+                ("True", "Synced", format!("{count} remote secret(s) pushed"))
+            }
+            Some((reason, message)) => ("False", *reason, message.clone()),
+        };
+        let (conditions, same) = with_ready(&previous.conditions, status, reason, &message);
+        if same && synced == previous.synced_push_secrets && !wrote {
+            return Ok(());
+        }
+        if let Some((_, message)) = &failure {
+            debug!(%message, "push secret failed");
+        }
+        if self.parts.dry_run || !self.leading() {
+            return Ok(());
+        }
+        let mut body = json!({
+            "conditions": conditions,
+            "syncedPushSecrets": synced,
+        });
+        if wrote || previous.refresh_time.is_none() {
+            body["refreshTime"] = json!(Timestamp::now().to_string());
+        }
+        // A merge patch keeps map entries it does not name: name the ones gone as null.
+        for (store, remotes) in &previous.synced_push_secrets {
+            match synced.get(store) {
+                None => body["syncedPushSecrets"][store] = Value::Null,
+                Some(now) => {
+                    for remote in remotes.keys().filter(|r| !now.contains_key(*r)) {
+                        body["syncedPushSecrets"][store][remote] = Value::Null;
+                    }
+                }
+            }
+        }
+        let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
+        let api: Api<Lenient<PushSecret>> = Api::namespaced(self.parts.client.clone(), &namespace);
+        let patch = Patch::Merge(json!({ "status": body }));
+        match api
+            .patch_status(&name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => {
+                return Err(PushSecretError::Write {
+                    namespace,
+                    name,
+                    what: "status",
+                    reason: describe(&e),
+                });
+            }
+        }
+        if !same && let Some((_, message)) = &failure {
+            self.warn(object, PUSH_FAILED, message);
+        }
+        Ok(())
+    }
+}

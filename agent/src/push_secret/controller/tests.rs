@@ -1,0 +1,56 @@
+//! Unit tests of the PushSecret loop's pure helpers; the loop itself is tested end to end in
+//! tests/push_secret.rs.
+
+use super::helpers::*;
+use super::*;
+
+fn object(refresh: Option<&str>) -> PushSecret {
+    serde_json::from_value(json!({
+        "apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "spec": {
+            "refreshInterval": refresh,
+            "secretStoreRefs": [{"name": "aws", "kind": "ClusterSecretStore"}, {"name": "fake"}],
+            "selector": {"secret": {"name": "db"}},
+            "data": [
+                {"match": {"secretKey": "a", "remoteRef": {"remoteKey": "prod/db", "property": "a"}}},
+                {"match": {"secretKey": "b", "remoteRef": {"remoteKey": "prod/db", "property": "b"}}},
+                {"match": {"secretKey": "c", "remoteRef": {"remoteKey": "prod/cert"}}},
+            ]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn store_keys_of_the_status_parse_back() {
+    assert_eq!(
+        parse_store_key("SecretStore/fake"),
+        Some((StoreKind::SecretStore, "fake"))
+    );
+    assert_eq!(
+        parse_store_key("ClusterSecretStore/aws"),
+        Some((StoreKind::ClusterSecretStore, "aws"))
+    );
+    assert_eq!(parse_store_key("Vault/x"), None);
+    assert_eq!(parse_store_key("nothing"), None);
+}
+
+#[test]
+fn messages_name_stores_and_remote_keys_and_stay_bounded() {
+    assert_eq!(
+        describe_targets(&object(None)),
+        "ClusterSecretStore/aws, SecretStore/fake (remote keys prod/cert, prod/db)"
+    );
+    let long = bounded("é".repeat(MAX_MESSAGE));
+    assert!(long.len() <= MAX_MESSAGE + 3, "{}", long.len());
+    assert!(long.ends_with("..."));
+}
+
+#[test]
+fn a_tenant_cannot_make_the_controller_spin() {
+    assert_eq!(refresh(&object(None)), DEFAULT_REFRESH);
+    assert_eq!(refresh(&object(Some("1ms"))), MIN_REFRESH);
+    assert_eq!(refresh(&object(Some("10m"))), Duration::from_secs(600));
+    assert_eq!(refresh(&object(Some("0"))), Duration::from_secs(24 * 3600));
+    assert_eq!(refresh(&object(Some("not a duration"))), DEFAULT_REFRESH);
+}
