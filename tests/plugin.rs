@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use latchkey::csi::client::{PodVolume, volume_id_for};
+use support::pki::Pki;
 use support::{Agent, require_root};
 use tonic::Code;
 
@@ -559,40 +560,6 @@ async fn an_ess_only_plugin_is_called_with_ess_after_the_handshake_fails() {
         );
     }
     assert_no_leak(&agent, "");
-}
-
-/// A CA and the certificates it signs, in PEM.
-struct Pki {
-    ca: String,
-    ca_key: rcgen::KeyPair,
-    ca_params: rcgen::CertificateParams,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca_cert = params.self_signed(&ca_key).unwrap();
-        Self {
-            ca: ca_cert.pem(),
-            ca_key,
-            ca_params: params,
-        }
-    }
-
-    /// A certificate for `names` and its key (PEM).
-    fn issue(&self, names: &[&str]) -> (String, String) {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = rcgen::CertificateParams::new(names).unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
 }
 
 /// A free TCP port on 127.0.0.1.

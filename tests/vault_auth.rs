@@ -14,6 +14,7 @@ use serde_json::json;
 use support::Agent;
 use support::apiserver::{FakeApiServer, Identity};
 use support::openbao::{OpenBao, random_hex};
+use support::pki::Pki;
 use tonic::Code;
 
 const DB_PASSWORD: &str = "db-password-vault-auth-e2e-4410";
@@ -143,40 +144,6 @@ async fn userpass_logs_in_once_per_credential_and_a_wrong_password_is_denied_by_
         &[message],
         &[&shop_pw, &other_pw, &wrong_pw, &bao.root_token, DB_PASSWORD],
     );
-}
-
-/// A CA and the certificates it signs, in PEM.
-struct Pki {
-    ca: String,
-    ca_key: rcgen::KeyPair,
-    ca_params: rcgen::CertificateParams,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca_cert = params.self_signed(&ca_key).unwrap();
-        Self {
-            ca: ca_cert.pem(),
-            ca_key,
-            ca_params: params,
-        }
-    }
-
-    /// A certificate for `names` and its key (PEM).
-    fn issue(&self, names: &[&str]) -> (String, String) {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = rcgen::CertificateParams::new(names).unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
 }
 
 /// `provider.vault.caBundle` for `pem`.

@@ -7,6 +7,7 @@ pub mod controller;
 pub mod hostile;
 pub mod moto;
 pub mod openbao;
+pub mod pki;
 pub mod tee_proxy;
 
 use std::path::{Path, PathBuf};
