@@ -150,6 +150,11 @@ impl Agent {
             }
             None => Command::new(BIN),
         };
+        // Only this agent's own volumes count against its budget: by default an agent counts
+        // every Latchkey tmpfs of the machine, which here includes other tests' volumes (and
+        // one unmounted while it counts would be measured on the disk beneath it).
+        let count_below = self.dir.path().display().to_string();
+        let counts_own = !args.iter().any(|a| a == "--count-volumes-below");
         cmd.arg("node")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -157,6 +162,11 @@ impl Agent {
             .arg("--metrics-addr")
             .arg(ANY_LOCAL_PORT.to_string())
             .args(&args)
+            .args(if counts_own {
+                vec!["--count-volumes-below", count_below.as_str()]
+            } else {
+                Vec::new()
+            })
             .env("RUST_LOG", "debug")
             // Never the developer's own cluster: no kubeconfig unless the test gives one.
             .env_remove("KUBECONFIG")
