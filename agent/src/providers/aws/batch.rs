@@ -196,50 +196,74 @@ async fn batch_current(
     metrics: &Metrics,
     ids: &[String],
 ) -> Vec<(String, Result<SecretBytes, ProviderError>)> {
-    let one_by_one = |ids: Vec<String>| {
-        futures::future::join_all(ids.into_iter().map(|id| async move {
-            let result = get_one(client, &id, None).await;
-            (id, result)
+    let call = batch_call(client, metrics, ids).await;
+    settle(
+        ids,
+        call,
+        |resp| {
+            let mut answered: HashMap<&str, Result<SecretBytes, ProviderError>> = HashMap::new();
+            for v in resp.secret_values() {
+                let id = ids
+                    .iter()
+                    .find(|id| v.name() == Some(id.as_str()) || v.arn() == Some(id.as_str()));
+                if let Some(id) = id {
+                    answered.insert(id, value(v.secret_string(), v.secret_binary()));
+                }
+            }
+            for e in resp.errors() {
+                let id = ids.iter().find(|id| e.secret_id() == Some(id.as_str()));
+                if let Some(id) = id {
+                    answered.entry(id).or_insert_with(|| {
+                        Err(code_error(
+                            "BatchGetSecretValue",
+                            e.error_code().unwrap_or(""),
+                            e.message(),
+                            400,
+                        ))
+                    });
+                }
+            }
+            answered
+        },
+        |id| async move { get_one(client, &id, None).await },
+    )
+    .await
+}
+
+/// Every name's outcome from one batch `call` over `names`: a call the identity may not make
+/// (or an endpoint without it) reads every name alone with `one`; any other error is every
+/// name's; an answer gives what `answers` finds in it, and the names it does not mention are
+/// read alone.
+pub(super) async fn settle<'n, R, Fut>(
+    names: &'n [String],
+    call: Result<R, ProviderError>,
+    answers: impl FnOnce(&R) -> HashMap<&'n str, Result<SecretBytes, ProviderError>>,
+    one: impl Fn(String) -> Fut,
+) -> Vec<(String, Result<SecretBytes, ProviderError>)>
+where
+    Fut: std::future::Future<Output = Result<SecretBytes, ProviderError>>,
+{
+    let one_by_one = |names: Vec<String>| {
+        futures::future::join_all(names.into_iter().map(|name| {
+            let read = one(name.clone());
+            async move { (name, read.await) }
         }))
     };
-    let resp = match batch_call(client, metrics, ids).await {
-        Ok(resp) => resp,
-        // Allowed GetSecretValue but not BatchGetSecretValue, or an endpoint without it.
+    let answered = match call {
+        Ok(resp) => answers(&resp),
         Err(ProviderError::PermissionDenied(_) | ProviderError::Config(_)) => {
-            return one_by_one(ids.to_vec()).await;
+            return one_by_one(names.to_vec()).await;
         }
-        Err(e) => return ids.iter().map(|id| (id.clone(), Err(e.clone()))).collect(),
+        Err(e) => return names.iter().map(|n| (n.clone(), Err(e.clone()))).collect(),
     };
-    let mut answered: HashMap<&str, Result<SecretBytes, ProviderError>> = HashMap::new();
-    for v in resp.secret_values() {
-        let id = ids
-            .iter()
-            .find(|id| v.name() == Some(id.as_str()) || v.arn() == Some(id.as_str()));
-        if let Some(id) = id {
-            answered.insert(id, value(v.secret_string(), v.secret_binary()));
-        }
-    }
-    for e in resp.errors() {
-        let id = ids.iter().find(|id| e.secret_id() == Some(id.as_str()));
-        if let Some(id) = id {
-            answered.entry(id).or_insert_with(|| {
-                Err(code_error(
-                    "BatchGetSecretValue",
-                    e.error_code().unwrap_or(""),
-                    e.message(),
-                    400,
-                ))
-            });
-        }
-    }
-    let unanswered: Vec<String> = ids
+    let unanswered: Vec<String> = names
         .iter()
-        .filter(|id| !answered.contains_key(id.as_str()))
+        .filter(|n| !answered.contains_key(n.as_str()))
         .cloned()
         .collect();
     let mut out: Vec<_> = answered
         .into_iter()
-        .map(|(id, r)| (id.to_string(), r))
+        .map(|(n, r)| (n.to_string(), r))
         .collect();
     out.extend(one_by_one(unanswered).await);
     out

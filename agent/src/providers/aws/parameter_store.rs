@@ -308,45 +308,32 @@ async fn batch_current(
     metrics: &Metrics,
     names: &[String],
 ) -> Vec<(String, Result<SecretBytes, ProviderError>)> {
-    let one_by_one = |names: Vec<String>| {
-        futures::future::join_all(names.into_iter().map(|name| async move {
-            let result = get_one(client, &name).await;
-            (name, result)
-        }))
-    };
-    let resp = match get_parameters(client, metrics, names).await {
-        Ok(resp) => resp,
-        Err(ProviderError::PermissionDenied(_) | ProviderError::Config(_)) => {
-            return one_by_one(names.to_vec()).await;
-        }
-        Err(e) => return names.iter().map(|n| (n.clone(), Err(e.clone()))).collect(),
-    };
-    let mut answered: std::collections::HashMap<&str, Result<SecretBytes, ProviderError>> =
-        std::collections::HashMap::new();
-    for p in resp.parameters() {
-        let asked = names
-            .iter()
-            .find(|n| p.name() == Some(n.as_str()) || p.arn() == Some(n.as_str()));
-        if let Some(n) = asked {
-            answered.insert(n, value(p));
-        }
-    }
-    for invalid in resp.invalid_parameters() {
-        if let Some(n) = names.iter().find(|n| *n == invalid) {
-            answered.entry(n).or_insert(Err(ProviderError::NotFound));
-        }
-    }
-    let unanswered: Vec<String> = names
-        .iter()
-        .filter(|n| !answered.contains_key(n.as_str()))
-        .cloned()
-        .collect();
-    let mut out: Vec<_> = answered
-        .into_iter()
-        .map(|(n, r)| (n.to_string(), r))
-        .collect();
-    out.extend(one_by_one(unanswered).await);
-    out
+    let call = get_parameters(client, metrics, names).await;
+    batch::settle(
+        names,
+        call,
+        |resp| {
+            let mut answered = std::collections::HashMap::new();
+            for p in resp.parameters() {
+                let asked = names
+                    .iter()
+                    .find(|n| p.name() == Some(n.as_str()) || p.arn() == Some(n.as_str()));
+                if let Some(n) = asked {
+                    answered.insert(n.as_str(), value(p));
+                }
+            }
+            for invalid in resp.invalid_parameters() {
+                if let Some(n) = names.iter().find(|n| *n == invalid) {
+                    answered
+                        .entry(n.as_str())
+                        .or_insert(Err(ProviderError::NotFound));
+                }
+            }
+            answered
+        },
+        |name| async move { get_one(client, &name).await },
+    )
+    .await
 }
 
 #[cfg(test)]
