@@ -256,42 +256,33 @@ impl PushController {
         let secret = object.source_secret();
         let service_account = object.service_account();
         let targets = describe_targets(object);
-        let data = match self
+        // The values live only while the writes are planned.
+        let planned = match self
             .parts
             .reader
             .read(&namespace, service_account, secret)
             .await
         {
-            Ok(data) => data,
-            Err(e) => {
+            Ok(data) => {
+                plan::plan(&object.spec, secret, &data).map_err(|e| ("MissingKey", e.to_string()))
+            }
+            Err(e) => Err(("SourceUnavailable", e.to_string())),
+        };
+        let writes = match planned {
+            Ok(writes) => writes,
+            Err((reason, e)) => {
                 let message = format!("{who}: nothing pushed to {targets}: {e}");
                 self.report(
                     object,
                     &previous,
                     previous.synced_push_secrets.clone(),
-                    Some(("SourceUnavailable", message)),
+                    Some((reason, message)),
                     false,
                 )
                 .await?;
                 return Ok(Action::requeue(refresh(object)));
             }
         };
-        let writes = match plan::plan(&object.spec, secret, &data) {
-            Ok(w) => w,
-            Err(e) => {
-                let message = format!("{who}: nothing pushed to {targets}: {e}");
-                self.report(
-                    object,
-                    &previous,
-                    previous.synced_push_secrets.clone(),
-                    Some(("MissingKey", message)),
-                    false,
-                )
-                .await?;
-                return Ok(Action::requeue(refresh(object)));
-            }
-        };
-        drop(data);
         let policy = PushPolicy {
             if_not_exists: object.spec.update_policy == PushUpdatePolicy::IfNotExists,
             // No store field allows adopting yet: never over what Latchkey did not create.
