@@ -270,9 +270,17 @@ async fn external_secrets_follow_the_namespaces_a_cluster_external_secret_select
     assert_eq!(status["conditions"][0]["reason"], "Provisioned");
 
     // Deleted: Kubernetes' garbage collector removes its ExternalSecrets, and nothing writes
-    // them again.
+    // them again. The real collector runs all the time, so an apply that was already in flight
+    // when the delete landed is collected too; the fake's collects once per call, hence the loop.
     s.delete(API, "ClusterExternalSecret", None, "shared-db");
-    s.collect_garbage();
+    eventually(Duration::from_secs(15), "ExternalSecrets collected", || {
+        s.collect_garbage();
+        ["shop", "legacy", "billing"]
+            .iter()
+            .all(|ns| external(&s, ns).is_none())
+            .then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for ns in ["shop", "legacy", "billing"] {
         assert!(external(&s, ns).is_none(), "db left in {ns}");
