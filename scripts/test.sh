@@ -60,6 +60,7 @@ echo "==> benchmark harness (LATCHKEY_BENCH_QUICK=1)"
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench publish
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench template
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench mirror
+LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench push
 # OpenBao from the venv of step 1 (on PATH): 10 pods, a PKI certificate each.
 LATCHKEY_BENCH_QUICK=1 cargo test -p latchkey --locked --bench generators
 

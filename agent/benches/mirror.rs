@@ -34,6 +34,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
+use support::bench::{status_mib, wait};
 use support::controller::ControllerProcess;
 
 const TOKEN: &str = "bench-controller-token";
@@ -116,7 +117,7 @@ async fn run(count: usize, quick: bool) -> Result<(), String> {
         .ok_or_else(|| format!("only {} of {count} Secrets written", secrets()))?;
     let all_written = leader.elapsed();
     let reads_first = backend_reads(&c).await;
-    let synced_rss = rss_mib(&c, "VmRSS:")?;
+    let synced_rss = status_mib(c.pid(), "VmRSS:")?;
 
     // A second interval, nothing changed.
     let versions = resource_versions(&s);
@@ -133,11 +134,11 @@ async fn run(count: usize, quick: bool) -> Result<(), String> {
         .iter()
         .filter(|r| r.path.contains("/secrets") && matches!(r.method.as_str(), "PATCH" | "POST"))
         .count();
-    let settled_rss = rss_mib(&c, "VmRSS:")?;
-    let peak_rss = rss_mib(&c, "VmHWM:")?;
+    let settled_rss = status_mib(c.pid(), "VmRSS:")?;
+    let peak_rss = status_mib(c.pid(), "VmHWM:")?;
     // What scales with the count is the heap; the rest is mostly the binary's own pages.
-    let settled_anon = rss_mib(&c, "RssAnon:")?;
-    let settled_file = rss_mib(&c, "RssFile:")?;
+    let settled_anon = status_mib(c.pid(), "RssAnon:")?;
+    let settled_file = status_mib(c.pid(), "RssFile:")?;
     let target_mib = if count > 1000 { 64.0 } else { 40.0 };
 
     let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
@@ -238,21 +239,6 @@ async fn create_external_secrets(
     }
 }
 
-async fn wait<F, Fut>(within: Duration, mut check: F) -> Option<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<()>>,
-{
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if check().await.is_some() {
-            return Some(());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
-}
-
 /// Every `get` of the fake provider so far.
 async fn backend_reads(c: &ControllerProcess) -> u64 {
     c.metrics()
@@ -284,15 +270,4 @@ fn resource_versions(s: &FakeApiServer) -> Vec<String> {
         .collect();
     v.sort();
     v.into_iter().map(|(_, rv)| rv).collect()
-}
-
-fn rss_mib(c: &ControllerProcess, field: &str) -> Result<f64, String> {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", c.pid())).map_err(|e| e.to_string())?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| format!("no {field} in /proc/PID/status"))?;
-    Ok(kib / 1024.0)
 }

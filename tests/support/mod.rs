@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 pub mod apiserver;
+pub mod bench;
 pub mod controller;
 pub mod hostile;
 pub mod moto;
