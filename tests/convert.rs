@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use latchkey::api::cluster_external_secret::ClusterExternalSecret;
+use latchkey::api::push_secret::PushSecret;
 use latchkey::api::validate;
 use latchkey::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 use latchkey::catalog::ManifestCatalog;
@@ -106,6 +107,12 @@ const CASES: &[Case] = &[
     Case {
         name: "unknown-nested",
         args: &["unknown-nested.input.yaml"],
+        stdin: None,
+        code: 1,
+    },
+    Case {
+        name: "eso-push-secret",
+        args: &["eso-push-secret.input.yaml"],
         stdin: None,
         code: 1,
     },
@@ -277,12 +284,16 @@ fn every_golden_output_loads_and_validates() {
             continue;
         }
         let text = std::fs::read_to_string(&path).expect("read golden");
-        // ClusterExternalSecrets are the controller's: the node agent's loader does not take
-        // them (standalone mode has no controller), so it sees the other documents.
+        // ClusterExternalSecrets and PushSecrets are the controller's: the node agent's loader
+        // does not take them (standalone mode has no controller), so it sees the other documents.
         let for_the_agent: Vec<String> = serde_norway::Deserializer::from_str(&text)
             .map(|doc| serde::Deserialize::deserialize(doc).expect("a YAML document"))
             .filter(|v: &serde_norway::Value| {
-                !v.is_null() && v["kind"].as_str() != Some("ClusterExternalSecret")
+                !v.is_null()
+                    && !matches!(
+                        v["kind"].as_str(),
+                        Some("ClusterExternalSecret" | "PushSecret")
+                    )
             })
             .map(|v| serde_norway::to_string(&v).expect("YAML"))
             .collect();
@@ -330,6 +341,10 @@ fn every_golden_output_loads_and_validates() {
                 "ClusterExternalSecret" => {
                     let c: ClusterExternalSecret = serde_norway::from_value(value).expect("schema");
                     validate::cluster_external_secret(&c.spec)
+                }
+                "PushSecret" => {
+                    let p: PushSecret = serde_norway::from_value(value).expect("schema");
+                    validate::push_secret(&p.spec)
                 }
                 other => panic!("{}: unexpected kind {other:?}", path.display()),
             };

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
+use latchkey::providers::ProviderError;
 use latchkey::providers::kubernetes_push::{KubernetesPush, MARK_LABEL};
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
-use latchkey::providers::ProviderError;
 use latchkey::secret::SecretBytes;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
@@ -90,7 +90,11 @@ async fn keys_are_written_into_a_marked_secret_and_only_what_was_pushed_is_remov
     let s = cluster().await;
     let push = KubernetesPush::from_client(s.client(WRITER).await, "shop");
     let first = push
-        .push("db", &props(&[("username", "app"), ("password", PASSWORD)]), REPLACE)
+        .push(
+            "db",
+            &props(&[("username", "app"), ("password", PASSWORD)]),
+            REPLACE,
+        )
         .await
         .unwrap();
     let Pushed::Written { version: v1 } = first else {
@@ -109,7 +113,10 @@ async fn keys_are_written_into_a_marked_secret_and_only_what_was_pushed_is_remov
         .push("db", &props(&[("password", NEW_PASSWORD)]), REPLACE)
         .await
         .unwrap();
-    assert!(matches!(&second, Pushed::Written { version } if *version != v1), "{second:?}");
+    assert!(
+        matches!(&second, Pushed::Written { version } if *version != v1),
+        "{second:?}"
+    );
     assert_eq!(data(&s, "db").unwrap()["password"], NEW_PASSWORD);
     assert_eq!(data(&s, "db").unwrap()["username"], "app");
 
@@ -118,7 +125,10 @@ async fn keys_are_written_into_a_marked_secret_and_only_what_was_pushed_is_remov
         if_not_exists: true,
         adopt: false,
     };
-    let kept = push.push("db", &props(&[("password", "x")]), keep).await.unwrap();
+    let kept = push
+        .push("db", &props(&[("password", "x")]), keep)
+        .await
+        .unwrap();
     assert_eq!(kept, Pushed::Kept);
     assert_eq!(data(&s, "db").unwrap()["password"], NEW_PASSWORD);
 
@@ -167,7 +177,9 @@ async fn a_secret_latchkey_did_not_create_is_left_alone_unless_adopted() {
     assert_eq!(data(&s, "theirs").unwrap()["password"], THEIRS);
     assert_eq!(data(&s, "theirs").unwrap()["pushed"], PASSWORD);
     assert_eq!(label(&s, "theirs"), "latchkey");
-    push.delete("theirs", &["pushed".to_string()]).await.unwrap();
+    push.delete("theirs", &["pushed".to_string()])
+        .await
+        .unwrap();
     assert_eq!(
         data(&s, "theirs").unwrap(),
         [("password".to_string(), THEIRS.to_string())].into()

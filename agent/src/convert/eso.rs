@@ -27,20 +27,7 @@ pub fn external_secret(
         .object("spec", notes)
         .ok_or("spec is missing or not an object")?;
     let secret_store_ref = store_ref(&mut spec, notes)?;
-    let refresh_interval = spec.string("refreshInterval", notes).and_then(|text| {
-        let ok = crate::api::rules::DURATION.is_match(&text);
-        if !ok {
-            notes.warn(
-                spec.at("refreshInterval"),
-                format!(
-                    "{} {}; not carried over (Latchkey's default is 1h)",
-                    quoted(&text),
-                    crate::api::rules::DURATION.message
-                ),
-            );
-        }
-        ok.then_some(text)
-    });
+    let refresh_interval = spec.duration("refreshInterval", notes, "Latchkey's default is 1h");
     let refresh_policy = spec.string("refreshPolicy", notes).and_then(|p| {
         let policy = match p.as_str() {
             "Periodic" => Some(RefreshPolicy::Periodic),

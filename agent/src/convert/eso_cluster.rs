@@ -7,7 +7,7 @@ use serde_norway::{Mapping, Value};
 
 use super::eso;
 use super::fields::Fields;
-use super::notes::{Notes, quoted};
+use super::notes::Notes;
 use super::output::{Document, Meta};
 use crate::api::cluster_external_secret::{
     ClusterExternalSecret, ClusterExternalSecretSpec, ExternalSecretMetadata,
@@ -46,20 +46,7 @@ pub fn cluster_external_secret(
         }
     }
     let namespaces = spec.string_list("namespaces", notes);
-    let refresh_time = spec.string("refreshTime", notes).and_then(|text| {
-        let ok = crate::api::rules::DURATION.is_match(&text);
-        if !ok {
-            notes.warn(
-                spec.at("refreshTime"),
-                format!(
-                    "{} {}; not carried over (Latchkey's default is 1m, as ESO's)",
-                    quoted(&text),
-                    crate::api::rules::DURATION.message
-                ),
-            );
-        }
-        ok.then_some(text)
-    });
+    let refresh_time = spec.duration("refreshTime", notes, "Latchkey's default is 1m, as ESO's");
     let inner = spec
         .value("externalSecretSpec")
         .ok_or("spec.externalSecretSpec is missing")?;

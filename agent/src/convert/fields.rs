@@ -92,6 +92,26 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// Field `key` as a duration (`1h`, `15m`, `0`); one that is not is noted and dropped, the
+    /// note ending with `default` (what applies instead).
+    pub fn duration(&mut self, key: &str, notes: &mut Notes, default: &str) -> Option<String> {
+        let path = self.at(key);
+        let text = self.string(key, notes)?;
+        let rule = &crate::api::rules::DURATION;
+        if rule.is_match(&text) {
+            return Some(text);
+        }
+        notes.warn(
+            path,
+            format!(
+                "{} {}; not carried over ({default})",
+                super::notes::quoted(&text),
+                rule.message
+            ),
+        );
+        None
+    }
+
     /// Field `key` as a nested mapping.
     pub fn object(&mut self, key: &str, notes: &mut Notes) -> Option<Fields<'a>> {
         let path = self.at(key);

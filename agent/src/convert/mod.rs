@@ -10,6 +10,7 @@ pub mod errors;
 mod eso;
 mod eso_cluster;
 mod eso_generator;
+mod eso_push;
 mod eso_refs;
 mod eso_store;
 mod eso_vault;
@@ -106,6 +107,7 @@ enum Source {
     SecretProviderClass,
     ExternalSecret,
     ClusterExternalSecret,
+    PushSecret,
     Store(StoreKind),
     /// An ESO generator of a kind Latchkey has.
     Generator(&'static str),
@@ -127,6 +129,10 @@ fn source(api_version: &str, kind: &str) -> Result<Source, String> {
         "external-secrets.io" => match (kind, version) {
             ("ExternalSecret", "v1" | "v1beta1") => Ok(Source::ExternalSecret),
             ("ClusterExternalSecret", "v1" | "v1beta1") => Ok(Source::ClusterExternalSecret),
+            ("PushSecret", "v1alpha1") => Ok(Source::PushSecret),
+            ("PushSecret", _) => Ok(Source::Unsupported(format!(
+                "apiVersion {api_version} is not supported (v1alpha1 is)"
+            ))),
             ("SecretStore", "v1" | "v1beta1") => Ok(Source::Store(StoreKind::SecretStore)),
             ("ClusterSecretStore", "v1" | "v1beta1") => {
                 Ok(Source::Store(StoreKind::ClusterSecretStore))
@@ -206,6 +212,9 @@ fn convert_object(obj: &Object) -> Result<Outcome, String> {
         Source::ClusterExternalSecret => {
             eso_cluster::cluster_external_secret(&mut top, &meta, &mut notes)
                 .map(|d| (d, Vec::new()))
+        }
+        Source::PushSecret => {
+            eso_push::push_secret(&mut top, &meta, &mut notes).map(|d| (d, Vec::new()))
         }
         Source::Store(kind) => {
             eso_store::store(&mut top, &meta, kind, &mut notes).map(|d| (d, Vec::new()))

@@ -9,6 +9,7 @@ use super::errors::ConvertError;
 use super::notes::Notes;
 use crate::api::cluster_external_secret::ClusterExternalSecret;
 use crate::api::generator::{ClusterGenerator, Password, VaultDynamicSecret};
+use crate::api::push_secret::PushSecret;
 use crate::api::validate::{self, Invalid};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 
@@ -32,6 +33,8 @@ pub enum Document {
     ClusterGenerator(Box<ClusterGenerator>),
     /// `latchkey.dev/v1alpha1` ClusterExternalSecret.
     ClusterExternalSecret(Box<ClusterExternalSecret>),
+    /// `latchkey.dev/v1alpha1` PushSecret.
+    PushSecret(Box<PushSecret>),
 }
 
 impl Document {
@@ -45,6 +48,7 @@ impl Document {
             Document::VaultDynamicSecret(o) => ("VaultDynamicSecret", &o.metadata),
             Document::ClusterGenerator(o) => ("ClusterGenerator", &o.metadata),
             Document::ClusterExternalSecret(o) => ("ClusterExternalSecret", &o.metadata),
+            Document::PushSecret(o) => ("PushSecret", &o.metadata),
         };
         let ns = match self {
             Document::ClusterSecretStore(_)
@@ -83,6 +87,7 @@ impl Document {
             }
             Document::ClusterGenerator(o) => validate::generator::cluster_generator(&o.spec),
             Document::ClusterExternalSecret(o) => validate::cluster_external_secret(&o.spec),
+            Document::PushSecret(o) => validate::push_secret(&o.spec),
         }
     }
 
@@ -98,6 +103,7 @@ impl Document {
             Document::VaultDynamicSecret(o) => serde_norway::to_string(o),
             Document::ClusterGenerator(o) => serde_norway::to_string(o),
             Document::ClusterExternalSecret(o) => serde_norway::to_string(o),
+            Document::PushSecret(o) => serde_norway::to_string(o),
         };
         rendered.map_err(|source| ConvertError::Render {
             what: self.describe(),
