@@ -81,8 +81,10 @@ async fn bao(issuer: &JwtIssuer) -> OpenBao {
     bao.api(
         "POST",
         "auth/jwt/role/read",
-        Some(json!({"role_type": "jwt", "bound_audiences": [AUDIENCE], "user_claim": "sub",
-                    "token_policies": ["read"], "token_ttl": "1h"})),
+        Some(
+            json!({"role_type": "jwt", "bound_audiences": [AUDIENCE], "user_claim": "sub",
+                    "token_policies": ["read"], "token_ttl": "1h"}),
+        ),
     )
     .await;
     bao
@@ -143,7 +145,9 @@ async fn pusher_at(
 
 /// `secret/<key>`'s current data, or Null when it has none.
 async fn data(bao: &OpenBao, key: &str) -> Value {
-    let (code, v) = bao.request("GET", &format!("secret/data/{key}"), None).await;
+    let (code, v) = bao
+        .request("GET", &format!("secret/data/{key}"), None)
+        .await;
     match code {
         200 => v["data"]["data"].clone(),
         404 => Value::Null,
@@ -320,10 +324,7 @@ async fn delete_removes_only_what_was_pushed() {
     shared["c"] = json!("3");
     bao.put_v2("secret", "prod/pair", shared).await;
     push.delete("prod/pair", &["a".to_string()]).await.unwrap();
-    assert_eq!(
-        data(&bao, "prod/pair").await,
-        json!({"b": "2", "c": "3"})
-    );
+    assert_eq!(data(&bao, "prod/pair").await, json!({"b": "2", "c": "3"}));
     // The last pushed property goes; theirs keeps the secret.
     push.delete("prod/pair", &["b".to_string()]).await.unwrap();
     assert_eq!(data(&bao, "prod/pair").await, json!({"c": "3"}));
@@ -383,7 +384,10 @@ async fn kv_v1_is_refused_and_nothing_written() {
     let err = push.push("prod/db", &value, REPLACE).await.unwrap_err();
     assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
     let text = err.to_string();
-    assert!(text.contains("KV v1") && text.contains("KV v2 mount"), "{text}");
+    assert!(
+        text.contains("KV v1") && text.contains("KV v2 mount"),
+        "{text}"
+    );
     let err = push.delete("prod/db", &[]).await.unwrap_err();
     assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
     // A store that says v2 for what is a v1 mount: refused before anything is written.
@@ -473,7 +477,10 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     // Created by someone else between Latchkey's read (absent) and its create.
     let value = props(&[("password", PASSWORD)]);
     let err = push.push("prod/race", &value, REPLACE).await.unwrap_err();
-    assert!(matches!(err, PushError::Changed { version: 0, .. }), "{err}");
+    assert!(
+        matches!(err, PushError::Changed { version: 0, .. }),
+        "{err}"
+    );
     assert_eq!(err.reason(), "ConcurrentWrite");
     assert!(err.to_string().contains("\"prod/race\""), "{err}");
     assert_no_secret(&err, &bao);
@@ -494,7 +501,10 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
         .push("prod/race2", &changed, REPLACE)
         .await
         .unwrap_err();
-    assert!(matches!(err, PushError::Changed { version: 1, .. }), "{err}");
+    assert!(
+        matches!(err, PushError::Changed { version: 1, .. }),
+        "{err}"
+    );
     assert_eq!(data(&bao, "prod/race2").await, json!({"owner": THEIRS}));
     // The next push reads again and merges into what is there now.
     direct.push("prod/race2", &changed, REPLACE).await.unwrap();
@@ -727,7 +737,10 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
         shown.push_str(&event.to_string());
     }
     let events = s.events();
-    assert!(events.iter().any(|e| e["reason"] == "PushFailed"), "{events:?}");
+    assert!(
+        events.iter().any(|e| e["reason"] == "PushFailed"),
+        "{events:?}"
+    );
     for secret in [
         PASSWORD,
         NEW_PASSWORD,

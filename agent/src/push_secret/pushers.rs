@@ -14,8 +14,8 @@ use crate::mirror::consent;
 use crate::mirror::tokens::TokenMinter;
 use crate::providers::aws::push::AwsPush;
 use crate::providers::fake_push::FakePush;
-use crate::providers::vault::push::VaultPush;
 use crate::providers::push::{PushError, Pusher, unimplemented};
+use crate::providers::vault::push::VaultPush;
 use crate::providers::{BuildContext, Env, ProviderError};
 
 /// The store a push goes to, as resolved for one PushSecret.

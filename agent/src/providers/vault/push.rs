@@ -102,7 +102,10 @@ impl VaultPush {
         key: &str,
     ) -> Result<Option<Metadata>, PushError> {
         let path = self.path("metadata", key);
-        let answer = match client.json(call(RequestMethod::GET, &path, None, None)).await {
+        let answer = match client
+            .json(call(RequestMethod::GET, &path, None, None))
+            .await
+        {
             Ok(answer) => answer,
             Err(e) if status(&e) == Some(404) => return Ok(None),
             Err(e) => return Err(failed(e, "read", &path, remote_key, None)),
@@ -200,7 +203,9 @@ impl VaultPush {
     ) -> Result<(), PushError> {
         let path = self.path("metadata", key);
         custom.insert(MARK_KEY.into(), Value::String(MARK_VALUE.into()));
-        let body = json!({ "custom_metadata": custom }).to_string().into_bytes();
+        let body = json!({ "custom_metadata": custom })
+            .to_string()
+            .into_bytes();
         client
             .json(call(RequestMethod::POST, &path, None, Some(body)))
             .await
@@ -231,7 +236,10 @@ impl VaultPush {
     /// without access to the mount's description) goes on: the write's answer tells then.
     async fn refuse_v1_mount(&self, client: &Transport, remote_key: &str) -> Result<(), PushError> {
         let path = format!("sys/internal/ui/mounts/{}", self.mount);
-        let Ok(answer) = client.json(call(RequestMethod::GET, &path, None, None)).await else {
+        let Ok(answer) = client
+            .json(call(RequestMethod::GET, &path, None, None))
+            .await
+        else {
             return Ok(());
         };
         let data = answer.value.as_ref().map_or(&Value::Null, |v| &v["data"]);
@@ -390,13 +398,17 @@ fn failed(e: ClientError, op: &str, path: &str, remote_key: &str, cas: Option<u6
                 version,
             }
         }
-        (ClientError::APIError { code: 401 | 403, errors }, _) => {
-            PushError::Backend(ProviderError::PermissionDenied(format!(
-                "Vault denied {op} on {path:?}{}: its policy needs create, read, update and \
+        (
+            ClientError::APIError {
+                code: 401 | 403,
+                errors,
+            },
+            _,
+        ) => PushError::Backend(ProviderError::PermissionDenied(format!(
+            "Vault denied {op} on {path:?}{}: its policy needs create, read, update and \
                  delete on <mount>/data/* and <mount>/metadata/*",
-                reason(errors)
-            )))
-        }
+            reason(errors)
+        ))),
         _ if status(&e) == Some(404) => PushError::Backend(ProviderError::Config(format!(
             "Vault answered 404 to {op} on {path:?}: no KV v2 engine is mounted there"
         ))),
@@ -441,7 +453,10 @@ mod tests {
             "check-and-set parameter did not match the current version",
         );
         let err = failed(e, "update", "secret/data/prod/db", "prod/db", Some(3));
-        assert!(matches!(err, PushError::Changed { version: 3, .. }), "{err}");
+        assert!(
+            matches!(err, PushError::Changed { version: 3, .. }),
+            "{err}"
+        );
         assert_eq!(err.reason(), "ConcurrentWrite");
         let text = err.to_string();
         assert!(text.contains("\"prod/db\""), "{text}");
