@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
 use support::openbao::{JwtIssuer, OpenBao, random_hex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::race_proxy::RaceProxy;
 
 const PASSWORD: &str = "vault-push-password-3318";
 const NEW_PASSWORD: &str = "vault-push-password-rotated-7720";
@@ -172,6 +172,7 @@ fn assert_no_secret(err: &PushError, bao: &OpenBao) {
     for value in [PASSWORD, NEW_PASSWORD, THEIRS, bao.root_token.as_str()] {
         assert!(!text.contains(value), "leaked: {text}");
     }
+    assert!(!has_vault_token(&text), "a token leaked: {text}");
 }
 
 #[tokio::test]
@@ -398,80 +399,27 @@ async fn kv_v1_is_refused_and_nothing_written() {
     assert_eq!(code, 404, "something was written: {listed}");
 }
 
-/// A proxy to OpenBao that, before it forwards Latchkey's data write to `key`, writes that
-/// secret itself with the root token: someone else's write landing between Latchkey's read and
-/// its write. One request per connection (`Connection: close` is added).
-async fn racing_proxy(bao: &OpenBao, key: &str) -> (String, tokio::task::JoinHandle<()>) {
+/// A proxy to OpenBao that first writes `secret/<key>` itself (root token) when Latchkey's
+/// data write to it arrives: someone else's write between Latchkey's read and its write.
+async fn racing_proxy(bao: &OpenBao, key: &str) -> RaceProxy {
     let backend: std::net::SocketAddr = bao.url.trim_start_matches("http://").parse().unwrap();
-    let root = bao.root_token.clone();
+    let body = json!({"data": {"owner": THEIRS}}).to_string();
+    let interloper = format!(
+        "POST /v1/secret/data/{key} HTTP/1.0\r\nX-Vault-Token: {}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        bao.root_token,
+        body.len()
+    );
     let trigger = format!("POST /v1/secret/data/{key} ");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let key = key.to_string();
-    let task = tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            let (root, trigger, key) = (root.clone(), trigger.clone(), key.clone());
-            tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 8192];
-                let head_end = loop {
-                    let n = client.read(&mut buf).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    request.extend_from_slice(&buf[..n]);
-                    if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break at + 4;
-                    }
-                };
-                let head = String::from_utf8_lossy(&request[..head_end]).to_string();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        let (name, value) = l.split_once(':')?;
-                        name.eq_ignore_ascii_case("content-length")
-                            .then(|| value.trim().parse().ok())?
-                    })
-                    .unwrap_or(0);
-                while request.len() < head_end + length {
-                    let n = client.read(&mut buf).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    request.extend_from_slice(&buf[..n]);
-                }
-                if head.starts_with(&trigger) {
-                    let body = json!({"data": {"owner": THEIRS}}).to_string();
-                    let raw = format!(
-                        "POST /v1/secret/data/{key} HTTP/1.0\r\nX-Vault-Token: {root}\r\n\
-                         Content-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let mut s = tokio::net::TcpStream::connect(backend).await.unwrap();
-                    s.write_all(raw.as_bytes()).await.unwrap();
-                    let mut answer = Vec::new();
-                    s.read_to_end(&mut answer).await.unwrap();
-                }
-                let mut forwarded = head[..head_end - 2].to_string();
-                forwarded.push_str("Connection: close\r\n\r\n");
-                let mut server = tokio::net::TcpStream::connect(backend).await.unwrap();
-                server.write_all(forwarded.as_bytes()).await.unwrap();
-                server.write_all(&request[head_end..]).await.unwrap();
-                let mut answer = Vec::new();
-                server.read_to_end(&mut answer).await.unwrap();
-                let _ = client.write_all(&answer).await;
-            });
-        }
-    });
-    (url, task)
+    RaceProxy::start(backend, &trigger, interloper.into_bytes()).await
 }
 
 #[tokio::test]
 async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
-    let (url, proxy) = racing_proxy(&bao, "prod/race").await;
-    let push = pusher_at(&url, &issuer, "push", "secret", "v2")
+    let proxy = racing_proxy(&bao, "prod/race").await;
+    let push = pusher_at(&proxy.url, &issuer, "push", "secret", "v2")
         .await
         .unwrap();
     // Created by someone else between Latchkey's read (absent) and its create.
@@ -492,8 +440,8 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     // An update: Latchkey's secret, written over by someone else meanwhile.
     let direct = pusher(&bao, &issuer, "push", "secret", "v2").await.unwrap();
     direct.push("prod/race2", &value, REPLACE).await.unwrap();
-    let (url, proxy2) = racing_proxy(&bao, "prod/race2").await;
-    let push = pusher_at(&url, &issuer, "push", "secret", "v2")
+    let proxy2 = racing_proxy(&bao, "prod/race2").await;
+    let push = pusher_at(&proxy2.url, &issuer, "push", "secret", "v2")
         .await
         .unwrap();
     let changed = props(&[("password", NEW_PASSWORD)]);
@@ -512,8 +460,7 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
         data(&bao, "prod/race2").await,
         json!({"owner": THEIRS, "password": NEW_PASSWORD})
     );
-    proxy.abort();
-    proxy2.abort();
+    assert_eq!((proxy.raced(), proxy2.raced()), (1, 1));
 }
 
 // ---- the controller loop, end to end: `latchkey controller` against the fake API server ----
@@ -752,4 +699,21 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     ] {
         assert!(!shown.contains(secret), "{secret} shown");
     }
+    assert!(!has_vault_token(&shown), "a Vault token shown");
+}
+
+#[test]
+fn the_token_check_sees_tokens() {
+    assert!(has_vault_token("token=s.licWO3n1ovAifIzxAQH0leWs;"));
+    assert!(!has_vault_token("remote keys.prod/db, accessors. more"));
+}
+
+/// Whether `text` holds something shaped like an OpenBao token (`s.` and 24 letters or digits).
+fn has_vault_token(text: &str) -> bool {
+    text.match_indices("s.").any(|(at, _)| {
+        let rest = &text.as_bytes()[at + 2..];
+        rest.len() >= 24
+            && rest[..24].iter().all(u8::is_ascii_alphanumeric)
+            && rest.get(24).is_none_or(|b| !b.is_ascii_alphanumeric())
+    })
 }
