@@ -337,6 +337,24 @@ async fn delete_removes_only_what_was_pushed() {
     push.delete("prod/only", &["a".to_string()]).await.unwrap();
     assert_eq!(metadata(&bao, "prod/only").await, Value::Null);
 
+    // A marked secret whose current version was deleted (not destroyed): a push starts from
+    // nothing, as a new version.
+    push.push("prod/soft", &props(&[("a", "1")]), REPLACE)
+        .await
+        .unwrap();
+    bao.api("DELETE", "secret/data/prod/soft", None).await;
+    let after = push
+        .push("prod/soft", &props(&[("b", "2")]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(
+        after,
+        Pushed::Written {
+            version: "2".into()
+        }
+    );
+    assert_eq!(data(&bao, "prod/soft").await, json!({"b": "2"}));
+
     // A whole one goes, gone twice is fine, and it can be pushed again at once.
     let whole = PushValue::Whole(SecretBytes::from(r#"{"k":"v"}"#));
     push.push("prod/whole", &whole, REPLACE).await.unwrap();

@@ -46,8 +46,6 @@ struct Metadata {
     current_version: u64,
     /// Its custom metadata, kept whole when the mark is added (a write replaces all of it).
     custom: Map<String, Value>,
-    /// The current version is neither deleted nor destroyed.
-    live: bool,
 }
 
 impl Metadata {
@@ -119,14 +117,9 @@ impl VaultPush {
             Value::Object(map) => map.clone(),
             _ => Map::new(),
         };
-        let version = &data["versions"][current_version.to_string()];
-        let live = current_version > 0
-            && version["deletion_time"].as_str().is_none_or(str::is_empty)
-            && version["destroyed"] != Value::Bool(true);
         Ok(Some(Metadata {
             current_version,
             custom,
-            live,
         }))
     }
 
@@ -139,7 +132,9 @@ impl VaultPush {
         key: &str,
         meta: &Metadata,
     ) -> Result<Option<SecretBytes>, PushError> {
-        if !meta.live {
+        // Whether that version is deleted is asked of the data itself: the metadata's
+        // `deletion_time` is also set, in the future, on mounts with `delete_version_after`.
+        if meta.current_version == 0 {
             return Ok(None);
         }
         let path = self.path("data", key);
@@ -247,7 +242,11 @@ impl VaultPush {
         if kv && data["options"]["version"].as_str() != Some("2") {
             return Err(PushError::CannotPush {
                 remote_key: remote_key.to_string(),
-                why: V1_REFUSED.replace("the store's Vault mount", "the Vault mount"),
+                why: format!(
+                    "the store says KV v2, but Vault describes mount {:?} as KV v1, which has \
+                     no metadata to hold Latchkey's managed-by mark; push to a KV v2 mount",
+                    self.mount
+                ),
             });
         }
         Ok(())
