@@ -232,3 +232,127 @@ async fn an_account_that_may_not_write_is_refused_by_name() {
     assert_no_value(&err);
     assert!(s.get("v1", "Secret", Some("shop"), "db").is_none());
 }
+
+const CONTROLLER_TOKEN: &str = "k8s-push-controller-token";
+
+/// The real controller, with the deploy files' RBAC, pushes into a Secret of the PushSecret's
+/// namespace as its service account: every write to the target Secret is made with the
+/// account's token, never the controller's.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_controller_pushes_into_a_secret_as_the_service_account() {
+    let s = cluster().await;
+    let controller = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(CONTROLLER_TOKEN, controller.clone());
+    assert!(s.allow_roles_of(controller.clone(), "daemonset/components/mirror/rbac.yaml") > 10);
+    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "latchkey"}}));
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "writer", "namespace": "shop",
+                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(PASSWORD)}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "cluster", "namespace": "shop"},
+        "spec": {"provider": {"kubernetes": {}}}}),
+    );
+    let push_secret = |remote: &str| {
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
+            "metadata": {"name": format!("to-{remote}"), "namespace": "shop"},
+            "spec": {"serviceAccountName": "writer", "deletionPolicy": "Delete",
+                     "secretStoreRefs": [{"name": "cluster"}],
+                     "selector": {"secret": {"name": "db"}},
+                     "data": [{"match": {"secretKey": "password",
+                               "remoteRef": {"remoteKey": remote, "property": "password"}}}]}})
+    };
+    s.apply(push_secret("published"));
+    s.apply(push_secret("theirs"));
+    let c = support::controller::ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "k8s-push",
+        &[],
+    )
+    .await;
+    let within = Duration::from_secs(15);
+    let ready = |name: &str| {
+        let ps = s.get("latchkey.dev/v1alpha1", "PushSecret", Some("shop"), name)?;
+        let conditions = ps["status"]["conditions"].as_array()?.clone();
+        conditions.into_iter().find(|c| c["type"] == "Ready")
+    };
+    support::eventually(within, "pushed", || async {
+        data(&s, "published")
+            .is_some_and(|d| d.get("password").map(String::as_str) == Some(PASSWORD))
+    })
+    .await;
+    assert_eq!(label(&s, "published"), "latchkey");
+    // Someone else's Secret: a conflict named in the condition, the Secret untouched.
+    support::eventually(within, "the conflict", || async {
+        ready("to-theirs").is_some_and(|c| c["reason"] == "Conflict")
+    })
+    .await;
+    let message = ready("to-theirs").unwrap()["message"].to_string();
+    for part in ["PushSecret shop/to-theirs", "SecretStore/cluster", "theirs"] {
+        assert!(message.contains(part), "{message}");
+    }
+    assert_eq!(data(&s, "theirs").unwrap()["password"], THEIRS);
+
+    // A change is pushed; the write is the account's.
+    s.clear_requests();
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(NEW_PASSWORD)}}));
+    support::eventually(within, "the change pushed", || async {
+        data(&s, "published").is_some_and(|d| d["password"] == NEW_PASSWORD)
+    })
+    .await;
+    let writes: Vec<_> = s
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/secrets/published") && r.method != "GET")
+        .collect();
+    assert!(!writes.is_empty());
+    for w in &writes {
+        assert_eq!(
+            w.identity,
+            Some(Identity::service_account("shop", "writer")),
+            "{} {}",
+            w.method,
+            w.path
+        );
+    }
+
+    // Deleted with deletionPolicy Delete: the Secret it created goes, theirs stays.
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "PushSecret",
+        Some("shop"),
+        "to-published",
+    );
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "PushSecret",
+        Some("shop"),
+        "to-theirs",
+    );
+    support::eventually(within, "the pushed Secret deleted", || async {
+        s.get("v1", "Secret", Some("shop"), "published").is_none()
+    })
+    .await;
+    assert_eq!(data(&s, "theirs").unwrap()["password"], THEIRS);
+
+    let log = c.log_text();
+    let statuses =
+        serde_json::to_string(&s.objects("latchkey.dev/v1alpha1", "PushSecret")).unwrap();
+    let events = serde_json::to_string(&s.events()).unwrap();
+    for text in [&log, &statuses, &events] {
+        for value in [
+            PASSWORD,
+            NEW_PASSWORD,
+            THEIRS,
+            &b64(PASSWORD),
+            CONTROLLER_TOKEN,
+        ] {
+            assert!(!text.contains(value), "a value leaked");
+        }
+    }
+}

@@ -450,10 +450,8 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
         "spec": {"conditions": [{"namespaces": ["billing"]}],
                  "provider": {"fake": {"data": []}}}}));
     s.apply(json!({"apiVersion": API, "kind": "SecretStore",
-        "metadata": {"name": "vault", "namespace": "shop"},
-        "spec": {"provider": {"vault": {"server": "https://vault.example:8200",
-            "path": "secret", "version": "v2",
-            "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop", "audience": "vault"}}}}}}));
+        "metadata": {"name": "csi", "namespace": "shop"},
+        "spec": {"provider": {"secretsStoreCSI": {"provider": "files"}}}}));
     let cluster = json!({"name": "elsewhere", "kind": "ClusterSecretStore"});
     s.apply(push_secret_to(
         "outside",
@@ -462,14 +460,8 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
         "None",
         cluster,
     ));
-    let vault = json!({"name": "vault", "kind": "SecretStore"});
-    s.apply(push_secret_to(
-        "to-vault",
-        "pusher",
-        "prod/vault",
-        "None",
-        vault,
-    ));
+    let csi = json!({"name": "csi", "kind": "SecretStore"});
+    s.apply(push_secret_to("to-csi", "pusher", "prod/csi", "None", csi));
     let c = ControllerProcess::start(&s.kubeconfig_yaml(LOOP_TOKEN), "push-a", &[]).await;
 
     // Pushed: both properties in one write, listed in the status, Ready.
@@ -541,12 +533,12 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
             &["PushSecret shop/outside", "ClusterSecretStore/elsewhere"][..],
         ),
         (
-            "to-vault",
+            "to-csi",
             "Unimplemented",
             &[
-                "PushSecret shop/to-vault",
-                "SecretStore/vault",
-                "vault provider",
+                "PushSecret shop/to-csi",
+                "SecretStore/csi",
+                "secretsStoreCSI provider",
             ][..],
         ),
     ] {
@@ -569,7 +561,7 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
 
     // No value anywhere the controller reports.
     let mut shown = c.log_text();
-    for name in ["db", "denied", "clash", "outside", "to-vault"] {
+    for name in ["db", "denied", "clash", "outside", "to-csi"] {
         shown.push_str(
             &s.get(API, "PushSecret", Some("shop"), name)
                 .unwrap()

@@ -2,8 +2,8 @@
 //! its pushed keys at once (never half of them), and nothing written over or deleted that
 //! Latchkey did not write, unless the store allows adopting it.
 //!
-//! Only `fake` implements it in this slice; AWS Secrets Manager and Vault KV v2 come next. Every
-//! other provider answers [`PushError::Unimplemented`] through [`unimplemented`].
+//! `fake`, AWS Secrets Manager, Vault KV v2 and `kubernetes` implement it. Every other provider answers
+//! [`PushError::Unimplemented`] through [`unimplemented`].
 
 use std::collections::BTreeMap;
 
@@ -93,6 +93,27 @@ pub enum PushError {
         /// The limit.
         max: usize,
     },
+    /// The remote secret changed between Latchkey's read of it and its write (a check-and-set
+    /// failed): someone else wrote it meanwhile. Nothing was written; the next push reads again.
+    #[error(
+        "remote key {remote_key:?} was written by someone else while Latchkey pushed it (its \
+         version is no longer {version}); nothing was written, the next push tries again"
+    )]
+    Changed {
+        /// The remote secret.
+        remote_key: String,
+        /// The version Latchkey read and wrote against.
+        version: u64,
+    },
+    /// This remote secret cannot be pushed to this store, whatever is retried (the store's
+    /// engine cannot hold Latchkey's mark, or the value has no shape it can store).
+    #[error("remote key {remote_key:?} cannot be pushed: {why}")]
+    CannotPush {
+        /// The remote secret.
+        remote_key: String,
+        /// Why, and what to do instead.
+        why: String,
+    },
     /// The store's provider cannot be written to (yet).
     #[error("the {provider} provider cannot be pushed to")]
     Unimplemented {
@@ -111,6 +132,8 @@ impl PushError {
             PushError::Conflict { .. } => "Conflict",
             PushError::NotAnObject { .. } | PushError::NotText { .. } => "InvalidRemote",
             PushError::TooLarge { .. } => "TooLarge",
+            PushError::Changed { .. } => "ConcurrentWrite",
+            PushError::CannotPush { .. } => "Unsupported",
             PushError::Unimplemented { .. } => "Unimplemented",
             PushError::Backend(_) => "BackendError",
         }

@@ -1,7 +1,8 @@
 //! Which [`Pusher`] writes a store, as the PushSecret's service account: the `fake` provider's
-//! in-memory one, AWS Secrets Manager with the account's tokens under the mirror's consent and
-//! token rules (exactly as the mirror fetches as `spec.serviceAccountName`), and for every other
-//! provider an answer of [`PushError::Unimplemented`] naming it.
+//! in-memory one, AWS Secrets Manager, Vault KV v2 and the kubernetes provider with the
+//! account's tokens under the mirror's consent and token rules (exactly as the mirror fetches as
+//! `spec.serviceAccountName`), and for every other provider an answer of
+//! [`PushError::Unimplemented`] naming it.
 
 use std::sync::Arc;
 
@@ -14,7 +15,9 @@ use crate::mirror::consent;
 use crate::mirror::tokens::TokenMinter;
 use crate::providers::aws::push::AwsPush;
 use crate::providers::fake_push::FakePush;
+use crate::providers::kubernetes_push::KubernetesPush;
 use crate::providers::push::{PushError, Pusher, unimplemented};
+use crate::providers::vault::push::VaultPush;
 use crate::providers::{BuildContext, Env, ProviderError};
 
 /// The store a push goes to, as resolved for one PushSecret.
@@ -58,6 +61,37 @@ pub fn fake_store_id(kind: StoreKind, namespace: &str, store: &str) -> String {
     }
 }
 
+impl StorePushers {
+    /// The PushSecret's service account as the identity a store is written with: its tokens
+    /// for the audiences the store needs, minted under the mirror's consent rules (the
+    /// account's opt-in annotation is checked by the minter).
+    async fn account(&self, target: &StoreTarget<'_>) -> Result<PodInfo, PushError> {
+        let audiences = consent::audiences(target.spec, target.kind, self.allow_agent_identity)
+            .map_err(|e| ProviderError::Config(e.to_string()))?;
+        let tokens = self
+            .minter
+            .tokens(target.namespace, target.service_account, &audiences)
+            .await
+            .map_err(|e| ProviderError::Config(e.to_string()))?;
+        Ok(PodInfo {
+            namespace: target.namespace.to_string(),
+            name: target.push_secret.to_string(),
+            uid: String::new(),
+            service_account: target.service_account.to_string(),
+            tokens,
+        })
+    }
+
+    fn context<'a>(&'a self, target: &StoreTarget<'_>, pod: &'a PodInfo) -> BuildContext<'a> {
+        BuildContext {
+            env: &self.env,
+            pod,
+            store_kind: target.kind,
+            max_age: None,
+        }
+    }
+}
+
 #[async_trait]
 impl Pushers for StorePushers {
     async fn pusher(&self, target: &StoreTarget<'_>) -> Result<Arc<dyn Pusher>, PushError> {
@@ -67,31 +101,20 @@ impl Pushers for StorePushers {
                 fake,
             )?)),
             ProviderSpec::Aws(aws) => {
-                let audiences =
-                    consent::audiences(target.spec, target.kind, self.allow_agent_identity)
-                        .map_err(|e| ProviderError::Config(e.to_string()))?;
-                let tokens = self
-                    .minter
-                    .tokens(target.namespace, target.service_account, &audiences)
-                    .await
-                    .map_err(|e| ProviderError::Config(e.to_string()))?;
-                let pod = PodInfo {
-                    namespace: target.namespace.to_string(),
-                    name: target.push_secret.to_string(),
-                    uid: String::new(),
-                    service_account: target.service_account.to_string(),
-                    tokens,
-                };
-                let ctx = BuildContext {
-                    env: &self.env,
-                    pod: &pod,
-                    store_kind: target.kind,
-                    max_age: None,
-                };
+                let pod = self.account(target).await?;
+                let ctx = self.context(target, &pod);
                 Ok(Arc::new(AwsPush::new(aws, &ctx).await?))
             }
-            ProviderSpec::Vault(_) => Err(unimplemented("vault")),
-            ProviderSpec::Kubernetes(_) => Err(unimplemented("kubernetes")),
+            ProviderSpec::Vault(vault) => {
+                let pod = self.account(target).await?;
+                let ctx = self.context(target, &pod);
+                Ok(Arc::new(VaultPush::new(vault, &ctx).await?))
+            }
+            ProviderSpec::Kubernetes(kubernetes) => {
+                let pod = self.account(target).await?;
+                let ctx = self.context(target, &pod);
+                Ok(Arc::new(KubernetesPush::new(kubernetes, &ctx)?))
+            }
             ProviderSpec::Plugin(_) => Err(unimplemented("plugin")),
             ProviderSpec::SecretsStoreCsi(_) => Err(unimplemented("secretsStoreCSI")),
         }

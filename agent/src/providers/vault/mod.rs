@@ -22,6 +22,7 @@ use vaultrs::error::ClientError;
 mod auth;
 pub(crate) mod errors;
 pub mod iam;
+pub mod push;
 mod secret_auth;
 pub mod tokens;
 pub(crate) mod transport;
@@ -52,24 +53,7 @@ pub struct Vault {
 impl Vault {
     /// Builds a client for the store and authenticates it (reusing a cached login if any).
     pub async fn new(spec: &VaultProvider, ctx: &BuildContext<'_>) -> Result<Self, ProviderError> {
-        let kv = match spec.version.as_deref() {
-            None | Some("v2") => Kv::V2,
-            Some("v1") => Kv::V1,
-            Some(other) => {
-                return Err(ProviderError::Config(format!(
-                    "vault.version {other:?} is neither v1 nor v2"
-                )));
-            }
-        };
-        let mount = spec
-            .path
-            .as_deref()
-            .unwrap_or("secret")
-            .trim_matches('/')
-            .to_string();
-        if mount.is_empty() {
-            return Err(ProviderError::Config("vault.path is empty".into()));
-        }
+        let (mount, kv) = mount_and_kv(spec)?;
         let client = logged_in(spec, ctx).await?;
         Ok(Self { client, mount, kv })
     }
@@ -206,6 +190,29 @@ impl Provider for Vault {
         }
         found(results)
     }
+}
+
+/// The store's KV mount (`vault.path`, default `secret`) and engine version.
+fn mount_and_kv(spec: &VaultProvider) -> Result<(String, Kv), ProviderError> {
+    let kv = match spec.version.as_deref() {
+        None | Some("v2") => Kv::V2,
+        Some("v1") => Kv::V1,
+        Some(other) => {
+            return Err(ProviderError::Config(format!(
+                "vault.version {other:?} is neither v1 nor v2"
+            )));
+        }
+    };
+    let mount = spec
+        .path
+        .as_deref()
+        .unwrap_or("secret")
+        .trim_matches('/')
+        .to_string();
+    if mount.is_empty() {
+        return Err(ProviderError::Config("vault.path is empty".into()));
+    }
+    Ok((mount, kv))
 }
 
 /// A transport for `spec`'s server, logged in as `ctx`'s identity exactly as a store read is

@@ -1,0 +1,499 @@
+//! PushSecret writes to Vault / OpenBao KV v2, as the identity a store read logs in as.
+//!
+//! - The mark is the secret's custom metadata `managed-by: latchkey`, set once Latchkey created
+//!   it (or adopted it, when the store allows). A secret whose metadata lacks it is someone
+//!   else's: a push is a conflict and a delete leaves it.
+//! - Every data write is a check-and-set against the version read just before (0: create only),
+//!   so a secret written by someone else between the read and the write fails the push
+//!   ([`PushError::Changed`]) instead of being overwritten; the next push reads it again.
+//! - KV v1 is refused: it has no metadata to hold the mark, so nothing written there could be
+//!   told apart from what others wrote, and an update or delete could not be made safe.
+//!
+//! Errors name the path and the remote key, never a token or a value.
+
+use async_trait::async_trait;
+use rustify::enums::RequestMethod;
+use rustify::errors::ClientError as RestError;
+use serde_json::{Map, Value, json};
+use vaultrs::error::ClientError;
+
+use super::super::push::{
+    MARK_KEY, MARK_VALUE, PushError, PushPolicy, PushValue, Pushed, Pusher, fits, merge_properties,
+    remove_properties,
+};
+use super::super::{BuildContext, ProviderError};
+use super::errors::{reason, server_error};
+use super::transport::{Call, Transport};
+use super::{Kv, logged_in, mount_and_kv};
+use crate::api::store::VaultProvider;
+use crate::secret::SecretBytes;
+
+/// Why a KV v1 store is not written.
+const V1_REFUSED: &str = "the store's Vault mount is KV v1, which has no metadata to hold \
+    Latchkey's managed-by mark, so a push could neither tell its own secrets from others' nor \
+    update or delete them safely; push to a KV v2 mount (vault.version: v2)";
+
+/// Writes one store's KV v2 mount as one identity.
+pub struct VaultPush {
+    mount: String,
+    /// `None` for a KV v1 store, refused before any login.
+    client: Option<Transport>,
+}
+
+/// What `metadata/<key>` says of an existing secret.
+struct Metadata {
+    /// 0 when the secret has metadata but no version yet.
+    current_version: u64,
+    /// Its custom metadata, kept whole when the mark is added (a write replaces all of it).
+    custom: Map<String, Value>,
+}
+
+impl Metadata {
+    fn marked(&self) -> bool {
+        self.custom.get(MARK_KEY).and_then(Value::as_str) == Some(MARK_VALUE)
+    }
+}
+
+impl VaultPush {
+    /// Logs in as the store says, exactly as a store read does (same auth methods, same shared
+    /// token cache); a KV v1 store is not logged in to, every call to it is refused.
+    pub async fn new(spec: &VaultProvider, ctx: &BuildContext<'_>) -> Result<Self, ProviderError> {
+        let (mount, kv) = mount_and_kv(spec)?;
+        let client = match kv {
+            Kv::V1 => None,
+            Kv::V2 => Some(logged_in(spec, ctx).await?),
+        };
+        Ok(Self { mount, client })
+    }
+
+    /// The client, and `remote_key` as a path below the mount; refused for KV v1 and for keys
+    /// that do not name one secret.
+    fn target<'k>(&self, remote_key: &'k str) -> Result<(&Transport, &'k str), PushError> {
+        let cannot = |why: &str| PushError::CannotPush {
+            remote_key: remote_key.to_string(),
+            why: why.to_string(),
+        };
+        let client = self.client.as_ref().ok_or_else(|| cannot(V1_REFUSED))?;
+        // As the read side: a leading slash is not part of the name.
+        let key = remote_key.trim_start_matches('/');
+        if key.is_empty()
+            || key
+                .split('/')
+                .any(|s| s.is_empty() || s == "." || s == ".." || s.chars().any(char::is_control))
+        {
+            return Err(cannot(
+                "a Vault secret path needs non-empty segments, without `.` or `..`",
+            ));
+        }
+        Ok((client, key))
+    }
+
+    fn path(&self, part: &str, key: &str) -> String {
+        format!("{}/{part}/{key}", self.mount)
+    }
+
+    /// The secret's metadata, `None` when it does not exist.
+    async fn metadata(
+        &self,
+        client: &Transport,
+        remote_key: &str,
+        key: &str,
+    ) -> Result<Option<Metadata>, PushError> {
+        let path = self.path("metadata", key);
+        let answer = match client
+            .json(call(RequestMethod::GET, &path, None, None))
+            .await
+        {
+            Ok(answer) => answer,
+            Err(e) if status(&e) == Some(404) => return Ok(None),
+            Err(e) => return Err(failed(e, "read", &path, remote_key, None)),
+        };
+        let data = answer.value.as_ref().map_or(&Value::Null, |v| &v["data"]);
+        if !data.is_object() {
+            return Err(not_kv2(&self.mount, &path));
+        }
+        let current_version = data["current_version"].as_u64().unwrap_or(0);
+        let custom = match &data["custom_metadata"] {
+            Value::Object(map) => map.clone(),
+            _ => Map::new(),
+        };
+        Ok(Some(Metadata {
+            current_version,
+            custom,
+        }))
+    }
+
+    /// The data map of the secret's current version as JSON, `None` when it has none (deleted,
+    /// destroyed, or never written).
+    async fn current(
+        &self,
+        client: &Transport,
+        remote_key: &str,
+        key: &str,
+        meta: &Metadata,
+    ) -> Result<Option<SecretBytes>, PushError> {
+        // Whether that version is deleted is asked of the data itself: the metadata's
+        // `deletion_time` is also set, in the future, on mounts with `delete_version_after`.
+        if meta.current_version == 0 {
+            return Ok(None);
+        }
+        let path = self.path("data", key);
+        // That very version: what is merged into is what the check-and-set is against.
+        let query = format!("version={}", meta.current_version);
+        let answer = match client
+            .json(call(RequestMethod::GET, &path, Some(query), None))
+            .await
+        {
+            Ok(answer) => answer,
+            // Deleted since the metadata was read.
+            Err(e) if status(&e) == Some(404) => return Ok(None),
+            Err(e) => return Err(failed(e, "read", &path, remote_key, None)),
+        };
+        match answer.value.as_ref().map(|v| &v["data"]["data"]) {
+            Some(Value::Null) | None => Ok(None),
+            Some(data) => {
+                let bytes = serde_json::to_vec(data).map_err(|_| not_kv2(&self.mount, &path))?;
+                Ok(Some(SecretBytes::new(bytes)))
+            }
+        }
+    }
+
+    /// Writes `data` (a JSON object) as the new version, if the current one is still `cas`;
+    /// the version written.
+    async fn write(
+        &self,
+        client: &Transport,
+        remote_key: &str,
+        key: &str,
+        data: &SecretBytes,
+        cas: u64,
+    ) -> Result<u64, PushError> {
+        let path = self.path("data", key);
+        // Spliced rather than built as a JSON tree: the value is not copied into strings that
+        // outlive the request.
+        let head = format!("{{\"options\":{{\"cas\":{cas}}},\"data\":");
+        let mut body = Vec::with_capacity(head.len() + data.len() + 1);
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(data.expose());
+        body.push(b'}');
+        let answer = client
+            .json(call(RequestMethod::POST, &path, None, Some(body)))
+            .await
+            .map_err(|e| failed(e, "update", &path, remote_key, Some(cas)))?;
+        // A KV v1 mount answers a write with no body (and has stored it under `data/`).
+        answer
+            .value
+            .as_ref()
+            .and_then(|v| v["data"]["version"].as_u64())
+            .ok_or_else(|| not_kv2(&self.mount, &path))
+    }
+
+    /// Sets the mark, keeping the rest of the custom metadata.
+    async fn mark(
+        &self,
+        client: &Transport,
+        remote_key: &str,
+        key: &str,
+        mut custom: Map<String, Value>,
+    ) -> Result<(), PushError> {
+        let path = self.path("metadata", key);
+        custom.insert(MARK_KEY.into(), Value::String(MARK_VALUE.into()));
+        let body = json!({ "custom_metadata": custom })
+            .to_string()
+            .into_bytes();
+        client
+            .json(call(RequestMethod::POST, &path, None, Some(body)))
+            .await
+            .map(|_| ())
+            .map_err(|e| failed(e, "update", &path, remote_key, None))
+    }
+
+    /// Deletes the secret with every version and its metadata; gone already is fine.
+    async fn destroy(
+        &self,
+        client: &Transport,
+        remote_key: &str,
+        key: &str,
+    ) -> Result<(), PushError> {
+        let path = self.path("metadata", key);
+        match client
+            .json(call(RequestMethod::DELETE, &path, None, None))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if status(&e) == Some(404) => Ok(()),
+            Err(e) => Err(failed(e, "delete", &path, remote_key, None)),
+        }
+    }
+
+    /// Refuses a mount Vault reports as KV v1 before a secret is created there, which a v2
+    /// write would otherwise store as a v1 secret named `data/<key>`. Not knowing (a token
+    /// without access to the mount's description) goes on: the write's answer tells then.
+    async fn refuse_v1_mount(&self, client: &Transport, remote_key: &str) -> Result<(), PushError> {
+        let path = format!("sys/internal/ui/mounts/{}", self.mount);
+        let Ok(answer) = client
+            .json(call(RequestMethod::GET, &path, None, None))
+            .await
+        else {
+            return Ok(());
+        };
+        let data = answer.value.as_ref().map_or(&Value::Null, |v| &v["data"]);
+        let kv = matches!(data["type"].as_str(), Some("kv" | "generic"));
+        if kv && data["options"]["version"].as_str() != Some("2") {
+            return Err(PushError::CannotPush {
+                remote_key: remote_key.to_string(),
+                why: format!(
+                    "the store says KV v2, but Vault describes mount {:?} as KV v1, which has \
+                     no metadata to hold Latchkey's managed-by mark; push to a KV v2 mount",
+                    self.mount
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Pusher for VaultPush {
+    async fn push(
+        &self,
+        remote_key: &str,
+        value: &PushValue,
+        policy: PushPolicy,
+    ) -> Result<Pushed, PushError> {
+        let (client, key) = self.target(remote_key)?;
+        let Some(meta) = self.metadata(client, remote_key, key).await? else {
+            let data = match value {
+                PushValue::Whole(bytes) => whole(remote_key, bytes)?,
+                PushValue::Properties(properties) => {
+                    merge_properties(remote_key, None, properties)?
+                }
+            };
+            self.refuse_v1_mount(client, remote_key).await?;
+            // Written first, marked after: marking first would put the mark on a secret
+            // someone else created in between (the write then fails its check-and-set).
+            let version = self.write(client, remote_key, key, &data, 0).await?;
+            self.mark(client, remote_key, key, Map::new())
+                .await
+                .map_err(|e| unmarked(e, version))?;
+            return Ok(Pushed::Written {
+                version: version.to_string(),
+            });
+        };
+        if policy.if_not_exists {
+            return Ok(Pushed::Kept);
+        }
+        let marked = meta.marked();
+        if !marked && !policy.adopt {
+            return Err(PushError::Conflict {
+                remote_key: remote_key.to_string(),
+            });
+        }
+        // Built whole before the one write: every property goes in, or none.
+        let data = match value {
+            PushValue::Whole(bytes) => whole(remote_key, bytes)?,
+            PushValue::Properties(properties) => {
+                let current = self.current(client, remote_key, key, &meta).await?;
+                merge_properties(remote_key, current.as_ref(), properties)?
+            }
+        };
+        let version = self
+            .write(client, remote_key, key, &data, meta.current_version)
+            .await?;
+        // Marked only once written: a failed write must not leave someone else's secret
+        // looking like Latchkey's (which `deletionPolicy: Delete` would then remove).
+        if !marked {
+            self.mark(client, remote_key, key, meta.custom).await?;
+        }
+        Ok(Pushed::Written {
+            version: version.to_string(),
+        })
+    }
+
+    async fn delete(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {
+        let (client, key) = self.target(remote_key)?;
+        let Some(meta) = self.metadata(client, remote_key, key).await? else {
+            return Ok(());
+        };
+        let marked = meta.marked();
+        if properties.is_empty() {
+            if !marked {
+                return Err(PushError::Conflict {
+                    remote_key: remote_key.to_string(),
+                });
+            }
+            return self.destroy(client, remote_key, key).await;
+        }
+        let Some(current) = self.current(client, remote_key, key, &meta).await? else {
+            // No current data: no property of it is left to remove.
+            return match marked {
+                true => self.destroy(client, remote_key, key).await,
+                false => Ok(()),
+            };
+        };
+        let cas = meta.current_version;
+        match remove_properties(remote_key, &current, properties)? {
+            Some(left) => self
+                .write(client, remote_key, key, &left, cas)
+                .await
+                .map(|_| ()),
+            None if marked => self.destroy(client, remote_key, key).await,
+            None => self
+                .write(client, remote_key, key, &SecretBytes::from("{}"), cas)
+                .await
+                .map(|_| ()),
+        }
+    }
+}
+
+/// A whole value as a KV data map. As ESO's Vault provider (which unmarshals a pushed whole
+/// Secret key into the secret's data map and fails otherwise), only a JSON object is stored:
+/// KV holds a map of keys, and wrapping any other value under an invented key would make a
+/// secret ESO users do not expect. `remoteRef.property` pushes a value as one key instead.
+fn whole(remote_key: &str, bytes: &SecretBytes) -> Result<SecretBytes, PushError> {
+    let bytes = fits(remote_key, bytes.clone())?;
+    match serde_json::from_slice::<Value>(bytes.expose()) {
+        Ok(Value::Object(_)) => Ok(bytes),
+        _ => Err(PushError::CannotPush {
+            remote_key: remote_key.to_string(),
+            why: "a whole value pushed to Vault KV must be a JSON object (a KV secret is a map \
+                  of keys, as ESO requires too); set remoteRef.property to push it as one key"
+                .into(),
+        }),
+    }
+}
+
+fn call(method: RequestMethod, path: &str, query: Option<String>, body: Option<Vec<u8>>) -> Call {
+    Call {
+        method,
+        path: path.to_string(),
+        query,
+        body,
+    }
+}
+
+/// The HTTP status Vault answered with, if it answered.
+fn status(e: &ClientError) -> Option<u16> {
+    match e {
+        ClientError::APIError { code, .. } => Some(*code),
+        // An error answer without Vault's `errors` list (a deleted version's 404 carries its
+        // metadata instead).
+        ClientError::RestClientError {
+            source: RestError::ServerResponseError { code, .. },
+        } => Some(*code),
+        _ => None,
+    }
+}
+
+/// A failed `op` on `path` as a push error: a failed check-and-set (`cas`) is
+/// [`PushError::Changed`], a refusal names the path, the rest reads as for a store read.
+fn failed(e: ClientError, op: &str, path: &str, remote_key: &str, cas: Option<u64>) -> PushError {
+    match (&e, cas) {
+        (ClientError::APIError { code: 400, errors }, Some(version))
+            if errors.iter().any(|m| m.contains("check-and-set")) =>
+        {
+            PushError::Changed {
+                remote_key: remote_key.to_string(),
+                version,
+            }
+        }
+        (
+            ClientError::APIError {
+                code: 401 | 403,
+                errors,
+            },
+            _,
+        ) => PushError::Backend(ProviderError::PermissionDenied(format!(
+            "Vault denied {op} on {path:?}{}: its policy needs create, read, update and \
+                 delete on <mount>/data/* and <mount>/metadata/*",
+            reason(errors)
+        ))),
+        _ if status(&e) == Some(404) => PushError::Backend(ProviderError::Config(format!(
+            "Vault answered 404 to {op} on {path:?}: no KV v2 engine is mounted there"
+        ))),
+        _ => PushError::Backend(server_error(e)),
+    }
+}
+
+fn not_kv2(mount: &str, path: &str) -> PushError {
+    PushError::Backend(ProviderError::Config(format!(
+        "Vault's answer for {path:?} is not KV v2's: is {mount:?} a KV v2 mount?"
+    )))
+}
+
+/// A failed mark of a secret just created: it stays unmarked, so the next push is a conflict.
+fn unmarked(e: PushError, version: u64) -> PushError {
+    match e {
+        PushError::Backend(ProviderError::PermissionDenied(why)) => {
+            PushError::Backend(ProviderError::PermissionDenied(format!(
+                "{why}; version {version} was created but not marked, so it is not Latchkey's \
+                 and the next push is a conflict until someone deletes it"
+            )))
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16, message: &str) -> ClientError {
+        ClientError::APIError {
+            code,
+            errors: vec![message.into()],
+        }
+    }
+
+    #[test]
+    fn a_failed_check_and_set_is_a_change_naming_the_key() {
+        let e = api(
+            400,
+            "check-and-set parameter did not match the current version",
+        );
+        let err = failed(e, "update", "secret/data/prod/db", "prod/db", Some(3));
+        assert!(
+            matches!(err, PushError::Changed { version: 3, .. }),
+            "{err}"
+        );
+        assert_eq!(err.reason(), "ConcurrentWrite");
+        let text = err.to_string();
+        assert!(text.contains("\"prod/db\""), "{text}");
+        assert!(text.contains("the next push tries again"), "{text}");
+        // Another 400 of the same write is not a race.
+        let err = failed(api(400, "invalid"), "update", "p", "prod/db", Some(3));
+        assert!(matches!(err, PushError::Backend(_)), "{err}");
+    }
+
+    #[test]
+    fn a_refusal_names_the_path_and_the_policy_needed() {
+        let err = failed(
+            api(403, "1 error occurred:\n\t* permission denied\n\n"),
+            "update",
+            "secret/data/prod/db",
+            "prod/db",
+            Some(0),
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("Vault denied update on \"secret/data/prod/db\": 1 error occurred: * permission denied"),
+            "{text}"
+        );
+        assert!(text.contains("metadata/*"), "{text}");
+        let err = unmarked(
+            failed(api(403, "permission denied"), "update", "m", "k", None),
+            1,
+        );
+        assert!(err.to_string().contains("created but not marked"), "{err}");
+    }
+
+    #[test]
+    fn only_a_json_object_is_a_whole_kv_value() {
+        assert!(whole("k", &SecretBytes::from(r#"{"a": {"b": 1}}"#)).is_ok());
+        for bad in ["plain text", "[1]", "\"s\"", "{"] {
+            let err = whole("k", &SecretBytes::from(bad)).unwrap_err();
+            assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
+            assert!(!err.to_string().contains(bad), "{err}");
+        }
+    }
+}

@@ -1,0 +1,737 @@
+//! PushSecret writes to Vault / OpenBao KV v2 against a real OpenBao dev server: created with
+//! the custom metadata `managed-by: latchkey`, each write a check-and-set against the version
+//! just read, nothing written over or deleted that Latchkey did not mark, KV v1 refused, and
+//! no value or token in any error. Then the real controller pushing as the PushSecret's
+//! service account (kubernetes login checked by the fake API server's TokenReview).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use latchkey::api::StoreKind;
+use latchkey::api::store::{VaultAuth, VaultProvider, VaultRoleAuth};
+use latchkey::catalog::{Catalog, ManifestCatalog};
+use latchkey::identity::PodInfo;
+use latchkey::identity::tokens::{PodTokens, ServiceAccountToken};
+use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
+use latchkey::providers::vault::push::VaultPush;
+use latchkey::providers::{BuildContext, Env, ProviderError};
+use latchkey::secret::{SecretBytes, SecretString};
+use latchkey::telemetry::Metrics;
+use serde_json::{Value, json};
+use support::apiserver::{FakeApiServer, Identity};
+use support::controller::ControllerProcess;
+use support::openbao::{JwtIssuer, OpenBao, random_hex};
+use support::race_proxy::RaceProxy;
+
+const PASSWORD: &str = "vault-push-password-3318";
+const NEW_PASSWORD: &str = "vault-push-password-rotated-7720";
+const THEIRS: &str = "someone-elses-vault-value-0451";
+const AUDIENCE: &str = "vault";
+
+const REPLACE: PushPolicy = PushPolicy {
+    if_not_exists: false,
+    adopt: false,
+};
+
+/// What a pushing identity needs on the `secret/` mount (as docs/push-secret.md says).
+const PUSH_POLICY: &str = r#"
+path "secret/data/*" { capabilities = ["create", "read", "update", "delete"] }
+path "secret/metadata/*" { capabilities = ["create", "read", "update", "delete"] }
+path "kv1/*" { capabilities = ["create", "read", "update", "delete"] }
+"#;
+/// Reads only.
+const READ_POLICY: &str = r#"
+path "secret/data/*" { capabilities = ["read"] }
+path "secret/metadata/*" { capabilities = ["read"] }
+"#;
+
+fn props(pairs: &[(&str, &str)]) -> PushValue {
+    PushValue::Properties(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+fn env() -> Env {
+    let catalog: Arc<dyn Catalog> = Arc::new(ManifestCatalog::default());
+    Env {
+        metrics: Arc::new(Metrics::new()),
+        kube: None,
+        catalog,
+        agent_namespace: "latchkey".into(),
+        aws_sessions: Default::default(),
+        vault_tokens: Default::default(),
+        plugins: Default::default(),
+        secrets_store: Default::default(),
+    }
+}
+
+/// A dev server whose jwt roles `push` and `read` carry the policies above.
+async fn bao(issuer: &JwtIssuer) -> OpenBao {
+    let bao = OpenBao::start().await;
+    bao.policy("push", PUSH_POLICY).await;
+    bao.policy("read", READ_POLICY).await;
+    bao.jwt(issuer, "push", AUDIENCE, &["push"]).await;
+    bao.api(
+        "POST",
+        "auth/jwt/role/read",
+        Some(
+            json!({"role_type": "jwt", "bound_audiences": [AUDIENCE], "user_claim": "sub",
+                    "token_policies": ["read"], "token_ttl": "1h"}),
+        ),
+    )
+    .await;
+    bao
+}
+
+/// A pusher for `mount` (KV `version`) logged in with jwt role `role`, as a PushSecret's account.
+async fn pusher(
+    bao: &OpenBao,
+    issuer: &JwtIssuer,
+    role: &str,
+    mount: &str,
+    version: &str,
+) -> Result<VaultPush, ProviderError> {
+    pusher_at(&bao.url, issuer, role, mount, version).await
+}
+
+async fn pusher_at(
+    server: &str,
+    issuer: &JwtIssuer,
+    role: &str,
+    mount: &str,
+    version: &str,
+) -> Result<VaultPush, ProviderError> {
+    let spec = VaultProvider {
+        server: server.to_string(),
+        path: Some(mount.into()),
+        version: Some(version.into()),
+        auth: VaultAuth {
+            jwt: Some(VaultRoleAuth {
+                mount_path: None,
+                role: role.into(),
+                audience: Some(AUDIENCE.into()),
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = ServiceAccountToken {
+        token: SecretString::new(issuer.token("shop", "pusher", AUDIENCE)),
+        expiration: None,
+    };
+    let pod = PodInfo {
+        namespace: "shop".into(),
+        name: "push-db".into(),
+        uid: String::new(),
+        service_account: "pusher".into(),
+        tokens: PodTokens::from_tokens([(AUDIENCE.to_string(), token)]),
+    };
+    let env = env();
+    let ctx = BuildContext {
+        env: &env,
+        pod: &pod,
+        store_kind: StoreKind::SecretStore,
+        max_age: None,
+    };
+    VaultPush::new(&spec, &ctx).await
+}
+
+/// `secret/<key>`'s current data, or Null when it has none.
+async fn data(bao: &OpenBao, key: &str) -> Value {
+    let (code, v) = bao
+        .request("GET", &format!("secret/data/{key}"), None)
+        .await;
+    match code {
+        200 => v["data"]["data"].clone(),
+        404 => Value::Null,
+        other => panic!("GET secret/data/{key}: {other} {v}"),
+    }
+}
+
+/// `secret/<key>`'s metadata, or Null when it does not exist.
+async fn metadata(bao: &OpenBao, key: &str) -> Value {
+    let (code, v) = bao
+        .request("GET", &format!("secret/metadata/{key}"), None)
+        .await;
+    match code {
+        200 => v["data"].clone(),
+        404 => Value::Null,
+        other => panic!("GET secret/metadata/{key}: {other} {v}"),
+    }
+}
+
+fn assert_no_secret(err: &PushError, bao: &OpenBao) {
+    let text = format!("{err} {err:?}");
+    for value in [PASSWORD, NEW_PASSWORD, THEIRS, bao.root_token.as_str()] {
+        assert!(!text.contains(value), "leaked: {text}");
+    }
+    assert!(!has_vault_token(&text), "a token leaked: {text}");
+}
+
+#[tokio::test]
+async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    let push = pusher(&bao, &issuer, "push", "secret", "v2").await.unwrap();
+    let value = props(&[("username", "app"), ("password", PASSWORD)]);
+    let first = push.push("prod/db", &value, REPLACE).await.unwrap();
+    assert_eq!(
+        first,
+        Pushed::Written {
+            version: "1".into()
+        }
+    );
+    assert_eq!(
+        data(&bao, "prod/db").await,
+        json!({"username": "app", "password": PASSWORD})
+    );
+    let meta = metadata(&bao, "prod/db").await;
+    assert_eq!(meta["custom_metadata"], json!({"managed-by": "latchkey"}));
+
+    // A change: a new version, the other property kept.
+    let second = push
+        .push("prod/db", &props(&[("password", NEW_PASSWORD)]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(
+        second,
+        Pushed::Written {
+            version: "2".into()
+        }
+    );
+    assert_eq!(
+        data(&bao, "prod/db").await,
+        json!({"username": "app", "password": NEW_PASSWORD})
+    );
+
+    // One property that cannot be text: nothing of the push is written.
+    let bad = PushValue::Properties(BTreeMap::from([
+        ("password".to_string(), SecretBytes::from("x")),
+        ("blob".to_string(), SecretBytes::new(vec![0xff, 0xfe])),
+    ]));
+    let err = push.push("prod/db", &bad, REPLACE).await.unwrap_err();
+    assert!(matches!(err, PushError::NotText { .. }), "{err}");
+    assert_eq!(metadata(&bao, "prod/db").await["current_version"], 2);
+
+    // IfNotExists keeps what is there.
+    let keep = PushPolicy {
+        if_not_exists: true,
+        adopt: false,
+    };
+    assert_eq!(
+        push.push("prod/db", &value, keep).await.unwrap(),
+        Pushed::Kept
+    );
+    assert_eq!(metadata(&bao, "prod/db").await["current_version"], 2);
+
+    // A whole value is the data map, nested values kept; anything but a JSON object is
+    // refused (as ESO does), naming the key and never the value.
+    let whole = PushValue::Whole(SecretBytes::from(
+        json!({"tls.crt": "PEM", "nested": {"n": 1}})
+            .to_string()
+            .as_str(),
+    ));
+    push.push("prod/whole", &whole, REPLACE).await.unwrap();
+    assert_eq!(
+        data(&bao, "prod/whole").await,
+        json!({"tls.crt": "PEM", "nested": {"n": 1}})
+    );
+    let text = PushValue::Whole(SecretBytes::from(PASSWORD));
+    let err = push.push("prod/text", &text, REPLACE).await.unwrap_err();
+    assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
+    assert!(err.to_string().contains("\"prod/text\""), "{err}");
+    assert!(err.to_string().contains("remoteRef.property"), "{err}");
+    assert_no_secret(&err, &bao);
+    assert_eq!(metadata(&bao, "prod/text").await, Value::Null);
+
+    // A key that does not name one secret.
+    for key in ["a/../b", "a//b", "dir/"] {
+        let err = push.push(key, &value, REPLACE).await.unwrap_err();
+        assert!(matches!(err, PushError::CannotPush { .. }), "{key}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_secret_latchkey_did_not_create_is_a_conflict_left_untouched() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    bao.put_v2("secret", "shared/app", json!({"owner": THEIRS}))
+        .await;
+    bao.api(
+        "POST",
+        "secret/metadata/shared/app",
+        Some(json!({"custom_metadata": {"team": "payments"}})),
+    )
+    .await;
+    let push = pusher(&bao, &issuer, "push", "secret", "v2").await.unwrap();
+    for value in [
+        props(&[("password", PASSWORD)]),
+        PushValue::Whole(SecretBytes::from(
+            json!({"password": PASSWORD}).to_string().as_str(),
+        )),
+    ] {
+        let err = push.push("shared/app", &value, REPLACE).await.unwrap_err();
+        assert!(matches!(err, PushError::Conflict { .. }), "{err}");
+        assert!(err.to_string().contains("\"shared/app\""), "{err}");
+        assert_no_secret(&err, &bao);
+    }
+    let err = push.delete("shared/app", &[]).await.unwrap_err();
+    assert!(matches!(err, PushError::Conflict { .. }), "{err}");
+    assert_eq!(data(&bao, "shared/app").await, json!({"owner": THEIRS}));
+    let meta = metadata(&bao, "shared/app").await;
+    assert_eq!(meta["current_version"], 1);
+    assert_eq!(meta["custom_metadata"], json!({"team": "payments"}));
+
+    // A store that allows adoption: merged into, marked (their metadata kept), and later
+    // only its property removed.
+    let adopt = PushPolicy {
+        if_not_exists: false,
+        adopt: true,
+    };
+    let value = props(&[("password", PASSWORD)]);
+    push.push("shared/app", &value, adopt).await.unwrap();
+    assert_eq!(
+        data(&bao, "shared/app").await,
+        json!({"owner": THEIRS, "password": PASSWORD})
+    );
+    assert_eq!(
+        metadata(&bao, "shared/app").await["custom_metadata"],
+        json!({"team": "payments", "managed-by": "latchkey"})
+    );
+    push.delete("shared/app", &["password".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(data(&bao, "shared/app").await, json!({"owner": THEIRS}));
+}
+
+#[tokio::test]
+async fn delete_removes_only_what_was_pushed() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    let push = pusher(&bao, &issuer, "push", "secret", "v2").await.unwrap();
+    push.push("prod/pair", &props(&[("a", "1"), ("b", "2")]), REPLACE)
+        .await
+        .unwrap();
+    // Someone else adds a key to the secret Latchkey created.
+    let v = bao.api("GET", "secret/data/prod/pair", None).await;
+    let mut shared = v["data"]["data"].clone();
+    shared["c"] = json!("3");
+    bao.put_v2("secret", "prod/pair", shared).await;
+    push.delete("prod/pair", &["a".to_string()]).await.unwrap();
+    assert_eq!(data(&bao, "prod/pair").await, json!({"b": "2", "c": "3"}));
+    // The last pushed property goes; theirs keeps the secret.
+    push.delete("prod/pair", &["b".to_string()]).await.unwrap();
+    assert_eq!(data(&bao, "prod/pair").await, json!({"c": "3"}));
+
+    // Left empty, a marked secret goes with its metadata.
+    push.push("prod/only", &props(&[("a", "1")]), REPLACE)
+        .await
+        .unwrap();
+    push.delete("prod/only", &["a".to_string()]).await.unwrap();
+    assert_eq!(metadata(&bao, "prod/only").await, Value::Null);
+
+    // A marked secret whose current version was deleted (not destroyed): a push starts from
+    // nothing, as a new version.
+    push.push("prod/soft", &props(&[("a", "1")]), REPLACE)
+        .await
+        .unwrap();
+    bao.api("DELETE", "secret/data/prod/soft", None).await;
+    let after = push
+        .push("prod/soft", &props(&[("b", "2")]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(
+        after,
+        Pushed::Written {
+            version: "2".into()
+        }
+    );
+    assert_eq!(data(&bao, "prod/soft").await, json!({"b": "2"}));
+
+    // A whole one goes, gone twice is fine, and it can be pushed again at once.
+    let whole = PushValue::Whole(SecretBytes::from(r#"{"k":"v"}"#));
+    push.push("prod/whole", &whole, REPLACE).await.unwrap();
+    push.delete("prod/whole", &[]).await.unwrap();
+    push.delete("prod/whole", &[]).await.unwrap();
+    assert_eq!(metadata(&bao, "prod/whole").await, Value::Null);
+    let again = push.push("prod/whole", &whole, REPLACE).await.unwrap();
+    assert_eq!(
+        again,
+        Pushed::Written {
+            version: "1".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_policy_without_write_is_permission_denied_naming_the_path() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    let push = pusher(&bao, &issuer, "read", "secret", "v2").await.unwrap();
+    let err = push
+        .push("prod/db", &props(&[("password", PASSWORD)]), REPLACE)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PushError::Backend(ProviderError::PermissionDenied(_))),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("Vault denied update on \"secret/data/prod/db\""),
+        "{text}"
+    );
+    assert_no_secret(&err, &bao);
+    assert_eq!(metadata(&bao, "prod/db").await, Value::Null);
+}
+
+#[tokio::test]
+async fn kv_v1_is_refused_and_nothing_written() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    bao.enable_kv("kv1", 1).await;
+    // A store that says v1.
+    let push = pusher(&bao, &issuer, "push", "kv1", "v1").await.unwrap();
+    let value = props(&[("password", PASSWORD)]);
+    let err = push.push("prod/db", &value, REPLACE).await.unwrap_err();
+    assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("KV v1") && text.contains("KV v2 mount"),
+        "{text}"
+    );
+    let err = push.delete("prod/db", &[]).await.unwrap_err();
+    assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
+    // A store that says v2 for what is a v1 mount: refused before anything is written.
+    let push = pusher(&bao, &issuer, "push", "kv1", "v2").await.unwrap();
+    let err = push.push("prod/db", &value, REPLACE).await.unwrap_err();
+    assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
+    let (code, listed) = bao.request("LIST", "kv1", None).await;
+    assert_eq!(code, 404, "something was written: {listed}");
+}
+
+/// A proxy to OpenBao that first writes `secret/<key>` itself (root token) when Latchkey's
+/// data write to it arrives: someone else's write between Latchkey's read and its write.
+async fn racing_proxy(bao: &OpenBao, key: &str) -> RaceProxy {
+    let backend: std::net::SocketAddr = bao.url.trim_start_matches("http://").parse().unwrap();
+    let body = json!({"data": {"owner": THEIRS}}).to_string();
+    let interloper = format!(
+        "POST /v1/secret/data/{key} HTTP/1.0\r\nX-Vault-Token: {}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        bao.root_token,
+        body.len()
+    );
+    let trigger = format!("POST /v1/secret/data/{key} ");
+    RaceProxy::start(backend, &trigger, interloper.into_bytes()).await
+}
+
+#[tokio::test]
+async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
+    let issuer = JwtIssuer::new();
+    let bao = bao(&issuer).await;
+    let proxy = racing_proxy(&bao, "prod/race").await;
+    let push = pusher_at(&proxy.url, &issuer, "push", "secret", "v2")
+        .await
+        .unwrap();
+    // Created by someone else between Latchkey's read (absent) and its create.
+    let value = props(&[("password", PASSWORD)]);
+    let err = push.push("prod/race", &value, REPLACE).await.unwrap_err();
+    assert!(
+        matches!(err, PushError::Changed { version: 0, .. }),
+        "{err}"
+    );
+    assert_eq!(err.reason(), "ConcurrentWrite");
+    assert!(err.to_string().contains("\"prod/race\""), "{err}");
+    assert_no_secret(&err, &bao);
+    assert_eq!(data(&bao, "prod/race").await, json!({"owner": THEIRS}));
+    let meta = metadata(&bao, "prod/race").await;
+    assert_eq!(meta["current_version"], 1);
+    assert_eq!(meta["custom_metadata"], Value::Null, "not marked");
+
+    // An update: Latchkey's secret, written over by someone else meanwhile.
+    let direct = pusher(&bao, &issuer, "push", "secret", "v2").await.unwrap();
+    direct.push("prod/race2", &value, REPLACE).await.unwrap();
+    let proxy2 = racing_proxy(&bao, "prod/race2").await;
+    let push = pusher_at(&proxy2.url, &issuer, "push", "secret", "v2")
+        .await
+        .unwrap();
+    let changed = props(&[("password", NEW_PASSWORD)]);
+    let err = push
+        .push("prod/race2", &changed, REPLACE)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PushError::Changed { version: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(data(&bao, "prod/race2").await, json!({"owner": THEIRS}));
+    // The next push reads again and merges into what is there now.
+    direct.push("prod/race2", &changed, REPLACE).await.unwrap();
+    assert_eq!(
+        data(&bao, "prod/race2").await,
+        json!({"owner": THEIRS, "password": NEW_PASSWORD})
+    );
+    assert_eq!((proxy.raced(), proxy2.raced()), (1, 1));
+}
+
+// ---- the controller loop, end to end: `latchkey controller` against the fake API server ----
+
+const API: &str = "latchkey.dev/v1alpha1";
+const CONTROLLER_TOKEN: &str = "vault-push-controller-token";
+
+fn b64(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+fn source_secret(s: &FakeApiServer, password: &str) {
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(password), "username": b64("app")}}));
+}
+
+fn push_secret(name: &str, account: &str, store: &str, remote: &str) -> Value {
+    json!({"apiVersion": API, "kind": "PushSecret",
+    "metadata": {"name": name, "namespace": "shop"},
+    "spec": {
+        "serviceAccountName": account,
+        "refreshInterval": "1h",
+        "deletionPolicy": "None",
+        "secretStoreRefs": [{"name": store, "kind": "SecretStore"}],
+        "selector": {"secret": {"name": "db"}},
+        "data": [
+            {"match": {"secretKey": "password",
+                       "remoteRef": {"remoteKey": remote, "property": "password"}}},
+            {"match": {"secretKey": "username",
+                       "remoteRef": {"remoteKey": remote, "property": "username"}}},
+        ]}})
+}
+
+/// Polls `check` every 100 ms for up to 15 s; the controller's log shows on a timeout.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    c: &ControllerProcess,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; controller log:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn failed_condition(s: &FakeApiServer, name: &str) -> Option<Value> {
+    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
+    let conditions = ps["status"]["conditions"].as_array()?.clone();
+    conditions
+        .into_iter()
+        .find(|c| c["type"] == "Ready" && c["status"] == "False")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_controller_pushes_to_openbao_as_the_service_account() {
+    let s = FakeApiServer::start().await;
+    let who = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(CONTROLLER_TOKEN, who.clone());
+    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
+    for ns in ["latchkey", "shop"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    for name in ["pusher", "reader"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": "shop",
+                         "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+        let account = Identity::service_account("shop", name);
+        s.allow(account, "get", "", "secrets", Some("shop"));
+    }
+    source_secret(&s, PASSWORD);
+
+    // OpenBao checks the minted tokens with the fake API server's TokenReview; `pusher` may
+    // write the KV v2 mount, `reader` only read it.
+    let bao = OpenBao::start().await;
+    bao.policy("push", PUSH_POLICY).await;
+    bao.policy("read", READ_POLICY).await;
+    let reviewer = format!("reviewer-{}", random_hex(16));
+    let openbao_sa = Identity::service_account("openbao", "openbao");
+    s.add_identity(&reviewer, openbao_sa.clone());
+    s.allow(
+        openbao_sa,
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        None,
+    );
+    let pusher = ("shop", "pusher");
+    bao.kubernetes(&s.url(), &reviewer, "push", pusher, AUDIENCE, &["push"])
+        .await;
+    bao.api(
+        "POST",
+        "auth/kubernetes/role/read",
+        Some(json!({"bound_service_account_names": ["reader"],
+                    "bound_service_account_namespaces": ["shop"],
+                    "audience": AUDIENCE, "token_policies": ["read"], "token_ttl": "1h"})),
+    )
+    .await;
+    bao.put_v2("secret", "shared/theirs", json!({"owner": THEIRS}))
+        .await;
+    for (store, role) in [("vault", "push"), ("vault-ro", "read")] {
+        s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+            "metadata": {"name": store, "namespace": "shop"},
+            "spec": {"provider": {"vault": {"server": bao.url, "path": "secret", "version": "v2",
+                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": role,
+                                        "audience": AUDIENCE}}}}}}));
+    }
+    s.apply(push_secret("db", "pusher", "vault", "prod/db"));
+    s.apply(push_secret("clash", "pusher", "vault", "shared/theirs"));
+    s.apply(push_secret("denied", "reader", "vault-ro", "prod/denied"));
+    let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "vault-push", &[]).await;
+
+    // Pushed as one KV version, marked, listed in the status.
+    let synced = |s: &FakeApiServer| {
+        let ps = s.get(API, "PushSecret", Some("shop"), "db")?;
+        ps["status"]["syncedPushSecrets"]["SecretStore/vault"]["prod/db"]["version"]
+            .as_str()
+            .map(String::from)
+    };
+    let version = eventually(&c, "the first push", || async { synced(&s) }).await;
+    assert_eq!(version, "1");
+    assert_eq!(
+        data(&bao, "prod/db").await,
+        json!({"password": PASSWORD, "username": "app"})
+    );
+    assert_eq!(
+        metadata(&bao, "prod/db").await["custom_metadata"],
+        json!({"managed-by": "latchkey"})
+    );
+    let minted = s.token_requests();
+    assert!(
+        minted
+            .iter()
+            .any(|t| t.service_account == "pusher" && t.audiences == [AUDIENCE]),
+        "{minted:?}"
+    );
+
+    // Someone else adds a key; then the Secret changes: a new KV version over theirs.
+    let v = bao.api("GET", "secret/data/prod/db", None).await;
+    let mut shared = v["data"]["data"].clone();
+    shared["owner"] = json!("ops");
+    bao.put_v2("secret", "prod/db", shared).await;
+    source_secret(&s, NEW_PASSWORD);
+    eventually(&c, "the second push", || async {
+        (synced(&s)? == "3").then_some(())
+    })
+    .await;
+    assert_eq!(
+        data(&bao, "prod/db").await,
+        json!({"password": NEW_PASSWORD, "username": "app", "owner": "ops"})
+    );
+
+    // Someone else's secret: a conflict naming all, left as it was.
+    let condition = eventually(&c, "the conflict", || async {
+        failed_condition(&s, "clash")
+    })
+    .await;
+    assert_eq!(condition["reason"], "Conflict", "{condition}");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.contains("PushSecret shop/clash, SecretStore/vault, remote key \"shared/theirs\""),
+        "{message}"
+    );
+    assert_eq!(data(&bao, "shared/theirs").await, json!({"owner": THEIRS}));
+    let meta = metadata(&bao, "shared/theirs").await;
+    assert_eq!(meta["current_version"], 1);
+    assert_eq!(meta["custom_metadata"], Value::Null);
+
+    // A Vault policy without write: a clear condition naming the path.
+    let condition = eventually(&c, "the refusal", || async {
+        failed_condition(&s, "denied")
+    })
+    .await;
+    assert_eq!(condition["reason"], "BackendError", "{condition}");
+    let message = condition["message"].as_str().unwrap();
+    for part in [
+        "PushSecret shop/denied",
+        "SecretStore/vault-ro",
+        "remote key \"prod/denied\"",
+        "Vault denied update on \"secret/data/prod/denied\"",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    assert_eq!(metadata(&bao, "prod/denied").await, Value::Null);
+
+    // deletionPolicy: Delete, and `username` no longer pushed: only that property goes.
+    let mut edited = s.get(API, "PushSecret", Some("shop"), "db").unwrap();
+    edited["spec"]["deletionPolicy"] = json!("Delete");
+    edited["spec"]["data"].as_array_mut().unwrap().truncate(1);
+    s.apply(edited);
+    let want = json!({"password": NEW_PASSWORD, "owner": "ops"});
+    eventually(&c, "username removed", || async {
+        (data(&bao, "prod/db").await == want).then_some(())
+    })
+    .await;
+    // Deleted: the property it pushed goes, theirs keeps the secret.
+    s.delete(API, "PushSecret", Some("shop"), "db");
+    eventually(&c, "the PushSecret gone", || async {
+        s.get(API, "PushSecret", Some("shop"), "db")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(data(&bao, "prod/db").await, json!({"owner": "ops"}));
+
+    // No value nor token anywhere the controller reports.
+    let mut shown = c.log_text();
+    for name in ["clash", "denied"] {
+        let ps = s.get(API, "PushSecret", Some("shop"), name).unwrap();
+        shown.push_str(&ps.to_string());
+    }
+    for event in s.events() {
+        shown.push_str(&event.to_string());
+    }
+    let events = s.events();
+    assert!(
+        events.iter().any(|e| e["reason"] == "PushFailed"),
+        "{events:?}"
+    );
+    for secret in [
+        PASSWORD,
+        NEW_PASSWORD,
+        THEIRS,
+        &reviewer,
+        &bao.root_token,
+        &b64(PASSWORD),
+        &b64(NEW_PASSWORD),
+    ] {
+        assert!(!shown.contains(secret), "{secret} shown");
+    }
+    assert!(!has_vault_token(&shown), "a Vault token shown");
+}
+
+#[test]
+fn the_token_check_sees_tokens() {
+    assert!(has_vault_token("token=s.licWO3n1ovAifIzxAQH0leWs;"));
+    assert!(!has_vault_token("remote keys.prod/db, accessors. more"));
+}
+
+/// Whether `text` holds something shaped like an OpenBao token (`s.` and 24 letters or digits).
+fn has_vault_token(text: &str) -> bool {
+    text.match_indices("s.").any(|(at, _)| {
+        let rest = &text.as_bytes()[at + 2..];
+        rest.len() >= 24
+            && rest[..24].iter().all(u8::is_ascii_alphanumeric)
+            && rest.get(24).is_none_or(|b| !b.is_ascii_alphanumeric())
+    })
+}
