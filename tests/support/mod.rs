@@ -9,6 +9,7 @@ pub mod moto;
 pub mod openbao;
 pub mod pki;
 pub mod tee_proxy;
+pub mod tls_front;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -141,8 +141,11 @@ pub(super) fn api_error(e: kube::Error, url: &str, token: &SecretString) -> Prov
                 "the API server {url} rejected the pod's token: it must trust this cluster's \
                  service-account issuer for the store's audience"
             )),
-            403 => ProviderError::PermissionDenied(scrub(&s.message)),
-            429 => ProviderError::Throttled(scrub(&s.message)),
+            403 => ProviderError::PermissionDenied(format!(
+                "the API server {url}: {}",
+                scrub(&s.message)
+            )),
+            429 => ProviderError::Throttled(format!("the API server {url}: {}", scrub(&s.message))),
             code => ProviderError::Unavailable(format!(
                 "the API server {url} answered {code}: {}",
                 scrub(&s.message)
