@@ -330,21 +330,21 @@ const AUDIENCE_PLACEHOLDER: &str = "REPLACE_ME";
 /// `provider.kubernetes.server`: kept when it names another cluster; this cluster's own API
 /// server (ESO's default `kubernetes.default`) is the one the agent reads anyway.
 fn server(f: &mut Fields<'_>, notes: &mut Notes) -> Result<Option<KubernetesServer>, String> {
+    let at = f.at("server");
     let Some(mut s) = f.object("server", notes) else {
         return Ok(None);
     };
     let url = s.string("url", notes);
     let remote = url.as_deref().filter(|u| !in_cluster(u));
     let Some(url) = remote else {
-        for key in ["url", "caBundle", "caProvider"] {
-            s.drop_field(
-                key,
-                notes,
-                "names this cluster's own API server, which Latchkey reads through the agent's \
-                 connection; not carried over",
-            );
-        }
+        // Its CA is the one the agent's connection already trusts.
+        let _ = (s.value("caBundle"), s.value("caProvider"));
         s.finish(notes);
+        notes.warn(
+            at,
+            "names this cluster's own API server (ESO's default kubernetes.default), which \
+             Latchkey reads through the agent's connection; not carried over",
+        );
         return Ok(None);
     };
     let url = match url.strip_prefix("http://") {
