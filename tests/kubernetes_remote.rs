@@ -427,3 +427,66 @@ async fn a_hostile_remote_server_is_bounded_and_never_gets_the_token_into_an_err
         &[err.message().to_string(), err2.message().to_string()],
     );
 }
+
+/// ESO's `auth.token`: a bearer token from a credential Secret (a SecretStore's, read as the
+/// pod) is the identity on the remote cluster; the pod needs no token for its audience.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_bearer_token_reads_the_remote_cluster_as_its_own_identity() {
+    support::require_root();
+    const ROBOT_TOKEN: &str = "eyJ.robot-reader-token-k8s-remote.sig";
+    let c = clusters().await;
+    let robot = Identity::service_account("robots", "reader");
+    c.remote.add_identity(ROBOT_TOKEN, robot.clone());
+    c.remote
+        .allow(robot.clone(), "get", "", "secrets", Some("shared"));
+    c.local.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "remote-token", "namespace": "shop"},
+        "stringData": {"token": format!("{ROBOT_TOKEN}\n")}}));
+    add_store(
+        &c.local,
+        store(
+            "remote-bearer",
+            json!({"remoteNamespace": "shared",
+                   "auth": {"token": {"bearerToken": {"name": "remote-token", "key": "token"}}},
+                   "server": {"url": c.front.url(), "caProvider":
+                       {"type": "ConfigMap", "name": "remote-ca", "key": "ca.crt"}}}),
+        ),
+    );
+    let agent = agent(&c.local).await;
+
+    // Only the token for this cluster's API server (to read the credential and CA as the pod).
+    let target = agent.target("bearer-0");
+    let mut p = PodVolume::new("shop", "bearer-0", "remote-bearer");
+    p.service_account = "web".into();
+    p.tokens_json = Some(json!({"": {"token": WEB_TOKEN}}).to_string());
+    agent
+        .node()
+        .await
+        .node_publish_volume(p.publish_request(&volume_id_for(&target), &target))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", agent.log_text()));
+    assert_eq!(
+        std::fs::read_to_string(target.join("password")).unwrap(),
+        REMOTE_PASSWORD
+    );
+    let remote_reads = c.remote.requests();
+    assert!(!remote_reads.is_empty());
+    assert!(
+        remote_reads
+            .iter()
+            .all(|r| r.identity.as_ref() == Some(&robot)),
+        "{remote_reads:?}"
+    );
+    let credential = c
+        .local
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/api/v1/namespaces/shop/secrets/remote-token");
+    assert_eq!(
+        credential.and_then(|r| r.identity),
+        Some(Identity::service_account("shop", "web")),
+        "the credential Secret is read as the pod"
+    );
+    assert_no_leak(&agent, &c.local, &[]);
+    assert!(!agent.log_text().contains(ROBOT_TOKEN));
+}

@@ -342,9 +342,17 @@ pub const PLUGIN_TLS_TCP_ONLY: CelRule = CelRule {
 /// On `spec.provider.kubernetes`: a remote server gets the pod's token for an audience it
 /// checks; a token for this cluster's own API server would let that server act here as the pod.
 pub const KUBERNETES_SERVER_AUDIENCE: CelRule = CelRule {
-    rule: "!has(self.server) || (has(self.audience) && size(self.audience) > 0)",
-    message: "server needs an audience: the pod's token for this cluster's own API server \
-              never leaves it",
+    rule: "!has(self.server) || (has(self.auth) ? !has(self.audience) : \
+           (has(self.audience) && size(self.audience) > 0))",
+    message: "server needs exactly one of audience and auth: the pod's token for this \
+              cluster's own API server never leaves it",
+};
+
+/// On `spec.provider.kubernetes`: this cluster's Secrets are read with the pod's own token only.
+pub const KUBERNETES_AUTH_NEEDS_SERVER: CelRule = CelRule {
+    rule: "!has(self.auth) || has(self.server)",
+    message: "auth is only for a remote server; this cluster's Secrets are read with the pod's \
+              own token",
 };
 
 /// On `spec.provider.kubernetes.server`: the roots come from one place.

@@ -387,12 +387,13 @@ pub struct VaultCert {
 }
 
 /// Reads Secrets with the pod's own token: of the pod's namespace (or `remoteNamespace`), on the
-/// agent's API server (or `server`).
+/// agent's API server (or `server`, with the pod's token or a stored one).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[x_kube(validation = &crate::api::rules::KUBERNETES_SERVER_AUDIENCE)]
+#[x_kube(validation = &crate::api::rules::KUBERNETES_AUTH_NEEDS_SERVER)]
 #[serde(rename_all = "camelCase")]
 pub struct KubernetesProvider {
-    /// Token audience (defaults to the API server's); required with `server`.
+    /// Token audience (defaults to the API server's); with `server`, required unless `auth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audience: Option<String>,
     /// Another cluster's API server, called with the pod's token for `audience` (that cluster
@@ -407,6 +408,26 @@ pub struct KubernetesProvider {
         regex(pattern = crate::api::rules::DNS_LABEL.regex)
     )]
     pub remote_namespace: Option<String>,
+    /// A stored credential for `server` instead of the pod's token (ESO's `auth.token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<KubernetesAuth>,
+}
+
+/// How the provider authenticates to a remote `server` other than with the pod's token.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesAuth {
+    /// A bearer token kept in a Secret.
+    pub token: KubernetesTokenAuth,
+}
+
+/// ESO's `auth.token`: a bearer token from a credential Secret, read as other credential
+/// Secrets are (a SecretStore's as the pod, a ClusterSecretStore's from the agent's namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesTokenAuth {
+    /// The Secret key holding the token.
+    pub bearer_token: SecretKeySelector,
 }
 
 /// A remote Kubernetes API server and the CA its certificate must chain to (ESO's `server`).

@@ -10,8 +10,8 @@ use super::output::{Document, Meta};
 use super::spc_aws::{REGION_PLACEHOLDER, ROLE_PLACEHOLDER};
 use crate::api::store::{
     AwsAuth, AwsJwtAuth, AwsProvider, AwsSecretRef, ClusterSecretStoreSpec, ClusterStoreCondition,
-    Empty, FakeEntry, FakeProvider, KubernetesProvider, KubernetesServer, LabelSelector,
-    LabelSelectorRequirement, SecretStoreSpec, StoreProvider,
+    Empty, FakeEntry, FakeProvider, KubernetesAuth, KubernetesProvider, KubernetesServer,
+    KubernetesTokenAuth, LabelSelector, LabelSelectorRequirement, SecretStoreSpec, StoreProvider,
 };
 use crate::api::{ClusterSecretStore, SecretStore, StoreKind};
 
@@ -294,18 +294,33 @@ fn kubernetes(f: &mut Fields<'_>, notes: &mut Notes) -> Result<KubernetesProvide
         "Latchkey reads with the pod's own token, not a kubeconfig; not carried over",
     );
     let mut audience = None;
+    let mut auth = None;
     if let Some(mut a) = f.object("auth", notes) {
         audience = service_account_ref(&mut a, "serviceAccount", notes);
-        for key in ["token", "cert"] {
+        if server.is_some() {
+            auth = bearer_token(&mut a, notes);
+        } else {
             a.drop_field(
-                key,
+                "token",
                 notes,
-                "Latchkey reads with the pod's own token, not stored credentials; not carried over",
+                "Latchkey reads this cluster's Secrets with the pod's own token (a bearer token \
+                 is for a remote server only); not carried over",
             );
         }
+        a.drop_field(
+            "cert",
+            notes,
+            "Latchkey has no client certificates for the kubernetes provider; not carried over",
+        );
         a.finish(notes);
     }
-    if server.is_some() && audience.is_none() {
+    if auth.is_some() && audience.take().is_some() {
+        notes.warn(
+            f.at("auth.serviceAccount"),
+            "auth.token is used for the remote server; the audience is not carried over",
+        );
+    }
+    if server.is_some() && audience.is_none() && auth.is_none() {
         notes.warn(
             f.at("server"),
             format!(
@@ -321,6 +336,17 @@ fn kubernetes(f: &mut Fields<'_>, notes: &mut Notes) -> Result<KubernetesProvide
         audience,
         server,
         remote_namespace,
+        auth,
+    })
+}
+
+/// `auth.token.bearerToken` of a store with a remote server: the same selector.
+fn bearer_token(a: &mut Fields<'_>, notes: &mut Notes) -> Option<KubernetesAuth> {
+    let mut t = a.object("token", notes)?;
+    let bearer_token = selector(&mut t, "bearerToken", notes);
+    t.finish(notes);
+    bearer_token.map(|bearer_token| KubernetesAuth {
+        token: KubernetesTokenAuth { bearer_token },
     })
 }
 

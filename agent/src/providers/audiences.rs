@@ -46,10 +46,14 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
             }
         }
         ProviderSpec::Kubernetes(k) => {
-            out.push(k.audience.clone().unwrap_or_default());
-            // A remote server's CA bundle from a Secret or ConfigMap is read as the caller.
+            // A stored token (remote servers only) replaces the caller's.
+            if k.auth.is_none() {
+                out.push(k.audience.clone().unwrap_or_default());
+            }
+            // A remote server's CA bundle or token from a Secret or ConfigMap is read as the
+            // caller.
             let ca_provider = k.server.as_ref().is_some_and(|s| s.ca_provider.is_some());
-            if ca_provider && credentials_as_caller {
+            if (ca_provider || k.auth.is_some()) && credentials_as_caller {
                 out.push(api_server());
             }
         }

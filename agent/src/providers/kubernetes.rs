@@ -22,15 +22,15 @@ use super::{
 use crate::api::store::KubernetesProvider;
 use crate::identity::PodInfo;
 use crate::json;
-use crate::secret::{SecretBytes, SecretString};
+use crate::secret::SecretBytes;
 use crate::telemetry::escape::printable;
 
 /// Reads Secrets of one namespace with one pod's token.
 pub struct KubernetesSecrets {
     secrets: Api<Secret>,
-    /// A remote server's URL and the token it was sent, to name the one and scrub the other
-    /// from errors; `None` for the agent's API server.
-    remote: Option<(String, SecretString)>,
+    /// A remote server's URL, the token it was sent and whose, to name the server and scrub
+    /// the token from errors; `None` for the agent's API server.
+    remote: Option<remote::Remote>,
 }
 
 impl KubernetesSecrets {
@@ -69,8 +69,8 @@ impl KubernetesSecrets {
         let (client, remote) = match &spec.server {
             None => (pod_client(ctx.env.kube.as_ref(), ctx.pod, audience)?, None),
             Some(server) => {
-                let (client, token) = remote::client(server, audience, ctx).await?;
-                (client, Some((server.url.clone(), token)))
+                let remote = remote::client(server, spec, ctx).await?;
+                (remote.client.clone(), Some(remote))
             }
         };
         Ok(Self {
@@ -84,16 +84,13 @@ impl KubernetesSecrets {
         &self,
         call: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ProviderError> {
-        let url = self.remote.as_ref().map_or("", |(url, _)| url.as_str());
         match tokio::time::timeout(remote::REQUEST_TIMEOUT, call).await {
-            Err(_) if self.remote.is_some() => Err(remote::timed_out(url)),
-            Err(_) => Err(ProviderError::Timeout(format!(
-                "the API server did not answer within {}s",
-                remote::REQUEST_TIMEOUT.as_secs()
-            ))),
+            Err(_) => Err(remote::timed_out(
+                self.remote.as_ref().map_or("", |r| r.url.as_str()),
+            )),
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(match &self.remote {
-                Some((url, token)) => remote::api_error(e, url, token),
+                Some(r) => remote::api_error(e, r),
                 None => api_error(e),
             }),
         }

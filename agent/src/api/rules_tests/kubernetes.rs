@@ -15,7 +15,47 @@ pub(super) fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
         "{AT}.server: must set exactly one of caBundle, caProvider"
     ));
     let bad_url = rejected(format!("{AT}.server.url: {}", HTTPS_URL.message));
+    let no_audience = rejected(format!(
+        "{AT}: server needs exactly one of audience and auth: the pod's token for this \
+         cluster's own API server never leaves it"
+    ));
+    let token = json!({"token": {"bearerToken": {"name": "remote-token", "key": "token"}}});
     vec![
+        (
+            "kubernetes on a remote server with a stored token",
+            json!({"fake": null, "kubernetes": {
+                "auth": token,
+                "server": {"url": "https://k8s.prod.example", "caProvider": ca},
+            }}),
+            Expect::Valid,
+        ),
+        (
+            "kubernetes on a remote server with a stored token and an audience",
+            json!({"fake": null, "kubernetes": {
+                "auth": token, "audience": "prod-cluster",
+                "server": {"url": "https://k8s.prod.example", "caProvider": ca},
+            }}),
+            no_audience.clone(),
+        ),
+        (
+            "kubernetes of this cluster with a stored token",
+            json!({"fake": null, "kubernetes": {"auth": token}}),
+            rejected(format!(
+                "{AT}: auth is only for a remote server; this cluster's Secrets are read with \
+                 the pod's own token"
+            )),
+        ),
+        (
+            "kubernetes token in a badly named Secret",
+            json!({"fake": null, "kubernetes": {
+                "auth": {"token": {"bearerToken": {"name": "-x", "key": "token"}}},
+                "server": {"url": "https://k8s.prod.example", "caProvider": ca},
+            }}),
+            rejected(format!(
+                "{AT}.auth.token.bearerToken.name: {}",
+                crate::api::rules::DNS_SUBDOMAIN.message
+            )),
+        ),
         (
             "kubernetes of another namespace",
             json!({"fake": null, "kubernetes": {"remoteNamespace": "shared-secrets"}}),
@@ -49,10 +89,7 @@ pub(super) fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
             json!({"fake": null, "kubernetes": {
                 "server": {"url": "https://k8s.prod.example", "caProvider": ca},
             }}),
-            rejected(format!(
-                "{AT}: server needs an audience: the pod's token for this cluster's own API \
-                 server never leaves it"
-            )),
+            no_audience.clone(),
         ),
         (
             "kubernetes on a remote server with an empty audience",
@@ -60,10 +97,7 @@ pub(super) fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
                 "audience": "",
                 "server": {"url": "https://k8s.prod.example", "caProvider": ca},
             }}),
-            rejected(format!(
-                "{AT}: server needs an audience: the pod's token for this cluster's own API \
-                 server never leaves it"
-            )),
+            no_audience.clone(),
         ),
         (
             "kubernetes on a remote server over plain http",

@@ -1,13 +1,14 @@
 //! `spec.provider.kubernetes`: a remote server's URL and CA, the audience its token is for, and
 //! the namespace read.
 
-use super::fields::{not_empty, shaped};
+use super::fields::{not_empty, secret_name, shaped};
 use super::{Invalid, ca_provider};
 use crate::api::rules;
 use crate::api::store::KubernetesProvider;
 
-/// `spec.provider.kubernetes`: with `server`, an https URL, exactly one CA source and an
-/// audience other than the API server's; `remoteNamespace` a namespace name.
+/// `spec.provider.kubernetes`: with `server`, an https URL, exactly one CA source and either an
+/// audience other than the API server's or `auth`; `auth` only with `server`; `remoteNamespace`
+/// a namespace name.
 pub fn kubernetes(k: &KubernetesProvider) -> Result<(), Invalid> {
     const AT: &str = "spec.provider.kubernetes";
     if let Some(ns) = &k.remote_namespace {
@@ -18,10 +19,24 @@ pub fn kubernetes(k: &KubernetesProvider) -> Result<(), Invalid> {
             &rules::DNS_LABEL,
         )?;
     }
+    if let Some(auth) = &k.auth {
+        secret_name(
+            format_args!("{AT}.auth.token.bearerToken"),
+            &auth.token.bearer_token,
+        )?;
+    }
     let Some(server) = &k.server else {
+        if k.auth.is_some() {
+            return Err(Invalid::rule(AT, &rules::KUBERNETES_AUTH_NEEDS_SERVER));
+        }
         return Ok(());
     };
-    if k.audience.as_deref().is_none_or(str::is_empty) {
+    let pod_token = k.audience.as_deref().is_some_and(|a| !a.is_empty());
+    let one = match &k.auth {
+        Some(_) => k.audience.is_none(),
+        None => pod_token,
+    };
+    if !one {
         return Err(Invalid::rule(AT, &rules::KUBERNETES_SERVER_AUDIENCE));
     }
     shaped(

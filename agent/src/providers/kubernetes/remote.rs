@@ -1,5 +1,6 @@
 //! `kubernetes.server`: another cluster's API server, called with the pod's own token for the
-//! store's `audience` (never the API server's own audience, never the agent's identity), over
+//! store's `audience` (never the API server's own audience, never the agent's identity) or a
+//! stored token (`auth.token`, read with the rules of credential Secrets), over
 //! TLS verified against `caBundle` or `caProvider` only. The server may be anyone's: its answers
 //! are bounded in bytes and time, and its messages are scrubbed of the token before they reach
 //! an error.
@@ -11,8 +12,8 @@ use kube::Client;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use super::super::{BuildContext, MAX_RESPONSE_BYTES, ProviderError, ca_provider};
-use crate::api::store::KubernetesServer;
+use super::super::{BuildContext, MAX_RESPONSE_BYTES, ProviderError, ca_provider, credentials};
+use crate::api::store::{KubernetesProvider, KubernetesServer};
 use crate::secret::SecretString;
 use crate::telemetry::escape::printable;
 
@@ -22,30 +23,35 @@ pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long connecting (TCP and TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A client for `server` that authenticates with the pod's token for `audience`, and that token
-/// (to scrub it from the server's messages).
+/// A client for another cluster's API server and what its errors need: the server's URL,
+/// the token sent (scrubbed from the server's messages) and whose token it is.
+pub(super) struct Remote {
+    pub(super) client: Client,
+    pub(super) url: String,
+    pub(super) token: SecretString,
+    /// `the pod's token for audience "x"` or `the token of credential Secret ns/name[key]`.
+    pub(super) whose: String,
+}
+
+/// A client for `spec.server` that authenticates with the stored token of `spec.auth`, or else
+/// with the pod's token for `spec.audience`.
 pub(super) async fn client(
     server: &KubernetesServer,
-    audience: &str,
+    spec: &KubernetesProvider,
     ctx: &BuildContext<'_>,
-) -> Result<(Client, SecretString), ProviderError> {
-    // The schema requires it; a store that never passed an API server is checked here too.
-    if audience.is_empty() {
-        return Err(ProviderError::Config(
-            "kubernetes.server needs an audience: the pod's token for this cluster's own API \
-             server never leaves it"
-                .into(),
-        ));
-    }
+) -> Result<Remote, ProviderError> {
     let uri = url(&server.url)?;
+    let (token, whose) = match &spec.auth {
+        Some(auth) => {
+            let selector = &auth.token.bearer_token;
+            let at = credentials::locate(ctx, selector)?;
+            let token = credentials::read(ctx, selector).await?;
+            let token = SecretString::new(token.expose().trim().to_string());
+            (token, format!("the token of credential Secret {at}"))
+        }
+        None => pod_token(spec.audience.as_deref().unwrap_or(""), ctx)?,
+    };
     let roots = roots(server, ctx).await?;
-    let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
-        ProviderError::Config(format!(
-            "kubelet passed no service-account token for audience {audience:?}: add it to the \
-             CSIDriver's tokenRequests"
-        ))
-    })?;
-    let token = SecretString::new(token.token.expose().to_string());
     let mut config = kube::Config::new(uri);
     config.default_namespace = ctx.pod.namespace.clone();
     config.root_cert = Some(roots);
@@ -56,7 +62,37 @@ pub(super) async fn client(
         token: Some(token.expose().to_string().into()),
         ..Default::default()
     };
-    Ok((super::bounded_client(config)?, token))
+    Ok(Remote {
+        client: super::bounded_client(config)?,
+        url: server.url.clone(),
+        token,
+        whose,
+    })
+}
+
+/// The pod's token for `audience`, which must be one of the remote server's own.
+fn pod_token(
+    audience: &str,
+    ctx: &BuildContext<'_>,
+) -> Result<(SecretString, String), ProviderError> {
+    // The schema requires it; a store that never passed an API server is checked here too.
+    if audience.is_empty() {
+        return Err(ProviderError::Config(
+            "kubernetes.server needs an audience: the pod's token for this cluster's own API \
+             server never leaves it"
+                .into(),
+        ));
+    }
+    let token = ctx.pod.tokens.for_audience(audience).ok_or_else(|| {
+        ProviderError::Config(format!(
+            "kubelet passed no service-account token for audience {audience:?}: add it to the \
+             CSIDriver's tokenRequests"
+        ))
+    })?;
+    Ok((
+        SecretString::new(token.token.expose().to_string()),
+        format!("the pod's token for audience {audience:?}"),
+    ))
 }
 
 /// `server.url`, parsed: https, a host, no user information, query or fragment.
@@ -126,7 +162,8 @@ fn bundle(text: &str) -> Result<Vec<u8>, ProviderError> {
 
 /// A remote server's answer as a provider error, naming the server. Its own message is kept
 /// (bounded, escaped) with the pod's token scrubbed out: a hostile server could echo it.
-pub(super) fn api_error(e: kube::Error, url: &str, token: &SecretString) -> ProviderError {
+pub(super) fn api_error(e: kube::Error, remote: &Remote) -> ProviderError {
+    let (url, token) = (remote.url.as_str(), &remote.token);
     let scrub = |message: &str| {
         let message = match token.expose() {
             "" => message.to_string(),
@@ -137,10 +174,13 @@ pub(super) fn api_error(e: kube::Error, url: &str, token: &SecretString) -> Prov
     match e {
         kube::Error::Api(s) => match s.code {
             404 => ProviderError::NotFound,
-            401 => ProviderError::PermissionDenied(format!(
-                "the API server {url} rejected the pod's token: it must trust this cluster's \
-                 service-account issuer for the store's audience"
-            )),
+            401 => ProviderError::PermissionDenied(match &remote.whose {
+                pod if pod.starts_with("the pod's") => format!(
+                    "the API server {url} rejected {pod}: it must trust this cluster's \
+                     service-account issuer for that audience"
+                ),
+                stored => format!("the API server {url} rejected {stored}"),
+            }),
             403 => ProviderError::PermissionDenied(format!(
                 "the API server {url}: {}",
                 scrub(&s.message)
@@ -190,10 +230,15 @@ fn too_large(url: &str) -> ProviderError {
     ))
 }
 
-/// The error for a call to `url` that took longer than [`REQUEST_TIMEOUT`].
+/// The error for a call to `url` (`""`: the agent's API server) that took longer than
+/// [`REQUEST_TIMEOUT`].
 pub(super) fn timed_out(url: &str) -> ProviderError {
+    let server = match url {
+        "" => "the API server".to_string(),
+        url => format!("the API server {url}"),
+    };
     ProviderError::Timeout(format!(
-        "the API server {url} did not answer within {}s",
+        "{server} did not answer within {}s",
         REQUEST_TIMEOUT.as_secs()
     ))
 }
@@ -234,21 +279,25 @@ mod tests {
         assert!(bundle("not base64!").is_err());
     }
 
-    #[test]
-    fn a_server_that_echoes_the_token_never_gets_it_into_an_error() {
-        let token = SecretString::new("eyJ.remote-pod-token.sig".into());
+    #[tokio::test]
+    async fn a_server_that_echoes_the_token_never_gets_it_into_an_error() {
+        crate::tls::install_crypto_provider();
+        let remote = Remote {
+            client: super::super::bounded_client(kube::Config::new(
+                "https://k8s.example".parse().unwrap(),
+            ))
+            .unwrap(),
+            url: "https://k8s.example".into(),
+            token: SecretString::new("eyJ.remote-pod-token.sig".into()),
+            whose: "the pod's token for audience \"x\"".into(),
+        };
         for code in [403, 429, 500] {
             let status = kube::core::Status::failure(
                 "secrets is forbidden: token eyJ.remote-pod-token.sig may not",
                 "Forbidden",
             )
             .with_code(code);
-            let err = api_error(
-                kube::Error::Api(Box::new(status)),
-                "https://k8s.example",
-                &token,
-            )
-            .to_string();
+            let err = api_error(kube::Error::Api(Box::new(status)), &remote).to_string();
             assert!(!err.contains("remote-pod-token"), "{err}");
             assert!(err.contains("[token]"), "{err}");
         }
