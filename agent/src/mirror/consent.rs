@@ -139,6 +139,27 @@ mod tests {
             .unwrap(),
             ["other-cluster"]
         );
+        // A stored token replaces the caller's: only a SecretStore's credential read remains.
+        remote.audience = None;
+        remote.auth = Some(KubernetesAuth::default());
+        assert_eq!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::SecretStore,
+                false
+            )
+            .unwrap(),
+            [""]
+        );
+        assert!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::ClusterSecretStore,
+                false
+            )
+            .unwrap()
+            .is_empty()
+        );
         let plugin = PluginProvider {
             endpoint: "plugin:4000".into(),
             audiences: vec![String::new()],
