@@ -11,6 +11,7 @@ pub mod openbao;
 pub mod pki;
 pub mod race_proxy;
 pub mod tee_proxy;
+pub mod tls_front;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -339,6 +339,47 @@ pub const PLUGIN_TLS_TCP_ONLY: CelRule = CelRule {
     message: "tls is only for a host:port endpoint; a unix socket needs no TLS",
 };
 
+/// On `spec.provider.kubernetes`: a remote server gets the pod's token for an audience it
+/// checks; a token for this cluster's own API server would let that server act here as the pod.
+pub const KUBERNETES_SERVER_AUDIENCE: CelRule = CelRule {
+    rule: "!has(self.server) || (has(self.auth) ? !has(self.audience) : \
+           (has(self.audience) && size(self.audience) > 0))",
+    message: "server needs exactly one of audience and auth: the pod's token for this \
+              cluster's own API server never leaves it",
+};
+
+/// On `spec.provider.kubernetes`: this cluster's Secrets are read with the pod's own token only.
+pub const KUBERNETES_AUTH_NEEDS_SERVER: CelRule = CelRule {
+    rule: "!has(self.auth) || has(self.server)",
+    message: "auth is only for a remote server; this cluster's Secrets are read with the pod's \
+              own token",
+};
+
+/// On `spec.provider.kubernetes.server`: the roots come from one place.
+pub const KUBERNETES_SERVER_ONE_CA: CelRule = CelRule {
+    rule: "(has(self.caBundle) ? 1 : 0) + (has(self.caProvider) ? 1 : 0) == 1",
+    message: "must set exactly one of caBundle, caProvider",
+};
+
+/// `maxLength` of `spec.provider.kubernetes.server.url`.
+pub const MAX_SERVER_URL_LEN: usize = 512;
+
+/// The `pattern` of `spec.provider.kubernetes.server.url`: `https://`, a host name, IPv4 or
+/// bracketed IPv6 address, an optional port and path; no user information, query or fragment
+/// (the agent parses it again).
+pub const HTTPS_URL: Pattern = Pattern {
+    regex: r"^https://([a-zA-Z0-9.-]+|\x5b[0-9a-fA-F:.]+\x5d)(:[0-9]{1,5})?(/[a-zA-Z0-9._~%/-]*)?$",
+    message: "must be an https:// URL (host, optional port and path; no user, query or fragment)",
+};
+
+/// The `pattern` of a namespace name (`spec.provider.kubernetes.remoteNamespace`): an RFC 1123
+/// label, as [`crate::identity::is_dns_label`] checks. Names reach API request paths.
+pub const DNS_LABEL: Pattern = Pattern {
+    regex: r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    message: "is not a valid namespace name (lowercase letters, digits and '-', starting and \
+              ending with a letter or digit)",
+};
+
 /// `maxLength` of `spec.provider.plugin.endpoint`: a socket path or `host:port` is far shorter.
 pub const MAX_PLUGIN_ENDPOINT_LEN: usize = 512;
 
@@ -401,13 +442,15 @@ pub struct Pattern {
 }
 
 /// Every [`Pattern`] of the API; the agent compiles these once.
-pub const PATTERNS: [&Pattern; 6] = [
+pub const PATTERNS: [&Pattern; 8] = [
     &FILE_PATH,
     &DURATION,
     &DNS_SUBDOMAIN,
     &SECRETS_STORE_PROVIDER,
     &VAULT_METHOD,
     &GENERATOR_KIND,
+    &HTTPS_URL,
+    &DNS_LABEL,
 ];
 
 /// [`PATTERNS`] compiled, in the same order. Found by a scan rather than a hash map: a few

@@ -31,6 +31,7 @@ use crate::volume::path::Reason;
 
 mod cluster_external_secret;
 mod generators;
+mod kubernetes;
 mod push_secret;
 
 /// One failed check: the instance path (`spec.data[0].secretKey`) and the message.
@@ -1277,7 +1278,10 @@ fn crd_rules_and_agent_agree_on_every_sample() {
             &mut broken,
         );
     }
-    for (name, patch, expect) in provider_samples() {
+    for (name, patch, expect) in provider_samples()
+        .into_iter()
+        .chain(kubernetes::provider_samples())
+    {
         for kind in ["SecretStore", "ClusterSecretStore"] {
             let expect = match (kind, name) {
                 ("SecretStore", "aws agent identity") => rejected(

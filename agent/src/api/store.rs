@@ -386,13 +386,69 @@ pub struct VaultCert {
     pub secret_ref: SecretKeySelector,
 }
 
-/// Reads Secrets of the pod's namespace with the pod's own token.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// Reads Secrets with the pod's own token: of the pod's namespace (or `remoteNamespace`), on the
+/// agent's API server (or `server`, with the pod's token or a stored one).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::KUBERNETES_SERVER_AUDIENCE)]
+#[x_kube(validation = &crate::api::rules::KUBERNETES_AUTH_NEEDS_SERVER)]
 #[serde(rename_all = "camelCase")]
 pub struct KubernetesProvider {
-    /// Token audience (defaults to the API server's).
+    /// Token audience (defaults to the API server's); with `server`, required unless `auth`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audience: Option<String>,
+    /// Another cluster's API server, called with the pod's token for `audience` (that cluster
+    /// must trust this one's service-account issuer); the agent's own API server when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<KubernetesServer>,
+    /// The namespace whose Secrets are read (default: the pod's own); the pod's RBAC there
+    /// decides what it may read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAMESPACE_LEN),
+        regex(pattern = crate::api::rules::DNS_LABEL.regex)
+    )]
+    pub remote_namespace: Option<String>,
+    /// A stored credential for `server` instead of the pod's token (ESO's `auth.token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<KubernetesAuth>,
+}
+
+/// How the provider authenticates to a remote `server` other than with the pod's token.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesAuth {
+    /// A bearer token kept in a Secret.
+    pub token: KubernetesTokenAuth,
+}
+
+/// ESO's `auth.token`: a bearer token from a credential Secret, read as other credential
+/// Secrets are (a SecretStore's as the pod, a ClusterSecretStore's from the agent's namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesTokenAuth {
+    /// The Secret key holding the token.
+    pub bearer_token: SecretKeySelector,
+}
+
+/// A remote Kubernetes API server and the CA its certificate must chain to (ESO's `server`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::KUBERNETES_SERVER_ONE_CA)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesServer {
+    /// `https://host[:port][/path]`; TLS is always verified.
+    #[schemars(
+        length(max = crate::api::rules::MAX_SERVER_URL_LEN),
+        regex(pattern = crate::api::rules::HTTPS_URL.regex)
+    )]
+    pub url: String,
+    /// PEM CA certificates (as text, or base64 of the PEM as ESO writes it), the only roots
+    /// trusted. Exactly one of this and `caProvider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = crate::api::rules::MAX_CA_BUNDLE_LEN))]
+    pub ca_bundle: Option<String>,
+    /// The same roots from a Secret or ConfigMap key, read as `vault.caProvider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_provider: Option<CaProvider>,
 }
 
 /// Inline values, for demos and tests.

@@ -10,8 +10,8 @@ use super::output::{Document, Meta};
 use super::spc_aws::{REGION_PLACEHOLDER, ROLE_PLACEHOLDER};
 use crate::api::store::{
     AwsAuth, AwsJwtAuth, AwsProvider, AwsSecretRef, ClusterSecretStoreSpec, ClusterStoreCondition,
-    Empty, FakeEntry, FakeProvider, KubernetesProvider, LabelSelector, LabelSelectorRequirement,
-    SecretStoreSpec, StoreProvider,
+    Empty, FakeEntry, FakeProvider, KubernetesAuth, KubernetesProvider, KubernetesServer,
+    KubernetesTokenAuth, LabelSelector, LabelSelectorRequirement, SecretStoreSpec, StoreProvider,
 };
 use crate::api::{ClusterSecretStore, SecretStore, StoreKind};
 
@@ -42,7 +42,7 @@ pub fn store(
     match name.as_str() {
         "aws" => out.aws = Some(aws(&mut block, meta, kind, notes)?),
         "vault" => out.vault = Some(super::eso_vault::vault(&mut block, notes)?),
-        "kubernetes" => out.kubernetes = Some(kubernetes(&mut block, meta, kind, notes)),
+        "kubernetes" => out.kubernetes = Some(kubernetes(&mut block, notes)?),
         "fake" => out.fake = Some(fake(&mut block, notes)),
         other => {
             return Err(format!(
@@ -275,45 +275,145 @@ fn aws(
     })
 }
 
-/// `provider.kubernetes`: Latchkey reads the pod's own namespace, as the pod.
-fn kubernetes(
-    f: &mut Fields<'_>,
-    meta: &Meta,
-    kind: StoreKind,
-    notes: &mut Notes,
-) -> KubernetesProvider {
-    let remote = f.string("remoteNamespace", notes);
-    let same = kind == StoreKind::SecretStore && remote.is_some() && remote == meta.namespace;
-    if remote.is_some() && !same {
+/// `provider.kubernetes`: Latchkey reads as the pod, from `remoteNamespace` (ESO's default,
+/// `default`, when absent) on `server` when it names another cluster.
+fn kubernetes(f: &mut Fields<'_>, notes: &mut Notes) -> Result<KubernetesProvider, String> {
+    let at = f.at("remoteNamespace");
+    let remote_namespace = f.string("remoteNamespace", notes).or_else(|| {
         notes.warn(
-            f.at("remoteNamespace"),
-            "Latchkey reads Secrets of the pod's own namespace only (as the pod); not carried \
-             over",
+            at,
+            "is not set, so ESO read namespace \"default\" (its default): written as \
+             remoteNamespace: default; remove it to read the pod's own namespace",
         );
-    }
-    f.drop_field(
-        "server",
-        notes,
-        "Latchkey reads from the cluster it runs in; not carried over",
-    );
+        Some("default".into())
+    });
+    let server = server(f, notes)?;
     f.drop_field(
         "authRef",
         notes,
         "Latchkey reads with the pod's own token, not a kubeconfig; not carried over",
     );
     let mut audience = None;
+    let mut auth = None;
     if let Some(mut a) = f.object("auth", notes) {
         audience = service_account_ref(&mut a, "serviceAccount", notes);
-        for key in ["token", "cert"] {
+        if server.is_some() {
+            auth = bearer_token(&mut a, notes);
+        } else {
             a.drop_field(
-                key,
+                "token",
                 notes,
-                "Latchkey reads with the pod's own token, not stored credentials; not carried over",
+                "Latchkey reads this cluster's Secrets with the pod's own token (a bearer token \
+                 is for a remote server only); not carried over",
             );
         }
+        a.drop_field(
+            "cert",
+            notes,
+            "Latchkey has no client certificates for the kubernetes provider; not carried over",
+        );
         a.finish(notes);
     }
-    KubernetesProvider { audience }
+    if auth.is_some() && audience.take().is_some() {
+        notes.warn(
+            f.at("auth.serviceAccount"),
+            "auth.token is used for the remote server; the audience is not carried over",
+        );
+    }
+    if server.is_some() && audience.is_none() && auth.is_none() {
+        notes.warn(
+            f.at("server"),
+            format!(
+                "Latchkey calls another cluster with the pod's own token for an audience that \
+                 cluster checks (it must trust this cluster's service-account issuer): \
+                 audience is the placeholder {AUDIENCE_PLACEHOLDER}; set it, and add it to the \
+                 CSIDriver's tokenRequests"
+            ),
+        );
+        audience = Some(AUDIENCE_PLACEHOLDER.into());
+    }
+    Ok(KubernetesProvider {
+        audience,
+        server,
+        remote_namespace,
+        auth,
+    })
+}
+
+/// `auth.token.bearerToken` of a store with a remote server: the same selector.
+fn bearer_token(a: &mut Fields<'_>, notes: &mut Notes) -> Option<KubernetesAuth> {
+    let mut t = a.object("token", notes)?;
+    let bearer_token = selector(&mut t, "bearerToken", notes);
+    t.finish(notes);
+    bearer_token.map(|bearer_token| KubernetesAuth {
+        token: KubernetesTokenAuth { bearer_token },
+    })
+}
+
+/// Written as the audience of a remote server's token when the ESO store names none.
+const AUDIENCE_PLACEHOLDER: &str = "REPLACE_ME";
+
+/// `provider.kubernetes.server`: kept when it names another cluster; this cluster's own API
+/// server (ESO's default `kubernetes.default`) is the one the agent reads anyway.
+fn server(f: &mut Fields<'_>, notes: &mut Notes) -> Result<Option<KubernetesServer>, String> {
+    let at = f.at("server");
+    let Some(mut s) = f.object("server", notes) else {
+        return Ok(None);
+    };
+    let url = s.string("url", notes);
+    let remote = url.as_deref().filter(|u| !in_cluster(u));
+    let Some(url) = remote else {
+        // Its CA is the one the agent's connection already trusts.
+        let _ = (s.value("caBundle"), s.value("caProvider"));
+        s.finish(notes);
+        notes.warn(
+            at,
+            "names this cluster's own API server (ESO's default kubernetes.default), which \
+             Latchkey reads through the agent's connection; not carried over",
+        );
+        return Ok(None);
+    };
+    let url = match url.strip_prefix("http://") {
+        Some(_) => {
+            return Err(format!(
+                "{}: Latchkey calls a remote API server over https only",
+                s.at("url")
+            ));
+        }
+        None if url.starts_with("https://") => url.to_string(),
+        None => format!("https://{url}"),
+    };
+    let ca_bundle = s.string("caBundle", notes);
+    let ca_provider = super::eso_vault::ca_provider(&mut s, notes)?;
+    s.finish(notes);
+    if ca_bundle.is_some() == ca_provider.is_some() {
+        return Err(format!(
+            "{}: Latchkey verifies a remote API server with exactly one of caBundle and \
+             caProvider",
+            s.path()
+        ));
+    }
+    Ok(Some(KubernetesServer {
+        url,
+        ca_bundle,
+        ca_provider,
+    }))
+}
+
+/// True when `url` names the API server of the cluster it is used in (the in-cluster Service).
+fn in_cluster(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url);
+    let host = rest.split(['/', ':']).next().unwrap_or_default();
+    matches!(
+        host.trim_end_matches('.'),
+        "kubernetes"
+            | "kubernetes.default"
+            | "kubernetes.default.svc"
+            | "kubernetes.default.svc.cluster.local"
+    )
 }
 
 /// `provider.fake`. Values are carried into the output but never into notes.

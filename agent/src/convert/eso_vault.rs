@@ -85,22 +85,27 @@ pub(super) fn vault(f: &mut Fields<'_>, notes: &mut Notes) -> Result<VaultProvid
     })
 }
 
-/// `caProvider` of a Vault store: the same fields in Latchkey.
-fn ca_provider(f: &mut Fields<'_>, notes: &mut Notes) -> Result<Option<CaProvider>, String> {
+/// `caProvider` (of a Vault store, or a kubernetes store's `server`): the same fields in
+/// Latchkey.
+pub(super) fn ca_provider(
+    f: &mut Fields<'_>,
+    notes: &mut Notes,
+) -> Result<Option<CaProvider>, String> {
+    let at = f.at("caProvider");
     let Some(mut c) = f.object("caProvider", notes) else {
         return Ok(None);
     };
     let kind = match c.string("type", notes).as_deref() {
         Some("Secret") => CaProviderKind::Secret,
         Some("ConfigMap") => CaProviderKind::ConfigMap,
-        _ => return Err("spec.provider.vault.caProvider.type must be Secret or ConfigMap".into()),
+        _ => return Err(format!("{at}.type must be Secret or ConfigMap")),
     };
     let (name, key) = (c.string("name", notes), c.string("key", notes));
-    let at = c.at("namespace");
+    let namespace_at = c.at("namespace");
     let namespace = c.string("namespace", notes);
     if namespace.is_some() {
         notes.warn(
-            at,
+            namespace_at,
             "Latchkey reads the CA bundle as a credential Secret: from a SecretStore's own \
              namespace, or from the agent's namespace for a ClusterSecretStore; any other \
              namespace is refused when the store is used",
@@ -114,7 +119,7 @@ fn ca_provider(f: &mut Fields<'_>, notes: &mut Notes) -> Result<Option<CaProvide
             key,
             namespace,
         })),
-        _ => Err("spec.provider.vault.caProvider needs name and key".into()),
+        _ => Err(format!("{at} needs name and key")),
     }
 }
 

@@ -55,7 +55,8 @@ pub fn audiences(
     // A ClusterSecretStore reads its credential Secrets with the controller's identity, so its
     // audiences are exactly those the backend itself is sent.
     let for_backend = token_audiences(spec, StoreKind::ClusterSecretStore);
-    let reads_this_cluster = matches!(spec, ProviderSpec::Kubernetes(_));
+    // With `server`, the kubernetes provider sends its token to another cluster: a backend.
+    let reads_this_cluster = matches!(spec, ProviderSpec::Kubernetes(k) if k.server.is_none());
     if !reads_this_cluster && for_backend.iter().any(String::is_empty) {
         return Err(ConsentError::ApiServerAudience {
             provider: spec.name(),
@@ -89,7 +90,7 @@ mod tests {
             audiences(ProviderSpec::Vault(&vault), StoreKind::SecretStore, false).unwrap(),
             ["vault"]
         );
-        let k8s = KubernetesProvider { audience: None };
+        let k8s = KubernetesProvider::default();
         assert_eq!(
             audiences(
                 ProviderSpec::Kubernetes(&k8s),
@@ -98,6 +99,66 @@ mod tests {
             )
             .unwrap(),
             [""]
+        );
+        // Another cluster's API server is a backend: never this cluster's audience, and its CA
+        // ConfigMap of a SecretStore is read here, with this cluster's.
+        let mut remote = KubernetesProvider {
+            server: Some(KubernetesServer {
+                url: "https://other.example".into(),
+                ca_provider: Some(CaProvider::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::SecretStore,
+                false
+            ),
+            Err(ConsentError::ApiServerAudience {
+                provider: "kubernetes"
+            })
+        );
+        remote.audience = Some("other-cluster".into());
+        assert_eq!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::SecretStore,
+                false
+            )
+            .unwrap(),
+            ["", "other-cluster"]
+        );
+        assert_eq!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::ClusterSecretStore,
+                false
+            )
+            .unwrap(),
+            ["other-cluster"]
+        );
+        // A stored token replaces the caller's: only a SecretStore's credential read remains.
+        remote.audience = None;
+        remote.auth = Some(KubernetesAuth::default());
+        assert_eq!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::SecretStore,
+                false
+            )
+            .unwrap(),
+            [""]
+        );
+        assert!(
+            audiences(
+                ProviderSpec::Kubernetes(&remote),
+                StoreKind::ClusterSecretStore,
+                false
+            )
+            .unwrap()
+            .is_empty()
         );
         let plugin = PluginProvider {
             endpoint: "plugin:4000".into(),

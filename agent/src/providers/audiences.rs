@@ -45,7 +45,18 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
                 out.push(api_server());
             }
         }
-        ProviderSpec::Kubernetes(k) => out.push(k.audience.clone().unwrap_or_default()),
+        ProviderSpec::Kubernetes(k) => {
+            // A stored token (remote servers only) replaces the caller's.
+            if k.auth.is_none() {
+                out.push(k.audience.clone().unwrap_or_default());
+            }
+            // A remote server's CA bundle or token from a Secret or ConfigMap is read as the
+            // caller.
+            let ca_provider = k.server.as_ref().is_some_and(|s| s.ca_provider.is_some());
+            if (ca_provider || k.auth.is_some()) && credentials_as_caller {
+                out.push(api_server());
+            }
+        }
         ProviderSpec::Fake(_) => {}
         // Exactly the audiences the store lists (latchkey.plugin.v1 passes only these), plus the
         // API server's for a client certificate Secret read as the caller.
@@ -116,6 +127,7 @@ mod tests {
         );
         let k8s = KubernetesProvider {
             audience: Some("api".into()),
+            ..Default::default()
         };
         assert_eq!(
             token_audiences(

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use super::kubernetes::KubernetesSecrets;
 use super::{BuildContext, Provider, ProviderError, RemoteKey};
 use crate::api::StoreKind;
-use crate::api::store::{KubernetesProvider, SecretKeySelector};
+use crate::api::store::SecretKeySelector;
 use crate::secret::{SecretBytes, SecretString};
 
 /// Where a credential lives, once checked: the namespace the store may read it from and a valid
@@ -141,8 +141,7 @@ async fn fetch(ctx: &BuildContext<'_>, location: &Location) -> Result<Fetched, P
         || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
     match (ctx.store_kind, &ctx.env.kube) {
         (StoreKind::SecretStore, Some(kube)) => {
-            let as_pod =
-                KubernetesSecrets::new(&KubernetesProvider::default(), Some(kube), ctx.pod)?;
+            let as_pod = KubernetesSecrets::local(Some(kube), ctx.pod)?;
             let doc = as_pod
                 .get(&RemoteKey {
                     key: name.clone(),

@@ -1,9 +1,12 @@
-//! The `kubernetes` provider: Secrets of the pod's own namespace, read AS THE POD with its
-//! projected service-account token. The agent's own identity is never used, so the agent needs
-//! no permission on Secrets and a pod reads exactly what its RBAC allows.
+//! The `kubernetes` provider: Secrets read AS THE POD with its projected service-account token,
+//! of the pod's own namespace or `remoteNamespace`, on the agent's API server or on `server`
+//! (another cluster, see [`remote`]). The agent's own identity is never used, so the agent
+//! needs no permission on Secrets and a pod reads exactly what its RBAC allows.
 //!
 //! `remoteRef.key` names the Secret; the value is the Secret's data as a JSON object, so
 //! `property` picks one key (as in ESO) and `dataFrom.extract` maps every key.
+
+mod remote;
 
 use std::collections::BTreeMap;
 
@@ -13,7 +16,8 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use super::{
-    FindQuery, MAX_FIND_RESULTS, MAX_RESPONSE_BYTES, Provider, ProviderError, RemoteKey, found,
+    BuildContext, FindQuery, MAX_FIND_RESULTS, MAX_RESPONSE_BYTES, Provider, ProviderError,
+    RemoteKey, found,
 };
 use crate::api::store::KubernetesProvider;
 use crate::identity::PodInfo;
@@ -24,19 +28,72 @@ use crate::telemetry::escape::printable;
 /// Reads Secrets of one namespace with one pod's token.
 pub struct KubernetesSecrets {
     secrets: Api<Secret>,
+    /// A remote server's URL, the token it was sent and whose, to name the server and scrub
+    /// the token from errors; `None` for the agent's API server.
+    remote: Option<remote::Remote>,
 }
 
 impl KubernetesSecrets {
-    /// A client for the agent's API server that authenticates as the pod.
-    pub fn new(
-        spec: &KubernetesProvider,
+    /// Secrets of the pod's own namespace on the agent's API server, as the pod (credential
+    /// Secrets of a SecretStore).
+    pub fn local(
         agent_config: Option<&kube::Config>,
         pod: &PodInfo,
     ) -> Result<Self, ProviderError> {
-        let client = pod_client(agent_config, pod, spec.audience.as_deref().unwrap_or(""))?;
+        let client = pod_client(agent_config, pod, "")?;
         Ok(Self {
             secrets: Api::namespaced(client, &pod.namespace),
+            remote: None,
         })
+    }
+
+    /// The reader a store's `spec` selects for `ctx.pod`: its `remoteNamespace` (default: the
+    /// pod's) on its `server` (default: the agent's API server), with the pod's token for its
+    /// `audience`.
+    pub async fn build(
+        spec: &KubernetesProvider,
+        ctx: &BuildContext<'_>,
+    ) -> Result<Self, ProviderError> {
+        let audience = spec.audience.as_deref().unwrap_or("");
+        let namespace = spec
+            .remote_namespace
+            .as_deref()
+            .unwrap_or(&ctx.pod.namespace);
+        // Validated with the store; it goes into request paths, so checked again here.
+        if !crate::identity::is_dns_label(namespace) {
+            return Err(ProviderError::Config(format!(
+                "kubernetes.remoteNamespace {:?} is not a namespace name",
+                printable(namespace, 80)
+            )));
+        }
+        let (client, remote) = match &spec.server {
+            None => (pod_client(ctx.env.kube.as_ref(), ctx.pod, audience)?, None),
+            Some(server) => {
+                let remote = remote::client(server, spec, ctx).await?;
+                (remote.client.clone(), Some(remote))
+            }
+        };
+        Ok(Self {
+            secrets: Api::namespaced(client, namespace),
+            remote,
+        })
+    }
+
+    /// `call`, bounded in time, its error in the words of the server it went to.
+    async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ProviderError> {
+        match tokio::time::timeout(remote::REQUEST_TIMEOUT, call).await {
+            Err(_) => Err(remote::timed_out(
+                self.remote.as_ref().map_or("", |r| r.url.as_str()),
+            )),
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(match &self.remote {
+                Some(r) => remote::api_error(e, r),
+                None => api_error(e),
+            }),
+        }
     }
 }
 
@@ -64,8 +121,20 @@ pub(crate) fn pod_client(
         token: Some(token.token.expose().to_string().into()),
         ..Default::default()
     };
-    Client::try_from(config)
-        .map_err(|_| ProviderError::Config("cannot build a client for the API server".into()))
+    bounded_client(config)
+}
+
+/// A client whose every answer is cut at [`MAX_RESPONSE_BYTES`] as it arrives: a page of Secrets
+/// fits, and a server that sends more (a remote one may be anyone's) fails the request instead
+/// of filling the agent's memory.
+fn bounded_client(config: kube::Config) -> Result<Client, ProviderError> {
+    let limit =
+        tower::util::MapResponseLayer::new(|answer: http::Response<Box<kube::client::DynBody>>| {
+            answer.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
+        });
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|_| ProviderError::Config("cannot build a client for the API server".into()))?;
+    Ok(builder.with_layer(&limit).build())
 }
 
 #[async_trait]
@@ -79,7 +148,7 @@ impl Provider for KubernetesSecrets {
         // The name goes into the request path: anything but a Kubernetes name is refused here.
         crate::api::validate::object_name("remoteRef.key (a Secret name)", &key.key)
             .map_err(|e| ProviderError::Config(e.to_string()))?;
-        let secret = self.secrets.get(&key.key).await.map_err(api_error)?;
+        let secret = self.call(self.secrets.get(&key.key)).await?;
         as_json(secret)
     }
 
@@ -89,8 +158,8 @@ impl Provider for KubernetesSecrets {
         let mut params = ListParams::default().limit(LIST_PAGE);
         let mut matches = Vec::new();
         let mut bytes = 0usize;
-        loop {
-            let list = self.secrets.list(&params).await.map_err(api_error)?;
+        for _ in 0..MAX_LIST_PAGES {
+            let list = self.call(self.secrets.list(&params)).await?;
             for secret in list.items {
                 let name = secret.metadata.name.clone().unwrap_or_default();
                 if !query.matches(&name) {
@@ -100,7 +169,8 @@ impl Provider for KubernetesSecrets {
                 bytes += name.len() + value.len();
                 if bytes > MAX_RESPONSE_BYTES {
                     return Err(ProviderError::TooLarge(format!(
-                        "the Secrets dataFrom.find matched hold more than {MAX_RESPONSE_BYTES}                          bytes"
+                        "the Secrets dataFrom.find matched hold more than {MAX_RESPONSE_BYTES} \
+                         bytes"
                     )));
                 }
                 matches.push((name, value));
@@ -114,11 +184,19 @@ impl Provider for KubernetesSecrets {
                 _ => return found(matches),
             }
         }
+        // A server that keeps handing out continue tokens (a remote one may be anyone's).
+        Err(ProviderError::TooLarge(format!(
+            "dataFrom.find listed more than {} Secrets without reaching the end of the namespace",
+            MAX_LIST_PAGES * LIST_PAGE as usize
+        )))
     }
 }
 
 /// Secrets per page of a `dataFrom.find` list.
 const LIST_PAGE: u32 = 10;
+
+/// Most pages one `dataFrom.find` lists.
+const MAX_LIST_PAGES: usize = 1000;
 
 /// A Secret's data as a JSON object of strings, so `property` and `extract` work as in ESO.
 /// A Secret of more keys than a JSON value may hold is refused ([`json::MAX_ITEMS`]).
@@ -203,8 +281,7 @@ mod tests {
             service_account: "default".into(),
             tokens: PodTokens::parse(Some(r#"{"":{"token":"t"}}"#)).unwrap(),
         };
-        let secrets =
-            KubernetesSecrets::new(&KubernetesProvider::default(), Some(&config), &pod).unwrap();
+        let secrets = KubernetesSecrets::local(Some(&config), &pod).unwrap();
         for key in ["../kube-system/secrets/x", "a/b", "..", "UPPER"] {
             let err = secrets
                 .get(&RemoteKey {

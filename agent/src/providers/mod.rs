@@ -226,11 +226,9 @@ pub async fn build(
     let inner: Arc<dyn Provider> = match spec {
         ProviderSpec::Aws(a) => aws::build(a, ctx).await?,
         ProviderSpec::Fake(f) => Arc::new(fake::Fake::new(f)?),
-        ProviderSpec::Kubernetes(k) => Arc::new(kubernetes::KubernetesSecrets::new(
-            k,
-            ctx.env.kube.as_ref(),
-            ctx.pod,
-        )?),
+        ProviderSpec::Kubernetes(k) => {
+            Arc::new(kubernetes::KubernetesSecrets::build(k, ctx).await?)
+        }
         ProviderSpec::Vault(v) => Arc::new(vault::Vault::new(v, ctx).await?),
         ProviderSpec::Plugin(p) => Arc::new(plugin::Plugin::new(p, ctx).await?),
         ProviderSpec::SecretsStoreCsi(p) => {

@@ -13,6 +13,7 @@ use std::time::Duration;
 pub mod cluster_external_secret;
 mod fields;
 pub mod generator;
+mod kubernetes;
 pub mod plugin;
 pub mod push_secret;
 
@@ -140,7 +141,8 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
         ProviderSpec::SecretsStoreCsi(p) => {
             secrets_store_csi(p)?;
         }
-        ProviderSpec::Kubernetes(_) | ProviderSpec::Fake(_) => {}
+        ProviderSpec::Kubernetes(k) => kubernetes::kubernetes(k)?,
+        ProviderSpec::Fake(_) => {}
     }
     if kind == StoreKind::SecretStore
         && p.aws
