@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use latchkey::providers::ProviderError;
-use latchkey::providers::kubernetes_push::{KubernetesPush, MARK_LABEL};
+use latchkey::providers::kubernetes::push::{KubernetesPush, MARK_LABEL};
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
 use latchkey::secret::SecretBytes;
 use serde_json::{Value, json};
@@ -205,10 +205,7 @@ async fn a_secret_changed_during_a_push_is_not_written_over() {
     theirs["data"]["note"] = json!(b64(THEIRS));
     s.apply(theirs);
     let err = pushing.await.unwrap().unwrap_err();
-    assert!(
-        matches!(&err, PushError::Backend(ProviderError::Unavailable(m)) if m.contains("changed while")),
-        "{err:?}"
-    );
+    assert!(matches!(&err, PushError::Changed { .. }), "{err:?}");
     assert_no_value(&err);
     let now = data(&s, "db").unwrap();
     assert_eq!(now["password"], PASSWORD);

@@ -444,7 +444,7 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     let value = props(&[("password", PASSWORD)]);
     let err = push.push("prod/race", &value, REPLACE).await.unwrap_err();
     assert!(
-        matches!(err, PushError::Changed { version: 0, .. }),
+        matches!(err, PushError::Changed { ref version, .. } if version == "0"),
         "{err}"
     );
     assert_eq!(err.reason(), "ConcurrentWrite");
@@ -468,7 +468,7 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, PushError::Changed { version: 1, .. }),
+        matches!(err, PushError::Changed { ref version, .. } if version == "1"),
         "{err}"
     );
     assert_eq!(data(&bao, "prod/race2").await, json!({"owner": THEIRS}));

@@ -6,6 +6,7 @@
 //! `remoteRef.key` names the Secret; the value is the Secret's data as a JSON object, so
 //! `property` picks one key (as in ESO) and `dataFrom.extract` maps every key.
 
+pub mod push;
 mod remote;
 
 use std::collections::BTreeMap;

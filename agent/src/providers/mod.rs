@@ -9,7 +9,6 @@ pub mod fake;
 pub mod fake_push;
 pub mod grpc_answer;
 pub mod kubernetes;
-pub mod kubernetes_push;
 pub mod plugin;
 pub mod push;
 pub mod secrets_store_csi;

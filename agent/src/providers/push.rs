@@ -94,16 +94,16 @@ pub enum PushError {
         max: usize,
     },
     /// The remote secret changed between Latchkey's read of it and its write (a check-and-set
-    /// failed): someone else wrote it meanwhile. Nothing was written; the next push reads again.
+    /// or resourceVersion precondition failed): someone else wrote it meanwhile. Nothing was written; the next push reads again.
     #[error(
         "remote key {remote_key:?} was written by someone else while Latchkey pushed it (its \
-         version is no longer {version}); nothing was written, the next push tries again"
+         version is no longer {version:?}); nothing was written, the next push tries again"
     )]
     Changed {
         /// The remote secret.
         remote_key: String,
-        /// The version Latchkey read and wrote against.
-        version: u64,
+        /// The version Latchkey read and wrote against (Vault's KV version, a resourceVersion).
+        version: String,
     },
     /// This remote secret cannot be pushed to this store, whatever is retried (the store's
     /// engine cannot hold Latchkey's mark, or the value has no shape it can store).

@@ -15,7 +15,7 @@ use crate::mirror::consent;
 use crate::mirror::tokens::TokenMinter;
 use crate::providers::aws::push::AwsPush;
 use crate::providers::fake_push::FakePush;
-use crate::providers::kubernetes_push::KubernetesPush;
+use crate::providers::kubernetes::push::KubernetesPush;
 use crate::providers::push::{PushError, Pusher, unimplemented};
 use crate::providers::vault::push::VaultPush;
 use crate::providers::{BuildContext, Env, ProviderError};
@@ -113,7 +113,7 @@ impl Pushers for StorePushers {
             ProviderSpec::Kubernetes(kubernetes) => {
                 let pod = self.account(target).await?;
                 let ctx = self.context(target, &pod);
-                Ok(Arc::new(KubernetesPush::new(kubernetes, &ctx)?))
+                Ok(Arc::new(KubernetesPush::new(kubernetes, &ctx).await?))
             }
             ProviderSpec::Plugin(_) => Err(unimplemented("plugin")),
             ProviderSpec::SecretsStoreCsi(_) => Err(unimplemented("secretsStoreCSI")),

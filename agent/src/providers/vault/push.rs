@@ -394,7 +394,7 @@ fn failed(e: ClientError, op: &str, path: &str, remote_key: &str, cas: Option<u6
         {
             PushError::Changed {
                 remote_key: remote_key.to_string(),
-                version,
+                version: version.to_string(),
             }
         }
         (
@@ -453,7 +453,7 @@ mod tests {
         );
         let err = failed(e, "update", "secret/data/prod/db", "prod/db", Some(3));
         assert!(
-            matches!(err, PushError::Changed { version: 3, .. }),
+            matches!(err, PushError::Changed { ref version, .. } if version == "3"),
             "{err}"
         );
         assert_eq!(err.reason(), "ConcurrentWrite");

@@ -1,6 +1,7 @@
 //! Pushes to the `kubernetes` provider: keys of a Secret, written AS THE PUSHSECRET'S SERVICE
-//! ACCOUNT with its own token, exactly as the provider reads as the pod. The agent's and the
-//! controller's identities are never used, so a push writes only where the account's RBAC lets
+//! ACCOUNT with its own token (or the store's stored token for a remote server), on the server and
+//! in the namespace the provider reads from ([`KubernetesSecrets::build`]). The agent's and the
+//! controller's identities are never used, so a push writes only where that identity's RBAC lets
 //! it (`get`, `create`, `update`, and `delete` for `deletionPolicy: Delete`, on Secrets).
 //!
 //! `remoteRef.remoteKey` names the Secret and `property` the key in it (a Secret is a map of
@@ -10,6 +11,7 @@
 //! over: the push fails and is made again from what is there then.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
 use async_trait::async_trait;
 use k8s_openapi::ByteString;
@@ -18,10 +20,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
-use super::kubernetes::{api_error, pod_client};
-use super::push::{MARK_VALUE, MAX_PUSH_BYTES, PushError, PushPolicy, PushValue, Pushed, Pusher};
-use super::{BuildContext, ProviderError};
+use super::remote::{self, Remote};
+use super::{KubernetesSecrets, api_error};
 use crate::api::store::KubernetesProvider;
+use crate::providers::push::{
+    MARK_VALUE, MAX_PUSH_BYTES, PushError, PushPolicy, PushValue, Pushed, Pusher,
+};
+use crate::providers::{BuildContext, ProviderError};
 use crate::secret::SecretBytes;
 
 /// The label marking a Secret Latchkey created (Kubernetes' recommended `managed-by` label).
@@ -31,49 +36,96 @@ pub const MARK_LABEL: &str = "app.kubernetes.io/managed-by";
 pub struct KubernetesPush {
     secrets: Api<Secret>,
     namespace: String,
+    /// The remote server, when the store names one: its URL for messages, its token scrubbed
+    /// from its answers.
+    remote: Option<Remote>,
 }
 
 impl KubernetesPush {
-    /// A pusher into the account's own namespace, authenticated as the account.
-    pub fn new(spec: &KubernetesProvider, ctx: &BuildContext<'_>) -> Result<Self, ProviderError> {
-        let audience = spec.audience.as_deref().unwrap_or("");
-        let client = pod_client(ctx.env.kube.as_ref(), ctx.pod, audience)?;
-        Ok(Self::from_client(client, &ctx.pod.namespace))
+    /// A pusher into the store's namespace (`remoteNamespace`, default the account's own) on its
+    /// server (default the agent's), authenticated as the account or the stored token.
+    pub async fn new(
+        spec: &KubernetesProvider,
+        ctx: &BuildContext<'_>,
+    ) -> Result<Self, ProviderError> {
+        let reader = KubernetesSecrets::build(spec, ctx).await?;
+        let namespace = spec
+            .remote_namespace
+            .clone()
+            .unwrap_or_else(|| ctx.pod.namespace.clone());
+        Ok(Self {
+            secrets: reader.secrets,
+            namespace,
+            remote: reader.remote,
+        })
     }
 
-    /// A pusher into `namespace` through `client` (tests, and [`Self::new`]).
+    /// A pusher into `namespace` of the agent's API server through `client` (tests).
     pub fn from_client(client: Client, namespace: &str) -> Self {
         Self {
             secrets: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
+            remote: None,
         }
     }
 
     fn at(&self, remote_key: &str) -> String {
-        format!("Secret {}/{remote_key}", self.namespace)
+        match &self.remote {
+            Some(r) => format!("Secret {}/{remote_key} on {}", self.namespace, r.url),
+            None => format!("Secret {}/{remote_key}", self.namespace),
+        }
+    }
+
+    /// `call`, bounded in time; its error names the Secret (see [`Self::failed`]). `what` is
+    /// `create`, `read`, `delete`, or `update` of resourceVersion `read_version`.
+    async fn send<T>(
+        &self,
+        remote_key: &str,
+        (what, read_version): (&str, &str),
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, PushError> {
+        match tokio::time::timeout(remote::REQUEST_TIMEOUT, call).await {
+            Err(_) => {
+                Err(remote::timed_out(self.remote.as_ref().map_or("", |r| r.url.as_str())).into())
+            }
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(self.failed(remote_key, (what, read_version), e)),
+        }
     }
 
     async fn current(&self, remote_key: &str) -> Result<Option<Secret>, PushError> {
-        self.secrets
-            .get_opt(remote_key)
+        self.send(remote_key, ("read", ""), self.secrets.get_opt(remote_key))
             .await
-            .map_err(|e| self.failed(remote_key, "read", e))
     }
 
-    /// The API server's refusal, naming the Secret; a 409 means it changed since it was read.
-    fn failed(&self, remote_key: &str, what: &str, e: kube::Error) -> PushError {
+    /// The server's refusal, naming the Secret: a 409 on a create is someone else's Secret made
+    /// meanwhile, on an update a change since it was read.
+    fn failed(
+        &self,
+        remote_key: &str,
+        (what, read_version): (&str, &str),
+        e: kube::Error,
+    ) -> PushError {
         if let kube::Error::Api(status) = &e
             && status.code == 409
         {
-            return ProviderError::Unavailable(format!(
-                "{} changed while it was being written; it is pushed again from what it \
-                 holds then",
-                self.at(remote_key)
-            ))
-            .into();
+            return if what == "create" {
+                PushError::Conflict {
+                    remote_key: remote_key.to_string(),
+                }
+            } else {
+                PushError::Changed {
+                    remote_key: remote_key.to_string(),
+                    version: read_version.to_string(),
+                }
+            };
         }
         let at = self.at(remote_key);
-        match api_error(e) {
+        let error = match &self.remote {
+            Some(r) => remote::api_error(e, r),
+            None => api_error(e),
+        };
+        match error {
             ProviderError::PermissionDenied(why) => {
                 ProviderError::PermissionDenied(format!("cannot {what} {at}: {why}"))
             }
@@ -172,16 +224,16 @@ impl Pusher for KubernetesPush {
                 data: Some(bounded(remote_key, data)?),
                 ..Default::default()
             };
-            return match self.secrets.create(&PostParams::default(), &secret).await {
-                Ok(created) => Ok(Pushed::Written {
-                    version: version(&created),
-                }),
-                // Created by someone else since it was looked at: theirs.
-                Err(kube::Error::Api(s)) if s.code == 409 => Err(PushError::Conflict {
-                    remote_key: remote_key.to_string(),
-                }),
-                Err(e) => Err(self.failed(remote_key, "create", e)),
-            };
+            let created = self
+                .send(
+                    remote_key,
+                    ("create", ""),
+                    self.secrets.create(&PostParams::default(), &secret),
+                )
+                .await?;
+            return Ok(Pushed::Written {
+                version: version(&created),
+            });
         };
         if policy.if_not_exists {
             return Ok(Pushed::Kept);
@@ -201,11 +253,15 @@ impl Pusher for KubernetesPush {
             .get_or_insert_with(BTreeMap::new)
             .insert(MARK_LABEL.to_string(), MARK_VALUE.to_string());
         // `replace` sends the resourceVersion read above: a Secret changed since fails with 409.
+        let read = version(&secret);
         let written = self
-            .secrets
-            .replace(remote_key, &PostParams::default(), &secret)
-            .await
-            .map_err(|e| self.failed(remote_key, "update", e))?;
+            .send(
+                remote_key,
+                ("update", &read),
+                self.secrets
+                    .replace(remote_key, &PostParams::default(), &secret),
+            )
+            .await?;
         Ok(Pushed::Written {
             version: version(&written),
         })
@@ -237,21 +293,24 @@ impl Pusher for KubernetesPush {
                 }),
                 ..Default::default()
             };
-            return match self.secrets.delete(remote_key, &params).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(e) => Err(self.failed(remote_key, "delete", e)),
+            return match self
+                .send(
+                    remote_key,
+                    ("delete", ""),
+                    self.secrets.delete(remote_key, &params),
+                )
+                .await
+            {
+                Ok(_) | Err(PushError::Backend(ProviderError::NotFound)) => Ok(()),
+                Err(e) => Err(e),
             };
         }
         secret.data = Some(data);
-        match self
-            .secrets
-            .replace(remote_key, &PostParams::default(), &secret)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(self.failed(remote_key, "update", e)),
+        let (params, read) = (PostParams::default(), version(&secret));
+        let update = self.secrets.replace(remote_key, &params, &secret);
+        match self.send(remote_key, ("update", &read), update).await {
+            Ok(_) | Err(PushError::Backend(ProviderError::NotFound)) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }
