@@ -45,32 +45,10 @@ const INTERVAL_SECS: u64 = 15;
 const QUICK_INTERVAL_SECS: u64 = 3;
 
 fn main() -> ExitCode {
-    let quick = std::env::var("LATCHKEY_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-    let count = match std::env::var("LATCHKEY_BENCH_MIRROR_COUNT") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("mirror bench: LATCHKEY_BENCH_MIRROR_COUNT={v:?} is not a count");
-                return ExitCode::FAILURE;
-            }
-        },
-        Err(_) if quick => 50,
-        Err(_) => 1000,
-    };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("mirror bench: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(count, quick)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("mirror bench failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    support::bench::main("mirror", || {
+        let count = support::bench::count("LATCHKEY_BENCH_MIRROR_COUNT", 1, 50, 1000)?;
+        Ok(run(count, support::bench::quick()))
+    })
 }
 
 async fn run(count: usize, quick: bool) -> Result<(), String> {
@@ -194,9 +172,7 @@ async fn run(count: usize, quick: bool) -> Result<(), String> {
         "rewritten": rewritten, "write_calls": write_calls, "rss_mib": synced_rss,
         "settled_rss_mib": settled_rss, "peak_rss_mib": peak_rss,
         "settled_anon_mib": settled_anon, "settled_file_mib": settled_file});
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    std::fs::write(format!("{dir}/mirror.json"), report.to_string()).map_err(|e| e.to_string())?;
+    support::bench::write_report("mirror", &report)?;
     Ok(())
 }
 

@@ -48,34 +48,10 @@ const INTERVAL_SECS: u64 = 15;
 const QUICK_INTERVAL_SECS: u64 = 3;
 
 fn main() -> ExitCode {
-    let quick = std::env::var("LATCHKEY_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-    let count = match std::env::var("LATCHKEY_BENCH_PUSH_COUNT") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if n >= SECRETS => n,
-            _ => {
-                eprintln!(
-                    "push bench: LATCHKEY_BENCH_PUSH_COUNT={v:?} is not a count >= {SECRETS}"
-                );
-                return ExitCode::FAILURE;
-            }
-        },
-        Err(_) if quick => 50,
-        Err(_) => 1000,
-    };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("push bench: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(count, quick)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("push bench failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    support::bench::main("push", || {
+        let count = support::bench::count("LATCHKEY_BENCH_PUSH_COUNT", SECRETS, 50, 1000)?;
+        Ok(run(count, support::bench::quick()))
+    })
 }
 
 async fn run(count: usize, quick: bool) -> Result<(), String> {
@@ -234,9 +210,7 @@ async fn run(count: usize, quick: bool) -> Result<(), String> {
         "change_pushed_seconds": change_pushed.as_secs_f64(), "rss_mib": synced_rss,
         "settled_rss_mib": settled_rss, "peak_rss_mib": peak_rss,
         "settled_anon_mib": settled_anon, "settled_file_mib": settled_file});
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    std::fs::write(format!("{dir}/push.json"), report.to_string()).map_err(|e| e.to_string())?;
+    support::bench::write_report("push", &report)?;
     if writes_first as usize != count || writes_quiet != 0 || wrong != 0 {
         return Err("PushSecrets wrote what they should not have (see the table)".into());
     }
