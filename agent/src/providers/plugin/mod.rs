@@ -18,6 +18,7 @@
 //! decoded ([`grpc_answer`]).
 
 mod caller;
+pub mod push;
 pub(crate) mod socket;
 pub(crate) mod status;
 mod tls;
