@@ -324,11 +324,11 @@ impl ExternalSecretStorePluginService for EssService {
         &self,
         request: Request<ess::ApplySecretRequest>,
     ) -> Result<Response<ess::ApplySecretResponse>, Status> {
-        self.0.writable()?;
         let secret = request.into_inner().secret.unwrap_or_default();
         let name = secret.scoped_name;
         self.0
             .record(&format!("ApplySecret {}", name.escape_debug()))?;
+        self.0.writable()?;
         if !self.0.allowed(None, &name) {
             return Err(Status::permission_denied("ESS calls carry no identity"));
         }
@@ -340,7 +340,6 @@ impl ExternalSecretStorePluginService for EssService {
         &self,
         request: Request<ess::DeleteKeysRequest>,
     ) -> Result<Response<ess::DeleteKeysResponse>, Status> {
-        self.0.writable()?;
         let secret = request.into_inner().secret.unwrap_or_default();
         let name = secret.scoped_name;
         let keys: Vec<String> = secret.data.into_keys().collect();
@@ -349,6 +348,7 @@ impl ExternalSecretStorePluginService for EssService {
             name.escape_debug(),
             keys.len()
         ))?;
+        self.0.writable()?;
         if !self.0.allowed(None, &name) {
             return Err(Status::permission_denied("ESS calls carry no identity"));
         }
@@ -455,7 +455,6 @@ impl SecretStorePlugin for LatchkeyService {
         &self,
         request: Request<lk::PushSecretRequest>,
     ) -> Result<Response<lk::PushSecretResponse>, Status> {
-        self.0.writable()?;
         let r = request.into_inner();
         let caller = r.caller.as_ref();
         self.0.record(&format!(
@@ -463,6 +462,7 @@ impl SecretStorePlugin for LatchkeyService {
             r.name.escape_debug(),
             describe(caller)
         ))?;
+        self.0.writable()?;
         if !self.0.allowed(caller, &r.name) {
             return Err(Status::permission_denied("this caller may not write it"));
         }
@@ -477,7 +477,6 @@ impl SecretStorePlugin for LatchkeyService {
         &self,
         request: Request<lk::DeleteSecretRequest>,
     ) -> Result<Response<lk::DeleteSecretResponse>, Status> {
-        self.0.writable()?;
         let r = request.into_inner();
         let caller = r.caller.as_ref();
         self.0.record(&format!(
@@ -486,6 +485,7 @@ impl SecretStorePlugin for LatchkeyService {
             r.keys.len(),
             describe(caller)
         ))?;
+        self.0.writable()?;
         if !self.0.allowed(caller, &r.name) {
             return Err(Status::permission_denied("this caller may not delete it"));
         }
