@@ -416,3 +416,35 @@ impl Pusher for PluginPush {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_values_become_ess_entries_as_reads_make_them_again() {
+        let members = whole_entries("k", &SecretBytes::from(r#"{"a":"1","b":"2"}"#)).unwrap();
+        assert_eq!(members.len(), 2);
+        assert_eq!(members["a"], b"1");
+        let other = whole_entries("k", &SecretBytes::from("plain")).unwrap();
+        assert_eq!(other.len(), 1);
+        assert_eq!(other["value"], b"plain");
+        let huge = SecretBytes::new(vec![b'x'; MAX_PUSH_BYTES + 1]);
+        assert!(matches!(
+            whole_entries("k", &huge),
+            Err(PushError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn only_the_exact_mark_is_latchkeys() {
+        let with = |k: &str, v: &str| ess::Secret {
+            metadata: [(k.to_string(), v.to_string())].into(),
+            ..Default::default()
+        };
+        assert!(marked(&with(MARK_KEY, MARK_VALUE)));
+        assert!(!marked(&with(MARK_KEY, "someone")));
+        assert!(!marked(&with("owner", MARK_VALUE)));
+        assert!(!marked(&ess::Secret::default()));
+    }
+}
