@@ -265,8 +265,11 @@ async fn a_latchkey_plugin_writes_as_the_account_and_deletes_only_what_was_pushe
     assert!(matches!(err, PushError::Conflict { .. }), "{}", shown(&err));
     assert_eq!(err.reason(), "Conflict");
     assert_eq!(plugin.entries("theirs").unwrap()["password"], THEIRS);
-    let err = push.delete("theirs", &[]).await.unwrap_err();
-    assert!(matches!(err, PushError::Conflict { .. }), "{}", shown(&err));
+    for keys in [vec![], vec!["password".to_string()]] {
+        let err = push.delete("theirs", &keys).await.unwrap_err();
+        assert!(matches!(err, PushError::Conflict { .. }), "{}", shown(&err));
+    }
+    assert_eq!(plugin.entries("theirs").unwrap()["password"], THEIRS);
     assert!(plugin.file("theirs").is_some());
     let adopt = PushPolicy {
         if_not_exists: false,
@@ -374,8 +377,11 @@ async fn an_ess_plugin_is_written_through_apply_secret_with_the_mark_in_its_meta
     assert!(matches!(err, PushError::Conflict { .. }), "{}", shown(&err));
     assert_eq!(plugin.entries("theirs").unwrap()["password"], THEIRS);
     assert!(!plugin.calls().contains("ApplySecret theirs"));
-    let err = push.delete("theirs", &[]).await.unwrap_err();
-    assert!(matches!(err, PushError::Conflict { .. }), "{}", shown(&err));
+    for keys in [vec![], vec!["password".to_string()]] {
+        let err = push.delete("theirs", &keys).await.unwrap_err();
+        assert!(matches!(err, PushError::Conflict { .. }), "{}", shown(&err));
+    }
+    assert_eq!(plugin.entries("theirs").unwrap()["password"], THEIRS);
 
     push.delete("db", &["password".into()]).await.unwrap();
     assert_eq!(

@@ -82,29 +82,29 @@ impl Files {
         Ok((modified(&path), false))
     }
 
-    /// latchkey.plugin.v1 DeleteSecret: `keys`, or (none) the whole secret if marked.
+    /// latchkey.plugin.v1 DeleteSecret: `keys` (the secret too once empty), or (none) the whole
+    /// secret; only from a marked secret.
     pub async fn delete(&self, name: &str, keys: &[String]) -> Result<(), Status> {
         let _one_at_a_time = self.writes.lock().await;
         let path = self.path(name)?;
         if !path.exists() {
             return Ok(());
         }
-        let marked = self.marked(name);
+        if !self.marked(name) {
+            return Err(Status::already_exists(format!(
+                "{name:?} is not Latchkey's: nothing deleted"
+            )));
+        }
         if keys.is_empty() {
-            if !marked {
-                return Err(Status::already_exists(format!(
-                    "{name:?} is not Latchkey's: not deleted"
-                )));
-            }
             return self.remove(name);
         }
         let mut current = entries(read(&path)?);
         for key in keys {
             current.remove(key);
         }
-        match (current.is_empty(), marked) {
-            (true, true) => self.remove(name),
-            _ => self.store(name, &encode(current)?, &self.metadata(name)),
+        match current.is_empty() {
+            true => self.remove(name),
+            false => self.store(name, &encode(current)?, &self.metadata(name)),
         }
     }
 

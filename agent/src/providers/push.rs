@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use super::ProviderError;
 use crate::secret::SecretBytes;
 
-/// The tag (AWS) or custom metadata (Vault) key Latchkey marks what it created with.
+/// The tag (AWS), custom metadata (Vault) or ESS plugin metadata key Latchkey marks what it
+/// created with.
 pub const MARK_KEY: &str = "managed-by";
 /// The value of [`MARK_KEY`].
 pub const MARK_VALUE: &str = "latchkey";

@@ -312,46 +312,38 @@ impl PluginPush {
         })
     }
 
-    /// ESS: read, then DeleteKeys (no keys: the whole secret, as Crossplane's plugins do).
+    /// ESS: read, check the mark, then DeleteKeys (no keys: the whole secret, as Crossplane's
+    /// plugins do).
     async fn delete_ess(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {
         self.plugin.ess_has_no_identity().map_err(|f| f.error)?;
         let Some(current) = self.ess_current(remote_key).await? else {
             return Ok(());
         };
-        let marked = marked(&current);
-        let whole = || ess::Secret {
-            scoped_name: remote_key.to_string(),
-            ..Default::default()
-        };
-        if properties.is_empty() {
-            if !marked {
-                return Err(PushError::Conflict {
-                    remote_key: remote_key.to_string(),
-                });
-            }
-            return self.ess_write(&whole(), true).await;
+        // Someone else's (or no longer ours): nothing of it is deleted.
+        if !marked(&current) {
+            return Err(PushError::Conflict {
+                remote_key: remote_key.to_string(),
+            });
         }
         let present: HashMap<String, Vec<u8>> = properties
             .iter()
             .filter(|p| current.data.contains_key(*p))
             .map(|p| (p.clone(), Vec::new()))
             .collect();
-        let left = current.data.len() - present.len();
-        match (left, marked) {
-            (_, _) if present.is_empty() => Ok(()),
-            (0, true) => self.ess_write(&whole(), true).await,
-            // Crossplane's plugins delete a secret left without keys: someone else's stays
-            // as it is rather than go.
-            (0, false) => Ok(()),
-            _ => {
-                let keys = ess::Secret {
-                    scoped_name: remote_key.to_string(),
-                    data: present,
-                    ..Default::default()
-                };
-                self.ess_write(&keys, true).await
-            }
+        if !properties.is_empty() && present.is_empty() {
+            return Ok(());
         }
+        // No keys (the whole secret, or every key it holds): DeleteKeys deletes the secret.
+        let data = match present.len() == current.data.len() {
+            true => HashMap::new(),
+            false => present,
+        };
+        let keys = ess::Secret {
+            scoped_name: remote_key.to_string(),
+            data,
+            ..Default::default()
+        };
+        self.ess_write(&keys, true).await
     }
 }
 
