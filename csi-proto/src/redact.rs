@@ -20,7 +20,8 @@
 //! JWT, `GetSecretResponse` and `SecretEntry` show only the names of their
 //! `data` entries, `GenerateResponse` the names of its `values` and the length
 //! of its `state` (which a plugin must keep free of secrets, but may not),
-//! `CleanupRequest` that length too. `Caller` and the other requests keep
+//! `CleanupRequest` that length too, `PushSecretRequest` the names of its
+//! `data` entries and the length of its `value`. `Caller` and the other requests keep
 //! their derived `Debug`, which prints each `Token` through the redacting one.
 
 use std::collections::{BTreeMap, HashMap};
@@ -211,12 +212,37 @@ impl fmt::Debug for lk::CleanupRequest {
     }
 }
 
+/// Hand-written: `data` and `value` are the values pushed (key names and a length only).
+impl fmt::Debug for lk::PushSecretRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lk::PushSecretRequest {
+            config,
+            caller,
+            name,
+            data,
+            value,
+            if_not_exists,
+            adopt,
+        } = self;
+        f.debug_struct("PushSecretRequest")
+            .field("config", config)
+            .field("caller", caller)
+            .field("name", name)
+            .field("data", &KeysOnly(data))
+            .field("value_len", &value.as_ref().map(Vec::len))
+            .field("if_not_exists", if_not_exists)
+            .field("adopt", adopt)
+            .finish()
+    }
+}
+
 /// latchkey.plugin.v1 messages with a hand-written `Debug` in this module.
 #[cfg(test)]
 const IMPLEMENTED_LATCHKEY: &[&str] = &[
     "CleanupRequest",
     "GenerateResponse",
     "GetSecretResponse",
+    "PushSecretRequest",
     "SecretEntry",
     "Token",
 ];

@@ -18,6 +18,11 @@
 //! `garbage/<name>` is DATA_LOSS with control characters in the message, `whoami/<any>` answers
 //! the caller's identity (and its tokens, as entries `token.<audience>`). `--crash-when <file>`
 //! exits in the middle of any call while that file exists.
+//!
+//! `--writable` serves PushSecret / DeleteSecret and ESS ApplySecret / DeleteKeys by writing
+//! files (see `write.rs`); without it the plugin is read-only and they answer UNIMPLEMENTED.
+
+mod write;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -79,6 +84,9 @@ struct Args {
     /// Exit in the middle of a call while this file exists (a plugin crash).
     #[arg(long)]
     crash_when: Option<PathBuf>,
+    /// Serve writes (PushSecret, DeleteSecret, ApplySecret, DeleteKeys); read-only without.
+    #[arg(long)]
+    writable: bool,
 }
 
 /// Bytes of a `huge/` answer: above the 16 MiB that Latchkey accepts.
@@ -92,6 +100,8 @@ struct Files {
     args: Args,
     /// Namespace -> name prefixes, when `--allow` is given.
     allow: Option<BTreeMap<String, Vec<String>>>,
+    /// Held by each write: one read-modify-write at a time.
+    writes: tokio::sync::Mutex<()>,
 }
 
 impl Files {
@@ -174,7 +184,8 @@ impl Files {
         }
         let mut path = self.path(name)?;
         if !version.is_empty() {
-            if version.contains(['/', '\0']) {
+            // `@meta` and `@tmp` are the write side's files, not versions.
+            if version.contains(['/', '\0']) || version == "meta" || version == "tmp" {
                 return Err(Status::invalid_argument("a version has no '/'"));
             }
             path = self.args.dir.join(format!("{name}@{version}"));
@@ -299,13 +310,50 @@ impl ExternalSecretStorePluginService for EssService {
         self.0
             .record(&format!("GetSecret {}", name.escape_debug()))?;
         let (data, _version) = self.0.read(&name, "", None).await?;
+        let metadata = self.0.metadata(&name);
         Ok(Response::new(ess::GetSecretResponse {
             secret: Some(ess::Secret {
                 scoped_name: name,
-                metadata: HashMap::new(),
+                metadata,
                 data,
             }),
         }))
+    }
+
+    async fn apply_secret(
+        &self,
+        request: Request<ess::ApplySecretRequest>,
+    ) -> Result<Response<ess::ApplySecretResponse>, Status> {
+        let secret = request.into_inner().secret.unwrap_or_default();
+        let name = secret.scoped_name;
+        self.0
+            .record(&format!("ApplySecret {}", name.escape_debug()))?;
+        self.0.writable()?;
+        if !self.0.allowed(None, &name) {
+            return Err(Status::permission_denied("ESS calls carry no identity"));
+        }
+        self.0.apply(&name, secret.data, &secret.metadata).await?;
+        Ok(Response::new(ess::ApplySecretResponse { changed: true }))
+    }
+
+    async fn delete_keys(
+        &self,
+        request: Request<ess::DeleteKeysRequest>,
+    ) -> Result<Response<ess::DeleteKeysResponse>, Status> {
+        let secret = request.into_inner().secret.unwrap_or_default();
+        let name = secret.scoped_name;
+        let keys: Vec<String> = secret.data.into_keys().collect();
+        self.0.record(&format!(
+            "DeleteKeys {} keys={}",
+            name.escape_debug(),
+            keys.len()
+        ))?;
+        self.0.writable()?;
+        if !self.0.allowed(None, &name) {
+            return Err(Status::permission_denied("ESS calls carry no identity"));
+        }
+        self.0.delete_keys(&name, keys).await?;
+        Ok(Response::new(ess::DeleteKeysResponse {}))
     }
 }
 
@@ -402,6 +450,48 @@ impl SecretStorePlugin for LatchkeyService {
         }
         Ok(Response::new(lk::ListSecretsResponse { secrets }))
     }
+
+    async fn push_secret(
+        &self,
+        request: Request<lk::PushSecretRequest>,
+    ) -> Result<Response<lk::PushSecretResponse>, Status> {
+        let r = request.into_inner();
+        let caller = r.caller.as_ref();
+        self.0.record(&format!(
+            "PushSecret {} {}",
+            r.name.escape_debug(),
+            describe(caller)
+        ))?;
+        self.0.writable()?;
+        if !self.0.allowed(caller, &r.name) {
+            return Err(Status::permission_denied("this caller may not write it"));
+        }
+        let (version, kept) = self
+            .0
+            .push(&r.name, r.data, r.value, r.if_not_exists, r.adopt)
+            .await?;
+        Ok(Response::new(lk::PushSecretResponse { version, kept }))
+    }
+
+    async fn delete_secret(
+        &self,
+        request: Request<lk::DeleteSecretRequest>,
+    ) -> Result<Response<lk::DeleteSecretResponse>, Status> {
+        let r = request.into_inner();
+        let caller = r.caller.as_ref();
+        self.0.record(&format!(
+            "DeleteSecret {} keys={} {}",
+            r.name.escape_debug(),
+            r.keys.len(),
+            describe(caller)
+        ))?;
+        self.0.writable()?;
+        if !self.0.allowed(caller, &r.name) {
+            return Err(Status::permission_denied("this caller may not delete it"));
+        }
+        self.0.delete(&r.name, &r.keys).await?;
+        Ok(Response::new(lk::DeleteSecretResponse {}))
+    }
 }
 
 #[tokio::main]
@@ -416,6 +506,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = Arc::new(Files {
         args: args.clone(),
         allow,
+        writes: tokio::sync::Mutex::new(()),
     });
     let mut server = Server::builder();
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {

@@ -2,7 +2,7 @@
 //! its pushed keys at once (never half of them), and nothing written over or deleted that
 //! Latchkey did not write, unless the store allows adopting it.
 //!
-//! `fake`, AWS Secrets Manager, Vault KV v2 and `kubernetes` implement it. Every other provider answers
+//! `fake`, AWS Secrets Manager, Vault KV v2, `kubernetes` and `plugin` implement it. Every other provider answers
 //! [`PushError::Unimplemented`] through [`unimplemented`].
 
 use std::collections::BTreeMap;
@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use super::ProviderError;
 use crate::secret::SecretBytes;
 
-/// The tag (AWS) or custom metadata (Vault) key Latchkey marks what it created with.
+/// The tag (AWS), custom metadata (Vault) or ESS plugin metadata key Latchkey marks what it
+/// created with.
 pub const MARK_KEY: &str = "managed-by";
 /// The value of [`MARK_KEY`].
 pub const MARK_VALUE: &str = "latchkey";
@@ -120,6 +121,19 @@ pub enum PushError {
         /// The provider's name as written in the store.
         provider: &'static str,
     },
+    /// The store's plugin answered UNIMPLEMENTED to a write: it is read-only.
+    #[error(
+        "plugin {plugin} does not serve {rpc} (it answered UNIMPLEMENTED): it is read-only, so \
+         remote key {remote_key:?} cannot be pushed to it"
+    )]
+    ReadOnly {
+        /// The plugin's endpoint as the store writes it.
+        plugin: String,
+        /// The RPC it lacks.
+        rpc: &'static str,
+        /// The remote secret.
+        remote_key: String,
+    },
     /// The backend refused or failed.
     #[error(transparent)]
     Backend(#[from] ProviderError),
@@ -134,7 +148,7 @@ impl PushError {
             PushError::TooLarge { .. } => "TooLarge",
             PushError::Changed { .. } => "ConcurrentWrite",
             PushError::CannotPush { .. } => "Unsupported",
-            PushError::Unimplemented { .. } => "Unimplemented",
+            PushError::Unimplemented { .. } | PushError::ReadOnly { .. } => "Unimplemented",
             PushError::Backend(_) => "BackendError",
         }
     }

@@ -1,5 +1,5 @@
 //! Which [`Pusher`] writes a store, as the PushSecret's service account: the `fake` provider's
-//! in-memory one, AWS Secrets Manager, Vault KV v2 and the kubernetes provider with the
+//! in-memory one, AWS Secrets Manager, Vault KV v2, the kubernetes provider and plugins with the
 //! account's tokens under the mirror's consent and token rules (exactly as the mirror fetches as
 //! `spec.serviceAccountName`), and for every other provider an answer of
 //! [`PushError::Unimplemented`] naming it.
@@ -16,6 +16,7 @@ use crate::mirror::tokens::TokenMinter;
 use crate::providers::aws::push::AwsPush;
 use crate::providers::fake_push::FakePush;
 use crate::providers::kubernetes::push::KubernetesPush;
+use crate::providers::plugin::push::PluginPush;
 use crate::providers::push::{PushError, Pusher, unimplemented};
 use crate::providers::vault::push::VaultPush;
 use crate::providers::{BuildContext, Env, ProviderError};
@@ -115,7 +116,11 @@ impl Pushers for StorePushers {
                 let ctx = self.context(target, &pod);
                 Ok(Arc::new(KubernetesPush::new(kubernetes, &ctx).await?))
             }
-            ProviderSpec::Plugin(_) => Err(unimplemented("plugin")),
+            ProviderSpec::Plugin(plugin) => {
+                let pod = self.account(target).await?;
+                let ctx = self.context(target, &pod);
+                Ok(Arc::new(PluginPush::new(plugin, &ctx).await?))
+            }
             ProviderSpec::SecretsStoreCsi(_) => Err(unimplemented("secretsStoreCSI")),
         }
     }

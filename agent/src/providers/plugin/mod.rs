@@ -16,8 +16,11 @@
 //! with a short backoff, nothing else is. Responses are capped at
 //! [`MAX_RESPONSE_BYTES`](super::MAX_RESPONSE_BYTES) and their entries counted before they are
 //! decoded ([`grpc_answer`]).
+//!
+//! PushSecrets write through [`push`], over the same channel and handshake.
 
 mod caller;
+pub mod push;
 pub(crate) mod socket;
 pub(crate) mod status;
 mod tls;
