@@ -5,6 +5,8 @@
 //! unusable ([`Lenient`]), counted and logged once, and reported to pods that name it; it never
 //! stops the others from being served.
 
+mod providers;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -25,6 +27,7 @@ use tracing::warn;
 use super::lenient::Lenient;
 use super::{Catalog, CatalogError};
 use crate::api::generator::GeneratorObject;
+use crate::api::provider_kinds::{ProviderKind, ProviderObject};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::KindLabel;
@@ -40,6 +43,8 @@ pub struct KubernetesCatalog {
     secret_stores: Store<Lenient<SecretStore>>,
     cluster_secret_stores: Store<Lenient<ClusterSecretStore>>,
     namespaces: Store<Lenient<Namespace>>,
+    /// The provider kinds the API server serves, and their caches.
+    providers: Arc<providers::Providers>,
     synced: Arc<AtomicUsize>,
     /// How many reflectors must have listed once before the catalog counts as synced.
     reflectors: usize,
@@ -89,7 +94,20 @@ impl KubernetesCatalog {
             &synced,
             &mut tasks,
         );
+        let providers = Arc::new(providers::Providers::new(
+            client.clone(),
+            metrics.catalog_unusable.clone(),
+        ));
+        // Discovered at start, so the served kinds are watched before a store needs one; a
+        // failure here is retried by the first lookup.
+        let discovering = Arc::clone(&providers);
+        tasks.push(tokio::spawn(async move {
+            if let Err(error) = discovering.discover_now().await {
+                warn!(%error, "provider kinds not discovered at start; retried on first use");
+            }
+        }));
         Self {
+            providers,
             reflectors: 3 + usize::from(external_secrets.is_some()),
             client,
             external_secrets,
@@ -107,6 +125,7 @@ impl Drop for KubernetesCatalog {
         for t in &self.tasks {
             t.abort();
         }
+        self.providers.stop();
     }
 }
 
@@ -159,12 +178,16 @@ struct Unusable {
 
 impl Unusable {
     fn new(kind: &'static str, metrics: &Metrics) -> Self {
+        Self::from_family(kind, &metrics.catalog_unusable)
+    }
+
+    fn from_family(
+        kind: &'static str,
+        family: &prometheus_client::metrics::family::Family<KindLabel, Gauge>,
+    ) -> Self {
         Self {
             kind,
-            gauge: metrics
-                .catalog_unusable
-                .get_or_create(&KindLabel { kind })
-                .clone(),
+            gauge: family.get_or_create(&KindLabel { kind }).clone(),
             known: HashMap::new(),
             relisting: None,
         }
@@ -364,6 +387,15 @@ impl Catalog for KubernetesCatalog {
             .await
             .map(|o| o.map(Arc::new))
             .map_err(|e| unavailable::<ConfigMap>(&e, name))
+    }
+
+    async fn provider(
+        &self,
+        kind: ProviderKind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<ProviderObject>>, CatalogError> {
+        self.providers.get(kind, namespace, name).await
     }
 
     async fn namespace_labels(

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::api::generator::GeneratorObject;
+use crate::api::provider_kinds::{ProviderKind, ProviderObject};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 pub use binding::{Binding, BindingError, BoundStore, bind};
@@ -44,6 +45,23 @@ pub enum CatalogError {
         name: String,
         /// Which field and why, without values.
         reason: String,
+    },
+    /// A store names a provider kind the API server does not serve: its CRD is not installed
+    /// (the cluster installs only the providers it uses).
+    #[error(
+        "{kind} ({api_version}) is not served by the API server: the CRD {crd} is not \
+         installed; install it with `latchkey crds --provider {file} | kubectl apply -f -` \
+         (crds/providers/{file}.yaml)"
+    )]
+    ProviderCrdMissing {
+        /// The provider kind.
+        kind: &'static str,
+        /// Its `apiVersion`.
+        api_version: &'static str,
+        /// The CRD's name (`vaults.providers.latchkey.dev`).
+        crd: String,
+        /// The provider's file stem in `crds/providers/`.
+        file: &'static str,
     },
     /// Standalone mode: a manifest defines the object, but it was not loaded.
     #[error("{kind} {name:?} was not loaded from {detail}; fix the manifest and restart the agent")]
@@ -99,6 +117,15 @@ pub trait Catalog: Send + Sync {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<ConfigMap>>, CatalogError>;
+    /// The provider object of `kind` a store names: `namespace/name` in
+    /// `providers.latchkey.dev`, or with `namespace` `None` the cluster-scoped `name` in
+    /// `cluster.providers.latchkey.dev`.
+    async fn provider(
+        &self,
+        kind: ProviderKind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<ProviderObject>>, CatalogError>;
     /// Labels of a namespace, for ClusterSecretStore namespace selectors.
     async fn namespace_labels(
         &self,

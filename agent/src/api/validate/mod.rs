@@ -25,8 +25,9 @@ pub use push_secret::push_secret;
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::external_secret::{GeneratorRef, SourceRef};
+use super::provider_kinds::{CLUSTER_PROVIDER_API_VERSION, PROVIDER_API_VERSION};
 use super::rules::{self, CelRule, Pattern};
-use super::store::{AwsProvider, StoreProvider, VaultProvider};
+use super::store::{AwsProvider, ProviderRef, StoreProvider, VaultProvider};
 
 /// Why an object was rejected; the text names the field and never contains values.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -151,6 +152,47 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
         return Err(Invalid::rule("spec", &rules::AGENT_IDENTITY_CLUSTER_ONLY));
     }
     Ok(one)
+}
+
+/// Checks that a store sets exactly one of `spec.provider` and `spec.providerRef`, and that a
+/// `providerRef` names a provider object the store may use: a SecretStore's in
+/// `providers.latchkey.dev` (its own namespace), a ClusterSecretStore's in
+/// `cluster.providers.latchkey.dev`. Returns the reference when the store uses one; the inline
+/// block is checked by [`provider`].
+pub fn provider_or_ref<'a>(
+    p: &StoreProvider,
+    provider_ref: Option<&'a ProviderRef>,
+    kind: StoreKind,
+) -> Result<Option<&'a ProviderRef>, Invalid> {
+    let r = match (p.is_empty(), provider_ref) {
+        (false, None) => return Ok(None),
+        (true, Some(r)) => r,
+        (true, None) => {
+            return Err(Invalid::rule_detail(
+                "spec",
+                &rules::PROVIDER_OR_REF,
+                "none is set",
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(Invalid::rule_detail(
+                "spec",
+                &rules::PROVIDER_OR_REF,
+                "both are set",
+            ));
+        }
+    };
+    let (want, rule) = match kind {
+        StoreKind::SecretStore => (PROVIDER_API_VERSION, &rules::PROVIDER_REF_NAMESPACED),
+        StoreKind::ClusterSecretStore => {
+            (CLUSTER_PROVIDER_API_VERSION, &rules::PROVIDER_REF_CLUSTER)
+        }
+    };
+    if r.api_version != want {
+        return Err(Invalid::rule("spec", rule));
+    }
+    object_name("spec.providerRef.name", &r.name)?;
+    Ok(Some(r))
 }
 
 /// `spec.provider.aws`: the service, and at most one auth method (none is left to the provider).
