@@ -56,6 +56,7 @@ mod tests {
     use crate::api::generator::{
         ClusterGenerator, GeneratorState, Password, PluginGenerator, VaultDynamicSecret,
     };
+    use crate::api::provider_kinds::{self, ProviderKind};
     use crate::api::push_secret::PushSecret;
     use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
     use crate::generators::states::{LABEL_GENERATOR, LABEL_POD};
@@ -76,6 +77,100 @@ mod tests {
              `cargo run -p latchkey -- crds > crds/latchkey-crds.yaml` \
              (or LATCHKEY_UPDATE_CRDS=1 cargo test -p latchkey checked_in_crds)"
         );
+    }
+
+    /// `crds/providers/<kind>.yaml` and the chart's copy `daemonset/chart/crds/provider-<kind>.yaml`:
+    /// one file per provider kind, so a cluster installs only the providers it uses.
+    fn provider_files(kind: ProviderKind) -> [std::path::PathBuf; 2] {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let stem = kind.file_stem();
+        [
+            repo.join(format!("crds/providers/{stem}.yaml")),
+            repo.join(format!("daemonset/chart/crds/provider-{stem}.yaml")),
+        ]
+    }
+
+    #[test]
+    fn checked_in_provider_crds_match_the_rust_types() {
+        for kind in ProviderKind::ALL {
+            let generated = super::render_providers(&[kind]).unwrap();
+            for path in provider_files(kind) {
+                if std::env::var_os("LATCHKEY_UPDATE_CRDS").is_some() {
+                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                    std::fs::write(&path, &generated).unwrap();
+                }
+                let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+                assert!(
+                    on_disk == generated,
+                    "{} is out of date: run `cargo run -p latchkey -- crds --provider {}` into \
+                     it (or LATCHKEY_UPDATE_CRDS=1 cargo test -p latchkey checked_in_provider)",
+                    path.display(),
+                    kind.file_stem()
+                );
+            }
+        }
+        // `kubectl apply -k crds/providers` installs every provider kind.
+        let kustomization = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../crds/providers/kustomization.yaml"),
+        )
+        .unwrap();
+        for kind in ProviderKind::ALL {
+            assert!(
+                kustomization.contains(&format!("- {}.yaml\n", kind.file_stem())),
+                "crds/providers/kustomization.yaml misses {}",
+                kind.file_stem()
+            );
+        }
+    }
+
+    #[test]
+    fn every_provider_kind_is_served_in_both_groups_with_its_own_short_names() {
+        let mut short = Vec::new();
+        for (kind, crd) in provider_kinds::crds() {
+            let names = &crd.spec.names;
+            assert_eq!(names.kind, kind.name());
+            assert_eq!(names.plural, kind.plural());
+            let cluster = crd.spec.scope == "Cluster";
+            assert_eq!(
+                crd.metadata.name.as_deref(),
+                Some(kind.crd_name(cluster).as_str())
+            );
+            let group = if cluster {
+                provider_kinds::CLUSTER_PROVIDER_GROUP
+            } else {
+                provider_kinds::PROVIDER_GROUP
+            };
+            assert_eq!(crd.spec.group, group);
+            assert_eq!(
+                names.categories.as_deref().unwrap_or_default(),
+                ["latchkey", "latchkey-providers"]
+            );
+            for name in names.short_names.clone().unwrap_or_default() {
+                assert!(name.starts_with("lk"), "{name}");
+                short.push(name);
+            }
+            // The spec is the inline block's schema: the same fields as `spec.provider.<x>`.
+            let inline = schema(&SecretStore::crd());
+            let block = match kind {
+                ProviderKind::SecretsStoreCsiProvider => "secretsStoreCSI".to_string(),
+                other => other.file_stem().to_string(),
+            };
+            let mut want = inline["properties"]["spec"]["properties"]["provider"]["properties"]
+                [&block]
+                .clone();
+            let mut got = schema(&crd)["properties"]["spec"].clone();
+            for node in [&mut want, &mut got] {
+                let fields = node.as_object_mut().unwrap();
+                for volatile in ["description", "nullable", "x-kubernetes-validations"] {
+                    fields.remove(volatile);
+                }
+            }
+            assert_eq!(got, want, "{kind:?}");
+        }
+        let unique: std::collections::BTreeSet<_> = short.iter().collect();
+        assert_eq!(unique.len(), short.len(), "{short:?}");
+        assert_eq!(short.len(), 12);
     }
 
     #[test]
@@ -288,7 +383,8 @@ mod tests {
             }
         }
         let mut preserved = Vec::new();
-        for crd in crds() {
+        let providers = provider_kinds::crds().into_iter().map(|(_, crd)| crd);
+        for crd in crds().into_iter().chain(providers) {
             check(&crd.spec.names.kind, "", &schema(&crd), &mut preserved);
         }
         let want: Vec<(String, String)> = PRESERVED

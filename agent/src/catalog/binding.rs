@@ -359,7 +359,7 @@ pub async fn bind(
         }
     };
     if let Some(object) = &provider_object {
-        validate::provider(&object.provider, store_ref.kind).map_err(|reason| {
+        validate::provider_object(object).map_err(|reason| {
             invalid(Invalid(format!(
                 "spec.providerRef: {}: {reason}",
                 object.shown()

@@ -488,7 +488,7 @@ mod tests {
         }
         let known = stores.0.lock().unwrap();
         assert_eq!(known.len(), super::REMEMBERED_STORES);
-        assert!(known[0].0.is(&many.last().unwrap().store));
+        assert!(known[0].0.is(many.last().unwrap()));
     }
 
     #[test]

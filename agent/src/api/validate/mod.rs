@@ -25,7 +25,7 @@ pub use push_secret::push_secret;
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::external_secret::{GeneratorRef, SourceRef};
-use super::provider_kinds::{CLUSTER_PROVIDER_API_VERSION, PROVIDER_API_VERSION};
+use super::provider_kinds::{CLUSTER_PROVIDER_API_VERSION, PROVIDER_API_VERSION, ProviderObject};
 use super::rules::{self, CelRule, Pattern};
 use super::store::{AwsProvider, ProviderRef, StoreProvider, VaultProvider};
 
@@ -193,6 +193,36 @@ pub fn provider_or_ref<'a>(
     }
     object_name("spec.providerRef.name", &r.name)?;
     Ok(Some(r))
+}
+
+/// Checks a provider object's spec: the rules of the inline block it stands for, reported at
+/// the object's own paths (`spec.auth`, not `spec.provider.vault.auth`). A namespaced object
+/// is used by SecretStores only (see [`provider_or_ref`]), a cluster-scoped one by
+/// ClusterSecretStores only, so what only a ClusterSecretStore may use is refused on a
+/// namespaced object.
+pub fn provider_object(object: &ProviderObject) -> Result<ProviderSpec<'_>, Invalid> {
+    let p = &object.provider;
+    // As a ClusterSecretStore's block: the one rule that differs by kind is checked below, in
+    // the object's own words.
+    let spec = provider(p, StoreKind::ClusterSecretStore).map_err(|Invalid(text)| {
+        let block = provider_blocks(p).next().map_or("", |b| b.name());
+        match text.strip_prefix(&format!("spec.provider.{block}")) {
+            Some(rest) => Invalid(format!("spec{rest}")),
+            None => Invalid(text),
+        }
+    })?;
+    if !object.cluster
+        && p.aws
+            .as_ref()
+            .and_then(|a| a.auth.as_ref())
+            .is_some_and(|auth| auth.agent_identity.is_some())
+    {
+        return Err(Invalid::rule(
+            "spec",
+            &rules::AGENT_IDENTITY_CLUSTER_PROVIDER_ONLY,
+        ));
+    }
+    Ok(spec)
 }
 
 /// `spec.provider.aws`: the service, and at most one auth method (none is left to the provider).
