@@ -423,6 +423,18 @@ impl FakeApiServer {
             for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
                 self.allow(Identity::Agent, verb, "latchkey.dev", resource, None);
             }
+            for group in ["providers.latchkey.dev", "cluster.providers.latchkey.dev"] {
+                for resource in [
+                    "aws",
+                    "vaults",
+                    "kubernetes",
+                    "fakes",
+                    "plugins",
+                    "secretsstorecsiproviders",
+                ] {
+                    self.allow(Identity::Agent, verb, group, resource, None);
+                }
+            }
             self.allow(Identity::Agent, verb, "", "namespaces", None);
         }
         self.allow(Identity::Agent, "create", "", "events", None);
@@ -436,6 +448,15 @@ impl FakeApiServer {
             Some(AGENT_NAMESPACE),
         );
         self.allow_in_own_namespace(Subject::AnyServiceAccount, "get", "", "secrets");
+    }
+
+    /// Removes the CRD of a kind, as if it had never been installed: its paths are 404 (the real
+    /// server's `404 page not found`, a body that is no Status) and discovery leaves it out.
+    /// For the provider kinds, which a cluster installs only when it uses them.
+    pub fn uninstall(&self, api_version: &str, kind: &str) {
+        let kind = kind_by_type(api_version, kind);
+        assert!(KINDS[kind].crd, "only a CRD can be uninstalled");
+        lock(&self.shared.uninstalled).push(kind);
     }
 
     /// Creates or replaces an object (test setup: no authorisation, no validation, status,
@@ -628,6 +649,8 @@ struct Shared {
     faults: Mutex<Vec<Fault>>,
     /// Delays to inject, see [`FakeApiServer::delay_next`].
     delays: Mutex<Vec<Delay>>,
+    /// Kinds whose CRD is not installed, see [`FakeApiServer::uninstall`].
+    uninstalled: Mutex<Vec<usize>>,
 }
 
 /// Delays queued for matching requests.
@@ -663,6 +686,7 @@ impl Shared {
             open_watches: AtomicUsize::new(0),
             faults: Mutex::new(Vec::new()),
             delays: Mutex::new(Vec::new()),
+            uninstalled: Mutex::new(Vec::new()),
         }
     }
 

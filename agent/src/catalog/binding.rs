@@ -520,4 +520,6 @@ pub fn selector_matches(
 }
 
 #[cfg(test)]
+mod provider_ref_tests;
+#[cfg(test)]
 mod tests;
