@@ -55,10 +55,12 @@ fn store(api: &FakeApiServer, kind: &str, name: &str, spec: Value, key: &str, pr
     if !property.is_empty() {
         remote["property"] = json!(property);
     }
-    api.apply(json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
+    api.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
         "metadata": {"name": name, "namespace": "shop"},
         "spec": {"secretStoreRef": {"name": name, "kind": kind},
-            "data": [{"secretKey": "value", "remoteRef": remote}]}}));
+            "data": [{"secretKey": "value", "remoteRef": remote}]}}),
+    );
 }
 
 fn provider(api: &FakeApiServer, api_version: &str, kind: &str, name: &str, spec: Value) {
@@ -66,8 +68,10 @@ fn provider(api: &FakeApiServer, api_version: &str, kind: &str, name: &str, spec
     if api_version == NS {
         metadata["namespace"] = json!("shop");
     }
-    api.apply(json!({"apiVersion": api_version, "kind": kind, "metadata": metadata,
-        "spec": spec}));
+    api.apply(
+        json!({"apiVersion": api_version, "kind": kind, "metadata": metadata,
+        "spec": spec}),
+    );
 }
 
 fn by_ref(api_version: &str, kind: &str, name: &str) -> Value {
@@ -114,11 +118,46 @@ async fn a_fake_store_by_reference_mounts_like_its_inline_twin_and_follows_edits
     api.uninstall(CLUSTER, "Vault");
     provider(&api, NS, "Fake", "values", fake(&shared));
     provider(&api, CLUSTER, "Fake", "values", fake(&cluster_value));
-    store(&api, "SecretStore", "inline", json!({"provider": {"fake": fake(&inline)}}), "k", "");
-    store(&api, "SecretStore", "by-ref", by_ref(NS, "Fake", "values"), "k", "");
-    store(&api, "ClusterSecretStore", "cluster-by-ref", by_ref(CLUSTER, "Fake", "values"), "k", "");
-    store(&api, "SecretStore", "missing", by_ref(NS, "Fake", "nope"), "k", "");
-    store(&api, "SecretStore", "no-crd", by_ref(NS, "Vault", "vault"), "k", "");
+    store(
+        &api,
+        "SecretStore",
+        "inline",
+        json!({"provider": {"fake": fake(&inline)}}),
+        "k",
+        "",
+    );
+    store(
+        &api,
+        "SecretStore",
+        "by-ref",
+        by_ref(NS, "Fake", "values"),
+        "k",
+        "",
+    );
+    store(
+        &api,
+        "ClusterSecretStore",
+        "cluster-by-ref",
+        by_ref(CLUSTER, "Fake", "values"),
+        "k",
+        "",
+    );
+    store(
+        &api,
+        "SecretStore",
+        "missing",
+        by_ref(NS, "Fake", "nope"),
+        "k",
+        "",
+    );
+    store(
+        &api,
+        "SecretStore",
+        "no-crd",
+        by_ref(NS, "Vault", "vault"),
+        "k",
+        "",
+    );
     let agent = agent(&api).await;
 
     // Twins: the same volume through either form.
@@ -140,7 +179,12 @@ async fn a_fake_store_by_reference_mounts_like_its_inline_twin_and_follows_edits
     eventually_reads(&agent, "by-ref", &edited).await;
 
     let missing = publish(&agent, "missing-0", "missing").await.unwrap_err();
-    assert_eq!(missing.code(), Code::FailedPrecondition, "{}", missing.message());
+    assert_eq!(
+        missing.code(),
+        Code::FailedPrecondition,
+        "{}",
+        missing.message()
+    );
     assert!(
         missing.message().contains(
             "SecretStore \"missing\": spec.providerRef names Fake \"nope\", which does not exist \
@@ -150,7 +194,12 @@ async fn a_fake_store_by_reference_mounts_like_its_inline_twin_and_follows_edits
         missing.message()
     );
     let no_crd = publish(&agent, "no-crd-0", "no-crd").await.unwrap_err();
-    assert_eq!(no_crd.code(), Code::FailedPrecondition, "{}", no_crd.message());
+    assert_eq!(
+        no_crd.code(),
+        Code::FailedPrecondition,
+        "{}",
+        no_crd.message()
+    );
     for part in [
         "Vault (providers.latchkey.dev/v1alpha1) is not served by the API server",
         "the CRD vaults.providers.latchkey.dev is not installed",
@@ -186,9 +235,14 @@ const POLICY: &str = r#"path "secret/data/app/*" { capabilities = ["read"] }"#;
 async fn bao_with(value: &str, password: &str) -> OpenBao {
     let bao = OpenBao::start().await;
     bao.policy("read", POLICY).await;
-    bao.put_v2("secret", "app/db", json!({"password": value})).await;
-    bao.api("POST", "sys/auth/userpass", Some(json!({"type": "userpass"})))
+    bao.put_v2("secret", "app/db", json!({"password": value}))
         .await;
+    bao.api(
+        "POST",
+        "sys/auth/userpass",
+        Some(json!({"type": "userpass"})),
+    )
+    .await;
     bao.api(
         "POST",
         "auth/userpass/users/shop",
@@ -206,7 +260,10 @@ fn vault_spec(server: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vault_store_by_reference_reads_from_the_new_server_after_an_edit() {
     let password = random_hex(16);
-    let (from_a, from_b) = (format!("a-{}", random_hex(8)), format!("b-{}", random_hex(8)));
+    let (from_a, from_b) = (
+        format!("a-{}", random_hex(8)),
+        format!("b-{}", random_hex(8)),
+    );
     let (a, b) = (
         bao_with(&from_a, &password).await,
         bao_with(&from_b, &password).await,
@@ -216,9 +273,22 @@ async fn a_vault_store_by_reference_reads_from_the_new_server_after_an_edit() {
         "metadata": {"name": "vault-userpass", "namespace": "shop"},
         "stringData": {"password": password}}));
     provider(&api, NS, "Vault", "vault", vault_spec(&a.url));
-    store(&api, "SecretStore", "inline", json!({"provider": {"vault": vault_spec(&a.url)}}),
-        "app/db", "password");
-    store(&api, "SecretStore", "by-ref", by_ref(NS, "Vault", "vault"), "app/db", "password");
+    store(
+        &api,
+        "SecretStore",
+        "inline",
+        json!({"provider": {"vault": vault_spec(&a.url)}}),
+        "app/db",
+        "password",
+    );
+    store(
+        &api,
+        "SecretStore",
+        "by-ref",
+        by_ref(NS, "Vault", "vault"),
+        "app/db",
+        "password",
+    );
     let agent = agent(&api).await;
     for es in ["inline", "by-ref"] {
         let got = publish(&agent, &format!("{es}-0"), es)
@@ -227,11 +297,19 @@ async fn a_vault_store_by_reference_reads_from_the_new_server_after_an_edit() {
         assert_eq!(got, from_a, "{es}");
     }
     let logins = || agent.metric("latchkey_backend_logins_total{provider=\"vault\"}");
-    assert_eq!(logins().await, 1.0, "the twins share one login to the same server");
+    assert_eq!(
+        logins().await,
+        1.0,
+        "the twins share one login to the same server"
+    );
 
     provider(&api, NS, "Vault", "vault", vault_spec(&b.url));
     eventually_reads(&agent, "by-ref", &from_b).await;
-    assert_eq!(logins().await, 2.0, "a login to the new server, not the old token");
+    assert_eq!(
+        logins().await,
+        2.0,
+        "a login to the new server, not the old token"
+    );
     // The inline twin still reads from the first server.
     assert_eq!(publish(&agent, "inline-1", "inline").await.unwrap(), from_a);
     let log = agent.log_text();

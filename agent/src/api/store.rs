@@ -128,7 +128,7 @@ pub struct ProviderRef {
     pub api_version: String,
     /// The provider kind: `AWS`, `Vault`, `Kubernetes`, `Fake`, `Plugin` or
     /// `SecretsStoreCSIProvider`.
-    pub kind: crate::api::provider_kinds::ProviderKind,
+    pub kind: crate::api::provider_kind::ProviderKind,
     /// The provider object's name.
     #[schemars(
         length(max = crate::api::rules::MAX_NAME_LEN),

@@ -152,7 +152,8 @@ pub enum BindingError {
     /// The provider object a store's `providerRef` names does not exist.
     #[error(
         "namespace \"{namespace}\", ExternalSecret \"{external_secret}\", {kind} \"{store}\": \
-         spec.providerRef names {provider}, which does not exist{hint}"
+         spec.providerRef names {provider}, which does not exist{}",
+        provider_hint(*kind)
     )]
     ProviderNotFound {
         /// Pod namespace.
@@ -165,8 +166,6 @@ pub enum BindingError {
         store: String,
         /// `Vault "shop/name"` or `cluster-scoped Vault "name"`.
         provider: String,
-        /// Where it must be.
-        hint: &'static str,
     },
     /// A ClusterSecretStore does not admit the pod's namespace.
     #[error(
@@ -234,6 +233,16 @@ pub enum BindingError {
         /// Cause.
         source: CatalogError,
     },
+}
+
+/// Where the provider object of a store of `kind` must be, for [`BindingError::ProviderNotFound`].
+fn provider_hint(kind: StoreKind) -> &'static str {
+    match kind {
+        StoreKind::SecretStore => " in the store's namespace",
+        StoreKind::ClusterSecretStore => {
+            " (a ClusterSecretStore names a cluster-scoped provider object)"
+        }
+    }
 }
 
 /// Finds ExternalSecret `name` in `namespace` and the store it may use.
@@ -349,10 +358,6 @@ pub async fn bind(
                     kind: store_ref.kind,
                     store: store_ref.name.clone(),
                     provider: provider_kinds::shown(r.kind, scope.is_none(), &r.name),
-                    hint: match scope {
-                        Some(_) => " in the store's namespace",
-                        None => " (a ClusterSecretStore names a cluster-scoped provider object)",
-                    },
                 });
             };
             Some(object)

@@ -48,20 +48,12 @@ pub enum CatalogError {
     },
     /// A store names a provider kind the API server does not serve: its CRD is not installed
     /// (the cluster installs only the providers it uses).
-    #[error(
-        "{kind} ({api_version}) is not served by the API server: the CRD {crd} is not \
-         installed; install it with `latchkey crds --provider {file} | kubectl apply -f -` \
-         (crds/providers/{file}.yaml)"
-    )]
+    #[error("{}", crd_missing(*kind, *cluster))]
     ProviderCrdMissing {
         /// The provider kind.
-        kind: &'static str,
-        /// Its `apiVersion`.
-        api_version: &'static str,
-        /// The CRD's name (`vaults.providers.latchkey.dev`).
-        crd: String,
-        /// The provider's file stem in `crds/providers/`.
-        file: &'static str,
+        kind: ProviderKind,
+        /// In `cluster.providers.latchkey.dev`.
+        cluster: bool,
     },
     /// Standalone mode: a manifest defines the object, but it was not loaded.
     #[error("{kind} {name:?} was not loaded from {detail}; fix the manifest and restart the agent")]
@@ -74,6 +66,25 @@ pub enum CatalogError {
         /// every publish error, which must stay small).
         detail: String,
     },
+}
+
+/// What [`CatalogError::ProviderCrdMissing`] says: the kind, its CRD and how to install it.
+fn crd_missing(kind: ProviderKind, cluster: bool) -> String {
+    let (api_version, file) = (
+        if cluster {
+            crate::api::provider_kinds::CLUSTER_PROVIDER_API_VERSION
+        } else {
+            crate::api::provider_kinds::PROVIDER_API_VERSION
+        },
+        kind.file_stem(),
+    );
+    format!(
+        "{} ({api_version}) is not served by the API server: the CRD {} is not installed; \
+         install it with `latchkey crds --provider {file} | kubectl apply -f -` \
+         (crds/providers/{file}.yaml)",
+        kind.name(),
+        kind.crd_name(cluster)
+    )
 }
 
 /// Read access to the objects a publish needs. Lookups are cheap (served from memory).

@@ -260,16 +260,7 @@ impl Providers {
 
 /// The error for a kind whose CRD is not installed.
 fn missing(kind: ProviderKind, cluster: bool) -> CatalogError {
-    CatalogError::ProviderCrdMissing {
-        kind: kind.name(),
-        api_version: if cluster {
-            provider_kinds::CLUSTER_PROVIDER_API_VERSION
-        } else {
-            provider_kinds::PROVIDER_API_VERSION
-        },
-        crd: kind.crd_name(cluster),
-        file: kind.file_stem(),
-    }
+    CatalogError::ProviderCrdMissing { kind, cluster }
 }
 
 /// The provider kinds the API server serves, from the discovery documents of the two groups
