@@ -58,6 +58,18 @@ impl ProviderKind {
         }
     }
 
+    /// The name of the inline `spec.provider` block this kind stands for (`vault`).
+    pub fn block_name(self) -> &'static str {
+        match self {
+            ProviderKind::Aws => "aws",
+            ProviderKind::Vault => "vault",
+            ProviderKind::Kubernetes => "kubernetes",
+            ProviderKind::Fake => "fake",
+            ProviderKind::Plugin => "plugin",
+            ProviderKind::SecretsStoreCsiProvider => "secretsStoreCSI",
+        }
+    }
+
     /// The kind called `name`.
     pub fn named(name: &str) -> Option<ProviderKind> {
         Self::ALL.into_iter().find(|k| k.name() == name)
