@@ -80,7 +80,12 @@
 //! once after every write: its objects are deleted (finalizers holding some), and the
 //! Namespace goes once none is left.
 //!
-//! What it does not do: TLS, discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
+//! Discovery of one group version (`GET /apis/GROUP/VERSION`, an `APIResourceList` of its
+//! installed kinds) and CRDs that are not installed ([`FakeApiServer::uninstall`]: their paths
+//! and a group with nothing installed are Go's plain-text `404 page not found`), for the
+//! provider kinds a cluster installs only when it uses them.
+//!
+//! What it does not do: TLS, other discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
 //! validation of CRD objects and validation of other kinds beyond the above, strategic-merge and
 //! JSON patches (415), YAML apply bodies other than JSON, `dryRun`, `fieldValidation`,
 //! deletecollection, graceful and foreground deletion, the cap of ten Update entries in
