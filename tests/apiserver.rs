@@ -1906,6 +1906,20 @@ async fn deletes_honour_preconditions_and_held_requests_read_late() {
 async fn discovery_lists_installed_provider_kinds_and_an_uninstalled_crd_is_not_there() {
     let server = server().await;
     let client = server.client(AGENT).await;
+    for group in [
+        "providers.latchkey.dev/v1alpha1",
+        "cluster.providers.latchkey.dev/v1alpha1",
+    ] {
+        let (code, _, body) = raw_get(&server, &format!("/apis/{group}"), AGENT).await;
+        assert_eq!(
+            (code, body.as_str()),
+            (404, "404 page not found\n"),
+            "{group}"
+        );
+        for kind in ["Vault", "Fake"] {
+            server.install(group, kind);
+        }
+    }
     let kinds = |list: &k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList| {
         list.resources
             .iter()

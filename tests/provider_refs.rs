@@ -31,6 +31,17 @@ async fn cluster() -> FakeApiServer {
     for ns in ["shop", "latchkey"] {
         api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
     }
+    for kind in [
+        "AWS",
+        "Vault",
+        "Kubernetes",
+        "Fake",
+        "Plugin",
+        "SecretsStoreCSIProvider",
+    ] {
+        api.install(NS, kind);
+        api.install(CLUSTER, kind);
+    }
     api
 }
 

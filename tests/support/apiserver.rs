@@ -81,7 +81,8 @@
 //! Namespace goes once none is left.
 //!
 //! Discovery of one group version (`GET /apis/GROUP/VERSION`, an `APIResourceList` of its
-//! installed kinds) and CRDs that are not installed ([`FakeApiServer::uninstall`]: their paths
+//! installed kinds) and CRDs that are not installed (the provider kinds until
+//! [`FakeApiServer::install`], or after [`FakeApiServer::uninstall`]: their paths
 //! and a group with nothing installed are Go's plain-text `404 page not found`), for the
 //! provider kinds a cluster installs only when it uses them.
 //!
@@ -455,6 +456,12 @@ impl FakeApiServer {
         self.allow_in_own_namespace(Subject::AnyServiceAccount, "get", "", "secrets");
     }
 
+    /// Installs the CRD of a provider kind (none is installed at start).
+    pub fn install(&self, api_version: &str, kind: &str) {
+        let kind = kind_by_type(api_version, kind);
+        lock(&self.shared.uninstalled).retain(|k| *k != kind);
+    }
+
     /// Removes the CRD of a kind, as if it had never been installed: its paths are 404 (the real
     /// server's `404 page not found`, a body that is no Status) and discovery leaves it out.
     /// For the provider kinds, which a cluster installs only when it uses them.
@@ -691,7 +698,16 @@ impl Shared {
             open_watches: AtomicUsize::new(0),
             faults: Mutex::new(Vec::new()),
             delays: Mutex::new(Vec::new()),
-            uninstalled: Mutex::new(Vec::new()),
+            // A cluster installs only the provider kinds it uses: none until a test installs
+            // them.
+            uninstalled: Mutex::new(
+                KINDS
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| k.group.ends_with("providers.latchkey.dev"))
+                    .map(|(i, _)| i)
+                    .collect(),
+            ),
         }
     }
 

@@ -98,13 +98,11 @@ impl KubernetesCatalog {
             client.clone(),
             metrics.catalog_unusable.clone(),
         ));
-        // Discovered at start, so the served kinds are watched before a store needs one; a
-        // failure here is retried by the first lookup.
+        // Discovered at start, so the served kinds are watched (and the catalog synced) before
+        // a store needs one.
         let discovering = Arc::clone(&providers);
         tasks.push(tokio::spawn(async move {
-            if let Err(error) = discovering.discover_now().await {
-                warn!(%error, "provider kinds not discovered at start; retried on first use");
-            }
+            discovering.discover_at_start().await;
         }));
         Self {
             providers,
@@ -414,6 +412,6 @@ impl Catalog for KubernetesCatalog {
     }
 
     fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire) >= self.reflectors
+        self.synced.load(Ordering::Acquire) >= self.reflectors && self.providers.is_synced()
     }
 }

@@ -211,8 +211,8 @@ pub(super) const KINDS: &[Kind] = &[
         status_subresource: false,
         fields: &[],
     },
-    // The provider kinds (one CRD each, installed by default; see
-    // [`FakeApiServer::uninstall`]).
+    // The provider kinds (one CRD each, not installed until a test installs it; see
+    // [`FakeApiServer::install`]).
     Kind {
         group: "providers.latchkey.dev",
         version: "v1alpha1",

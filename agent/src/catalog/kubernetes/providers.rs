@@ -5,7 +5,7 @@
 //! that is not there, and a missing one is an error only for the stores that name it.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -122,6 +122,7 @@ where
 struct StartWatch<'a> {
     client: &'a Client,
     unusable: &'a Family<KindLabel, Gauge>,
+    synced: &'a Arc<AtomicUsize>,
     tasks: &'a mut Vec<JoinHandle<()>>,
 }
 
@@ -148,12 +149,10 @@ impl KindVisitor for StartWatch<'_> {
 impl StartWatch<'_> {
     fn start<T: ProviderResource>(self) -> Store<Lenient<T>> {
         let unusable = Unusable::from_family(T::KIND.name(), self.unusable);
-        // Provider caches do not hold up `is_synced`: a lookup before the first list is a GET.
-        let uncounted = Arc::new(AtomicUsize::new(0));
         reflect(
             Api::all(self.client.clone()),
             unusable,
-            &uncounted,
+            self.synced,
             self.tasks,
         )
     }
@@ -174,6 +173,11 @@ pub(super) struct Providers {
     state: tokio::sync::Mutex<State>,
     /// The watch tasks, for [`Providers::stop`] (which must not wait for the async lock).
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// A discovery has succeeded.
+    discovered: AtomicBool,
+    /// Counts the provider watches that have listed once; not waited for (see
+    /// [`Providers::is_synced`]).
+    synced: Arc<AtomicUsize>,
 }
 
 impl Providers {
@@ -183,6 +187,23 @@ impl Providers {
             unusable,
             state: tokio::sync::Mutex::default(),
             tasks: Mutex::default(),
+            discovered: AtomicBool::new(false),
+            synced: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Discovered once. The provider watches are not waited for: a lookup before a watch has
+    /// listed is a GET, and a kind the agent may not list (a ClusterRole older than the CRDs)
+    /// must fail only the stores that name it, not the agent's readiness.
+    pub(super) fn is_synced(&self) -> bool {
+        self.discovered.load(Ordering::Acquire)
+    }
+
+    /// Discovers until it succeeds (at start: the agent is not ready before).
+    pub(super) async fn discover_at_start(&self) {
+        while let Err(error) = self.discover_now().await {
+            warn!(%error, "provider kinds not discovered; retrying in 5s");
+            tokio::time::sleep(Duration::from_secs(5)).await;
         }
     }
 
@@ -202,6 +223,7 @@ impl Providers {
             let watch = StartWatch {
                 client: &self.client,
                 unusable: &self.unusable,
+                synced: &self.synced,
                 tasks: &mut state.tasks,
             };
             state
@@ -210,6 +232,7 @@ impl Providers {
             started.push(provider_kinds::shown(key.0, key.1, "").replace(" \"\"", ""));
         }
         state.discovered_at = Some(Instant::now());
+        self.discovered.store(true, Ordering::Release);
         self.tasks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
