@@ -1896,3 +1896,63 @@ async fn deletes_honour_preconditions_and_held_requests_read_late() {
         "the held request read the store before its delay"
     );
 }
+
+// --- provider kinds: discovery and CRDs that are not installed --------------------------------
+
+/// A group version's discovery document lists its installed kinds, as kube's
+/// `list_api_group_resources` reads it; an uninstalled CRD disappears from it, its paths are
+/// Go's plain-text `404 page not found`, and a group with nothing installed is one too.
+#[tokio::test]
+async fn discovery_lists_installed_provider_kinds_and_an_uninstalled_crd_is_not_there() {
+    let server = server().await;
+    let client = server.client(AGENT).await;
+    for group in [
+        "providers.latchkey.dev/v1alpha1",
+        "cluster.providers.latchkey.dev/v1alpha1",
+    ] {
+        let (code, _, body) = raw_get(&server, &format!("/apis/{group}"), AGENT).await;
+        assert_eq!(
+            (code, body.as_str()),
+            (404, "404 page not found\n"),
+            "{group}"
+        );
+        for kind in ["Vault", "Fake"] {
+            server.install(group, kind);
+        }
+    }
+    let kinds = |list: &k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList| {
+        list.resources
+            .iter()
+            .map(|r| (r.name.clone(), r.kind.clone(), r.namespaced))
+            .collect::<Vec<_>>()
+    };
+    let list = client
+        .list_api_group_resources("providers.latchkey.dev/v1alpha1")
+        .await
+        .unwrap();
+    assert_eq!(list.group_version, "providers.latchkey.dev/v1alpha1");
+    assert!(kinds(&list).contains(&("vaults".into(), "Vault".into(), true)));
+    let cluster = client
+        .list_api_group_resources("cluster.providers.latchkey.dev/v1alpha1")
+        .await
+        .unwrap();
+    assert!(kinds(&cluster).contains(&("vaults".into(), "Vault".into(), false)));
+
+    server.uninstall("providers.latchkey.dev/v1alpha1", "Vault");
+    let list = client
+        .list_api_group_resources("providers.latchkey.dev/v1alpha1")
+        .await
+        .unwrap();
+    assert!(!kinds(&list).iter().any(|k| k.1 == "Vault"), "{list:?}");
+    assert!(kinds(&list).iter().any(|k| k.1 == "Fake"));
+    let (code, head, body) = raw_get(
+        &server,
+        "/apis/providers.latchkey.dev/v1alpha1/namespaces/shop/vaults",
+        AGENT,
+    )
+    .await;
+    assert_eq!((code, body.as_str()), (404, "404 page not found\n"));
+    assert!(head.contains("content-type: text/plain"), "{head}");
+    let (code, _, body) = raw_get(&server, "/apis/nothing.example/v1", AGENT).await;
+    assert_eq!((code, body.as_str()), (404, "404 page not found\n"));
+}

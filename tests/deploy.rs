@@ -912,6 +912,11 @@ fn every_manifest_is_a_valid_kubernetes_object() {
     let mut files = Vec::new();
     yaml_files(&repo().join("examples"), &mut files);
     files.push(repo().join("crds/latchkey-crds.yaml"));
+    let mut providers = Vec::new();
+    yaml_files(&repo().join("crds/providers"), &mut providers);
+    providers.retain(|p| !p.ends_with("kustomization.yaml"));
+    assert_eq!(providers.len(), 6, "{providers:?}");
+    files.extend(providers);
     for path in files {
         let docs = yaml_documents(&std::fs::read_to_string(&path).unwrap());
         check_all(&docs, &path.display().to_string());
@@ -1283,5 +1288,95 @@ fn the_image_has_one_version_everywhere() {
     ] {
         let found = images(&docs);
         assert_eq!(found, [want.clone(), want.clone()], "{what}");
+    }
+}
+
+// ---- RBAC: provider kinds ----
+
+/// Verbs on each resource of API group `group`, over the named ClusterRoles and Roles.
+fn group_grants(docs: &[Value], roles: &[&str], group: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for role in docs.iter().filter(|d| {
+        matches!(d["kind"].as_str(), Some("ClusterRole" | "Role"))
+            && roles.contains(&str_at(d, "/metadata/name"))
+    }) {
+        for rule in role["rules"].as_array().unwrap() {
+            let groups = rule["apiGroups"].as_array().unwrap();
+            if !groups.iter().any(|g| g == group || g == "*") {
+                continue;
+            }
+            for resource in rule["resources"].as_array().unwrap() {
+                let verbs = out.entry(resource.as_str().unwrap().into()).or_default();
+                for verb in rule["verbs"].as_array().unwrap() {
+                    verbs.push(verb.as_str().unwrap().into());
+                }
+                verbs.sort();
+                verbs.dedup();
+            }
+        }
+    }
+    out
+}
+
+/// The node agent and the controller watch the provider kinds (both groups) that stores name
+/// by `spec.providerRef`, and write none; no other role touches them.
+#[test]
+fn provider_kinds_are_read_by_the_agent_and_the_controller_only() {
+    use latchkey::api::provider_kinds::{CLUSTER_PROVIDER_GROUP, PROVIDER_GROUP, ProviderKind};
+    let want: Vec<(&str, &[&str])> = ProviderKind::ALL
+        .iter()
+        .map(|k| (k.plural(), &["get", "list", "watch"][..]))
+        .collect();
+    let want = grants(&want);
+    let chart = chart();
+    for (docs, what) in [
+        (kustomize("."), "daemonset/"),
+        (kustomize("with-mirror"), "daemonset/with-mirror"),
+        (chart.render("lk", "lk", &helm::no_overrides()), "the chart"),
+        (
+            chart.render("lk", "lk", &json!({"controller": {"enabled": true}})),
+            "the chart with the controller",
+        ),
+    ] {
+        let with_controller = docs.iter().any(|d| d["kind"] == "Deployment");
+        for group in [PROVIDER_GROUP, CLUSTER_PROVIDER_GROUP] {
+            assert_eq!(
+                group_grants(&docs, &["latchkey-node"], group),
+                want,
+                "{what}: node agent, {group}"
+            );
+            if with_controller {
+                assert_eq!(
+                    group_grants(&docs, &["latchkey-controller-read"], group),
+                    want,
+                    "{what}: controller, {group}"
+                );
+            }
+            let others: Vec<&str> = docs
+                .iter()
+                .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+                .map(|d| str_at(d, "/metadata/name"))
+                .filter(|n| !["latchkey-node", "latchkey-controller-read"].contains(n))
+                .collect();
+            assert!(
+                group_grants(&docs, &others, group).is_empty(),
+                "{what}: {group}"
+            );
+        }
+    }
+}
+
+#[test]
+fn chart_provider_crds_are_the_generated_ones() {
+    use latchkey::api::provider_kinds::ProviderKind;
+    for kind in ProviderKind::ALL {
+        let stem = kind.file_stem();
+        let generated = std::fs::read(repo().join(format!("crds/providers/{stem}.yaml"))).unwrap();
+        let copy = std::fs::read(repo().join(format!("daemonset/chart/crds/provider-{stem}.yaml")))
+            .unwrap();
+        assert!(
+            generated == copy,
+            "daemonset/chart/crds/provider-{stem}.yaml differs from crds/providers/{stem}.yaml"
+        );
     }
 }

@@ -32,10 +32,49 @@ enum Command {
     Probe(cmd::kubelet::ProbeArgs),
     /// Run the whole path locally with the built-in fake provider.
     Demo(cmd::demo::DemoArgs),
-    /// Print the CRD YAML generated from the Rust types.
-    Crds,
+    /// Print the CRD YAML generated from the Rust types (stores, ExternalSecrets, generators;
+    /// with `--provider`, the provider kinds instead).
+    Crds(CrdsArgs),
     /// Print Latchkey manifests for SecretProviderClasses and External Secrets Operator objects.
     Convert(cmd::convert::ConvertArgs),
+}
+
+/// Which CRDs `latchkey crds` prints.
+#[derive(clap::Args)]
+struct CrdsArgs {
+    /// Print the CRDs of these provider kinds (`aws`, `vault`, `kubernetes`, `fake`, `plugin`,
+    /// `secretsstorecsi`, or `all`), namespaced and cluster-scoped, instead of the core CRDs:
+    /// what `crds/providers/<kind>.yaml` holds. Repeat or comma-separate for several.
+    #[arg(long = "provider", value_delimiter = ',')]
+    providers: Vec<String>,
+}
+
+impl CrdsArgs {
+    fn render(&self) -> anyhow::Result<String> {
+        use latchkey::api::provider_kinds::ProviderKind;
+        if self.providers.is_empty() {
+            return Ok(latchkey::api::crd::render_all()?);
+        }
+        let mut kinds = Vec::new();
+        for name in &self.providers {
+            if name == "all" {
+                kinds.extend(ProviderKind::ALL);
+                continue;
+            }
+            let Some(kind) = ProviderKind::ALL
+                .into_iter()
+                .find(|k| k.file_stem() == name)
+            else {
+                let known: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.file_stem()).collect();
+                anyhow::bail!(
+                    "unknown provider {name:?}; expected one of {}, or all",
+                    known.join(", ")
+                );
+            };
+            kinds.push(kind);
+        }
+        Ok(latchkey::api::crd::render_providers(&kinds)?)
+    }
 }
 
 /// Volume work (mount, write, unmount) runs on tokio's blocking pool. Its default of 512 threads
@@ -98,8 +137,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cmd::demo::run(args).await
         }
         Command::Convert(args) => Ok(cmd::convert::run(args)?),
-        Command::Crds => {
-            print!("{}", latchkey::api::crd::render_all()?);
+        Command::Crds(args) => {
+            print!("{}", args.render()?);
             Ok(())
         }
     }

@@ -80,7 +80,13 @@
 //! once after every write: its objects are deleted (finalizers holding some), and the
 //! Namespace goes once none is left.
 //!
-//! What it does not do: TLS, discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
+//! Discovery of one group version (`GET /apis/GROUP/VERSION`, an `APIResourceList` of its
+//! installed kinds) and CRDs that are not installed (the provider kinds until
+//! [`FakeApiServer::install`], or after [`FakeApiServer::uninstall`]: their paths
+//! and a group with nothing installed are Go's plain-text `404 page not found`), for the
+//! provider kinds a cluster installs only when it uses them.
+//!
+//! What it does not do: TLS, other discovery (`/api`, `/apis`, `/version`), OpenAPI schema or CEL
 //! validation of CRD objects and validation of other kinds beyond the above, strategic-merge and
 //! JSON patches (415), YAML apply bodies other than JSON, `dryRun`, `fieldValidation`,
 //! deletecollection, graceful and foreground deletion, the cap of ten Update entries in
@@ -423,6 +429,18 @@ impl FakeApiServer {
             for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
                 self.allow(Identity::Agent, verb, "latchkey.dev", resource, None);
             }
+            for group in ["providers.latchkey.dev", "cluster.providers.latchkey.dev"] {
+                for resource in [
+                    "aws",
+                    "vaults",
+                    "kubernetes",
+                    "fakes",
+                    "plugins",
+                    "secretsstorecsiproviders",
+                ] {
+                    self.allow(Identity::Agent, verb, group, resource, None);
+                }
+            }
             self.allow(Identity::Agent, verb, "", "namespaces", None);
         }
         self.allow(Identity::Agent, "create", "", "events", None);
@@ -436,6 +454,21 @@ impl FakeApiServer {
             Some(AGENT_NAMESPACE),
         );
         self.allow_in_own_namespace(Subject::AnyServiceAccount, "get", "", "secrets");
+    }
+
+    /// Installs the CRD of a provider kind (none is installed at start).
+    pub fn install(&self, api_version: &str, kind: &str) {
+        let kind = kind_by_type(api_version, kind);
+        lock(&self.shared.uninstalled).retain(|k| *k != kind);
+    }
+
+    /// Removes the CRD of a kind, as if it had never been installed: its paths are 404 (the real
+    /// server's `404 page not found`, a body that is no Status) and discovery leaves it out.
+    /// For the provider kinds, which a cluster installs only when it uses them.
+    pub fn uninstall(&self, api_version: &str, kind: &str) {
+        let kind = kind_by_type(api_version, kind);
+        assert!(KINDS[kind].crd, "only a CRD can be uninstalled");
+        lock(&self.shared.uninstalled).push(kind);
     }
 
     /// Creates or replaces an object (test setup: no authorisation, no validation, status,
@@ -628,6 +661,8 @@ struct Shared {
     faults: Mutex<Vec<Fault>>,
     /// Delays to inject, see [`FakeApiServer::delay_next`].
     delays: Mutex<Vec<Delay>>,
+    /// Kinds whose CRD is not installed, see [`FakeApiServer::uninstall`].
+    uninstalled: Mutex<Vec<usize>>,
 }
 
 /// Delays queued for matching requests.
@@ -663,6 +698,16 @@ impl Shared {
             open_watches: AtomicUsize::new(0),
             faults: Mutex::new(Vec::new()),
             delays: Mutex::new(Vec::new()),
+            // A cluster installs only the provider kinds it uses: none until a test installs
+            // them.
+            uninstalled: Mutex::new(
+                KINDS
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| k.group.ends_with("providers.latchkey.dev"))
+                    .map(|(i, _)| i)
+                    .collect(),
+            ),
         }
     }
 

@@ -10,6 +10,8 @@ pub mod duration;
 pub mod external_secret;
 pub mod generator;
 pub mod mode;
+pub mod provider_kind;
+pub mod provider_kinds;
 pub mod push_secret;
 pub mod rules;
 #[cfg(test)]

@@ -386,10 +386,41 @@ pub const MAX_PLUGIN_ENDPOINT_LEN: usize = 512;
 /// On a SecretStore's `spec`: the node agent's own AWS identity reaches whatever the node's role
 /// can read, so only a cluster administrator (a ClusterSecretStore) may hand it out.
 pub const AGENT_IDENTITY_CLUSTER_ONLY: CelRule = CelRule {
-    rule: "!has(self.provider.aws) || !has(self.provider.aws.auth) || \
+    rule: "!has(self.provider) || !has(self.provider.aws) || !has(self.provider.aws.auth) || \
            !has(self.provider.aws.auth.agentIdentity)",
     message: "provider.aws.auth.agentIdentity (the node agent's own AWS identity) is only \
               allowed on a ClusterSecretStore",
+};
+
+/// On a store's `spec`: the backend inline or by reference, not both, not neither.
+pub const PROVIDER_OR_REF: CelRule = CelRule {
+    rule: "has(self.provider) != has(self.providerRef)",
+    message: "must set exactly one of provider, providerRef",
+};
+
+/// On a SecretStore's `spec`: it may name only a provider object of its own namespace.
+pub const PROVIDER_REF_NAMESPACED: CelRule = CelRule {
+    rule: "!has(self.providerRef) || \
+           self.providerRef.apiVersion == 'providers.latchkey.dev/v1alpha1'",
+    message: "providerRef.apiVersion must be providers.latchkey.dev/v1alpha1 (a SecretStore \
+              names a provider object of its own namespace)",
+};
+
+/// On a ClusterSecretStore's `spec`: it may name only a cluster-scoped provider object.
+pub const PROVIDER_REF_CLUSTER: CelRule = CelRule {
+    rule: "!has(self.providerRef) || \
+           self.providerRef.apiVersion == 'cluster.providers.latchkey.dev/v1alpha1'",
+    message: "providerRef.apiVersion must be cluster.providers.latchkey.dev/v1alpha1 (a \
+              ClusterSecretStore names a cluster-scoped provider object)",
+};
+
+/// On the `spec` of a namespaced `AWS` provider object (`providers.latchkey.dev`): only
+/// SecretStores name one, and a SecretStore may not use the agent's own identity
+/// ([`AGENT_IDENTITY_CLUSTER_ONLY`]).
+pub const AGENT_IDENTITY_CLUSTER_PROVIDER_ONLY: CelRule = CelRule {
+    rule: "!has(self.auth) || !has(self.auth.agentIdentity)",
+    message: "auth.agentIdentity (the node agent's own AWS identity) is only allowed on a \
+              cluster-scoped AWS provider (cluster.providers.latchkey.dev)",
 };
 
 /// On `spec.provider.aws.service`, the two services of ESO's `aws` provider.

@@ -32,6 +32,7 @@ use crate::volume::path::Reason;
 mod cluster_external_secret;
 mod generators;
 mod kubernetes;
+mod providers;
 mod push_secret;
 
 /// One failed check: the instance path (`spec.data[0].secretKey`) and the message.
@@ -1065,9 +1066,7 @@ fn provider_samples() -> Vec<(&'static str, Value, Expect)> {
         (
             "no provider",
             json!({"fake": null}),
-            rejected(
-                "spec.provider: must set exactly one of aws, vault, kubernetes, fake, plugin, secretsStoreCSI",
-            ),
+            rejected("spec: must set exactly one of provider, providerRef"),
         ),
         (
             "two providers",
@@ -1298,7 +1297,13 @@ fn crd_rules_and_agent_agree_on_every_sample() {
                     kind,
                     name,
                     object,
-                    |s| validate::provider(&s.spec.provider, StoreKind::SecretStore).map(|_| ()),
+                    |s| {
+                        providers::store(
+                            &s.spec.provider,
+                            s.spec.provider_ref.as_ref(),
+                            StoreKind::SecretStore,
+                        )
+                    },
                     &expect,
                     &mut broken,
                 );
@@ -1309,8 +1314,11 @@ fn crd_rules_and_agent_agree_on_every_sample() {
                     name,
                     object,
                     |s| {
-                        validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore)
-                            .map(|_| ())
+                        providers::store(
+                            &s.spec.provider,
+                            s.spec.provider_ref.as_ref(),
+                            StoreKind::ClusterSecretStore,
+                        )
                     },
                     &expect,
                     &mut broken,
@@ -1321,6 +1329,7 @@ fn crd_rules_and_agent_agree_on_every_sample() {
     generators::check_every_sample(&schemas, &mut broken);
     cluster_external_secret::check_every_sample(&schemas, external_secret_samples(), &mut broken);
     push_secret::check_every_sample(&schemas, &mut broken);
+    providers::check_every_sample(&schemas, &mut broken);
     // Every rule and pattern of every CRD was broken by some sample (one nobody breaks is
     // untested).
     for (kind, schema) in &schemas {

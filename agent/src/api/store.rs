@@ -27,14 +27,21 @@ use super::external_secret::Condition;
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = &crate::api::rules::AGENT_IDENTITY_CLUSTER_ONLY)]
+#[x_kube(validation = &crate::api::rules::PROVIDER_OR_REF)]
+#[x_kube(validation = &crate::api::rules::PROVIDER_REF_NAMESPACED)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretStoreSpec {
-    /// The backend; exactly one provider block.
+    /// The backend, inline: exactly one provider block. Exactly one of this and `providerRef`.
+    #[serde(default, skip_serializing_if = "StoreProvider::is_empty")]
     pub provider: StoreProvider,
+    /// The backend as a provider object of the store's own namespace
+    /// (`providers.latchkey.dev/v1alpha1`). Exactly one of this and `provider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_ref: Option<ProviderRef>,
 }
 
 /// A cluster-wide store, usable from the namespaces its `conditions` admit.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "latchkey.dev",
     version = "v1alpha1",
@@ -50,10 +57,17 @@ pub struct SecretStoreSpec {
                       "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = &crate::api::rules::PROVIDER_OR_REF)]
+#[x_kube(validation = &crate::api::rules::PROVIDER_REF_CLUSTER)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSecretStoreSpec {
-    /// The backend; exactly one provider block.
+    /// The backend, inline: exactly one provider block. Exactly one of this and `providerRef`.
+    #[serde(default, skip_serializing_if = "StoreProvider::is_empty")]
     pub provider: StoreProvider,
+    /// The backend as a cluster-scoped provider object
+    /// (`cluster.providers.latchkey.dev/v1alpha1`). Exactly one of this and `provider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_ref: Option<ProviderRef>,
     /// Which namespaces may use the store; empty admits every namespace (as in ESO).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<ClusterStoreCondition>,
@@ -100,6 +114,34 @@ pub struct LabelSelectorRequirement {
     /// Values for `In` / `NotIn`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
+}
+
+/// Names the provider object a store uses (issue #41): a SecretStore's in its own namespace
+/// (`providers.latchkey.dev`), a ClusterSecretStore's cluster-scoped
+/// (`cluster.providers.latchkey.dev`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderRef {
+    /// `providers.latchkey.dev/v1alpha1` (SecretStore) or
+    /// `cluster.providers.latchkey.dev/v1alpha1` (ClusterSecretStore).
+    #[schemars(length(max = crate::api::rules::MAX_NAME_LEN))]
+    pub api_version: String,
+    /// The provider kind: `AWS`, `Vault`, `Kubernetes`, `Fake`, `Plugin` or
+    /// `SecretsStoreCSIProvider`.
+    pub kind: crate::api::provider_kind::ProviderKind,
+    /// The provider object's name.
+    #[schemars(
+        length(max = crate::api::rules::MAX_NAME_LEN),
+        regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
+    )]
+    pub name: String,
+}
+
+impl StoreProvider {
+    /// True when no provider block is set (the store names a `providerRef` instead).
+    pub fn is_empty(&self) -> bool {
+        *self == StoreProvider::default()
+    }
 }
 
 /// The backend of a store: exactly one of these blocks is set.

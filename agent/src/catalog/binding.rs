@@ -8,8 +8,10 @@ use std::sync::Arc;
 use regex::Regex;
 
 use super::{Catalog, CatalogError};
+use crate::api::provider_kinds::{self, ProviderObject};
 use crate::api::store::{
-    ClusterSecretStore, ClusterStoreCondition, LabelSelector, SecretStore, StoreProvider,
+    ClusterSecretStore, ClusterStoreCondition, LabelSelector, ProviderRef, SecretStore,
+    StoreProvider,
 };
 use crate::api::validate::{self, Invalid};
 use crate::api::{ExternalSecret, StoreKind};
@@ -25,12 +27,19 @@ pub struct Binding {
     pub store_name: String,
     /// The store, as the catalog holds it (shared, not copied on every publish).
     pub store: BoundStore,
+    /// The provider object the store names in `spec.providerRef`, as the catalog found it;
+    /// `None` for a store with an inline `spec.provider`.
+    pub provider_object: Option<Arc<ProviderObject>>,
 }
 
 impl Binding {
-    /// The store's provider block (validated: exactly one provider).
+    /// The store's provider block (validated: exactly one provider): the inline one, or the
+    /// spec of the provider object its `providerRef` names.
     pub fn provider(&self) -> &StoreProvider {
-        self.store.provider()
+        match &self.provider_object {
+            Some(object) => &object.provider,
+            None => self.store.provider(),
+        }
     }
 
     /// The store's provider block, which [`bind`] validated (so a binding made there always
@@ -68,7 +77,16 @@ static NO_PROVIDER: std::sync::LazyLock<StoreProvider> =
     });
 
 impl BoundStore {
-    /// The store's provider block.
+    /// The store's `spec.providerRef`, if it names its provider that way.
+    pub fn provider_ref(&self) -> Option<&ProviderRef> {
+        match self {
+            Self::Namespaced(store) => store.spec.provider_ref.as_ref(),
+            Self::Cluster(store) => store.spec.provider_ref.as_ref(),
+            Self::None => None,
+        }
+    }
+
+    /// The store's inline provider block (empty for a store with a `providerRef`).
     pub fn provider(&self) -> &StoreProvider {
         match self {
             Self::Namespaced(store) => &store.spec.provider,
@@ -130,6 +148,24 @@ pub enum BindingError {
         store: String,
         /// Which rule.
         reason: Invalid,
+    },
+    /// The provider object a store's `providerRef` names does not exist.
+    #[error(
+        "namespace \"{namespace}\", ExternalSecret \"{external_secret}\", {kind} \"{store}\": \
+         spec.providerRef names {provider}, which does not exist{}",
+        provider_hint(*kind)
+    )]
+    ProviderNotFound {
+        /// Pod namespace.
+        namespace: String,
+        /// ExternalSecret name.
+        external_secret: String,
+        /// Store kind.
+        kind: StoreKind,
+        /// Store name.
+        store: String,
+        /// `Vault "shop/name"` or `cluster-scoped Vault "name"`.
+        provider: String,
     },
     /// A ClusterSecretStore does not admit the pod's namespace.
     #[error(
@@ -199,6 +235,16 @@ pub enum BindingError {
     },
 }
 
+/// Where the provider object of a store of `kind` must be, for [`BindingError::ProviderNotFound`].
+fn provider_hint(kind: StoreKind) -> &'static str {
+    match kind {
+        StoreKind::SecretStore => " in the store's namespace",
+        StoreKind::ClusterSecretStore => {
+            " (a ClusterSecretStore names a cluster-scoped provider object)"
+        }
+    }
+}
+
 /// Finds ExternalSecret `name` in `namespace` and the store it may use.
 pub async fn bind(
     catalog: &dyn Catalog,
@@ -230,6 +276,7 @@ pub async fn bind(
             store_name: String::new(),
             external_secret: es,
             store: BoundStore::None,
+            provider_object: None,
         });
     };
     // The name may reach an API request path (a GET on a cache miss).
@@ -282,20 +329,56 @@ pub async fn bind(
             BoundStore::Cluster(store)
         }
     };
-    validate::provider(store.provider(), store_ref.kind).map_err(|reason| {
-        BindingError::InvalidStore {
-            namespace: namespace.into(),
-            external_secret: name.into(),
-            kind: store_ref.kind,
-            store: store_ref.name.clone(),
-            reason,
+    let invalid = |reason| BindingError::InvalidStore {
+        namespace: namespace.into(),
+        external_secret: name.into(),
+        kind: store_ref.kind,
+        store: store_ref.name.clone(),
+        reason,
+    };
+    let provider_ref =
+        validate::provider_or_ref(store.provider(), store.provider_ref(), store_ref.kind)
+            .map_err(invalid)?;
+    let provider_object = match provider_ref {
+        None => None,
+        Some(r) => {
+            // A SecretStore's provider object is in its own (the pod's) namespace.
+            let scope = match store_ref.kind {
+                StoreKind::SecretStore => Some(namespace),
+                StoreKind::ClusterSecretStore => None,
+            };
+            let found = catalog
+                .provider(r.kind, scope, &r.name)
+                .await
+                .map_err(catalog_err)?;
+            let Some(object) = found else {
+                return Err(BindingError::ProviderNotFound {
+                    namespace: namespace.into(),
+                    external_secret: name.into(),
+                    kind: store_ref.kind,
+                    store: store_ref.name.clone(),
+                    provider: provider_kinds::shown(r.kind, scope.is_none(), &r.name),
+                });
+            };
+            Some(object)
         }
-    })?;
+    };
+    if let Some(object) = &provider_object {
+        validate::provider_object(object).map_err(|reason| {
+            invalid(Invalid(format!(
+                "spec.providerRef: {}: {reason}",
+                object.shown()
+            )))
+        })?;
+    } else {
+        validate::provider(store.provider(), store_ref.kind).map_err(invalid)?;
+    }
     Ok(Binding {
         namespace: namespace.into(),
         store_name: store_ref.name.clone(),
         external_secret: es,
         store,
+        provider_object,
     })
 }
 
@@ -441,5 +524,7 @@ pub fn selector_matches(
     Ok(())
 }
 
+#[cfg(test)]
+mod provider_ref_tests;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,8 @@
 //! unusable ([`Lenient`]), counted and logged once, and reported to pods that name it; it never
 //! stops the others from being served.
 
+mod providers;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -25,6 +27,7 @@ use tracing::warn;
 use super::lenient::Lenient;
 use super::{Catalog, CatalogError};
 use crate::api::generator::GeneratorObject;
+use crate::api::provider_kinds::{ProviderKind, ProviderObject};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::KindLabel;
@@ -40,6 +43,8 @@ pub struct KubernetesCatalog {
     secret_stores: Store<Lenient<SecretStore>>,
     cluster_secret_stores: Store<Lenient<ClusterSecretStore>>,
     namespaces: Store<Lenient<Namespace>>,
+    /// The provider kinds the API server serves, and their caches.
+    providers: Arc<providers::Providers>,
     synced: Arc<AtomicUsize>,
     /// How many reflectors must have listed once before the catalog counts as synced.
     reflectors: usize,
@@ -89,7 +94,18 @@ impl KubernetesCatalog {
             &synced,
             &mut tasks,
         );
+        let providers = Arc::new(providers::Providers::new(
+            client.clone(),
+            metrics.catalog_unusable.clone(),
+        ));
+        // Discovered at start, so the served kinds are watched (and the catalog synced) before
+        // a store needs one.
+        let discovering = Arc::clone(&providers);
+        tasks.push(tokio::spawn(async move {
+            discovering.discover_at_start().await;
+        }));
         Self {
+            providers,
             reflectors: 3 + usize::from(external_secrets.is_some()),
             client,
             external_secrets,
@@ -107,6 +123,7 @@ impl Drop for KubernetesCatalog {
         for t in &self.tasks {
             t.abort();
         }
+        self.providers.stop();
     }
 }
 
@@ -159,12 +176,16 @@ struct Unusable {
 
 impl Unusable {
     fn new(kind: &'static str, metrics: &Metrics) -> Self {
+        Self::from_family(kind, &metrics.catalog_unusable)
+    }
+
+    fn from_family(
+        kind: &'static str,
+        family: &prometheus_client::metrics::family::Family<KindLabel, Gauge>,
+    ) -> Self {
         Self {
             kind,
-            gauge: metrics
-                .catalog_unusable
-                .get_or_create(&KindLabel { kind })
-                .clone(),
+            gauge: family.get_or_create(&KindLabel { kind }).clone(),
             known: HashMap::new(),
             relisting: None,
         }
@@ -366,6 +387,15 @@ impl Catalog for KubernetesCatalog {
             .map_err(|e| unavailable::<ConfigMap>(&e, name))
     }
 
+    async fn provider(
+        &self,
+        kind: ProviderKind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<ProviderObject>>, CatalogError> {
+        self.providers.get(kind, namespace, name).await
+    }
+
     async fn namespace_labels(
         &self,
         namespace: &str,
@@ -382,6 +412,6 @@ impl Catalog for KubernetesCatalog {
     }
 
     fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire) >= self.reflectors
+        self.synced.load(Ordering::Acquire) >= self.reflectors && self.providers.is_synced()
     }
 }

@@ -25,6 +25,7 @@ use super::strict::Kind;
 use super::yaml_limits::{self, Limits};
 use super::{Catalog, CatalogError};
 use crate::api::generator::GeneratorObject;
+use crate::api::provider_kinds::{ProviderKind, ProviderObject};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 pub(crate) use read::syntax_error;
 use read::{Class, NAMESPACE_NAME_LABEL, Object};
@@ -451,6 +452,19 @@ impl Catalog for ManifestCatalog {
     ) -> Result<Option<Arc<ConfigMap>>, CatalogError> {
         Ok(match self.get(Kind::ConfigMap, namespace, name)? {
             Some(Object::ConfigMap(o)) => Some(Arc::clone(o)),
+            _ => None,
+        })
+    }
+
+    async fn provider(
+        &self,
+        kind: ProviderKind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<ProviderObject>>, CatalogError> {
+        let kind = Kind::Provider(kind, namespace.is_none());
+        Ok(match self.get(kind, namespace.unwrap_or_default(), name)? {
+            Some(Object::Provider(o)) => Some(Arc::clone(o)),
             _ => None,
         })
     }

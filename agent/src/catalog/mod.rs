@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::api::generator::GeneratorObject;
+use crate::api::provider_kinds::{ProviderKind, ProviderObject};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 pub use binding::{Binding, BindingError, BoundStore, bind};
@@ -45,6 +46,15 @@ pub enum CatalogError {
         /// Which field and why, without values.
         reason: String,
     },
+    /// A store names a provider kind the API server does not serve: its CRD is not installed
+    /// (the cluster installs only the providers it uses).
+    #[error("{}", crd_missing(*kind, *cluster))]
+    ProviderCrdMissing {
+        /// The provider kind.
+        kind: ProviderKind,
+        /// In `cluster.providers.latchkey.dev`.
+        cluster: bool,
+    },
     /// Standalone mode: a manifest defines the object, but it was not loaded.
     #[error("{kind} {name:?} was not loaded from {detail}; fix the manifest and restart the agent")]
     NotLoaded {
@@ -56,6 +66,25 @@ pub enum CatalogError {
         /// every publish error, which must stay small).
         detail: String,
     },
+}
+
+/// What [`CatalogError::ProviderCrdMissing`] says: the kind, its CRD and how to install it.
+fn crd_missing(kind: ProviderKind, cluster: bool) -> String {
+    let (api_version, file) = (
+        if cluster {
+            crate::api::provider_kinds::CLUSTER_PROVIDER_API_VERSION
+        } else {
+            crate::api::provider_kinds::PROVIDER_API_VERSION
+        },
+        kind.file_stem(),
+    );
+    format!(
+        "{} ({api_version}) is not served by the API server: the CRD {} is not installed; \
+         install it with `latchkey crds --provider {file} | kubectl apply -f -` \
+         (crds/providers/{file}.yaml)",
+        kind.name(),
+        kind.crd_name(cluster)
+    )
 }
 
 /// Read access to the objects a publish needs. Lookups are cheap (served from memory).
@@ -99,6 +128,15 @@ pub trait Catalog: Send + Sync {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<ConfigMap>>, CatalogError>;
+    /// The provider object of `kind` a store names: `namespace/name` in
+    /// `providers.latchkey.dev`, or with `namespace` `None` the cluster-scoped `name` in
+    /// `cluster.providers.latchkey.dev`.
+    async fn provider(
+        &self,
+        kind: ProviderKind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<ProviderObject>>, CatalogError>;
     /// Labels of a namespace, for ClusterSecretStore namespace selectors.
     async fn namespace_labels(
         &self,

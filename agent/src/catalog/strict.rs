@@ -15,6 +15,9 @@ use kube::CustomResourceExt;
 use serde::de::DeserializeOwned;
 
 use crate::api::generator::{ClusterGenerator, Password, PluginGenerator, VaultDynamicSecret};
+use crate::api::provider_kinds::{
+    self, CLUSTER_PROVIDER_API_VERSION, PROVIDER_API_VERSION, ProviderKind,
+};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 
 /// The kinds a manifest directory may hold.
@@ -40,11 +43,14 @@ pub(super) enum Kind {
     Namespace,
     /// `v1` ConfigMap.
     ConfigMap,
+    /// A provider object: `providers.latchkey.dev/v1alpha1`, or with `true`
+    /// `cluster.providers.latchkey.dev/v1alpha1`.
+    Provider(ProviderKind, bool),
 }
 
 impl Kind {
     /// Every kind, for lookups by name.
-    const ALL: [Kind; 10] = [
+    const ALL: [Kind; 22] = [
         Kind::ExternalSecret,
         Kind::SecretStore,
         Kind::ClusterSecretStore,
@@ -55,6 +61,18 @@ impl Kind {
         Kind::Secret,
         Kind::Namespace,
         Kind::ConfigMap,
+        Kind::Provider(ProviderKind::Aws, false),
+        Kind::Provider(ProviderKind::Vault, false),
+        Kind::Provider(ProviderKind::Kubernetes, false),
+        Kind::Provider(ProviderKind::Fake, false),
+        Kind::Provider(ProviderKind::Plugin, false),
+        Kind::Provider(ProviderKind::SecretsStoreCsiProvider, false),
+        Kind::Provider(ProviderKind::Aws, true),
+        Kind::Provider(ProviderKind::Vault, true),
+        Kind::Provider(ProviderKind::Kubernetes, true),
+        Kind::Provider(ProviderKind::Fake, true),
+        Kind::Provider(ProviderKind::Plugin, true),
+        Kind::Provider(ProviderKind::SecretsStoreCsiProvider, true),
     ];
 
     /// The `kind` field.
@@ -70,6 +88,7 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::Namespace => "Namespace",
             Kind::ConfigMap => "ConfigMap",
+            Kind::Provider(kind, _) => kind.name(),
         }
     }
 
@@ -84,6 +103,8 @@ impl Kind {
             | Kind::PluginGenerator
             | Kind::ClusterGenerator => crate::api::GENERATOR_API_VERSION,
             Kind::Secret | Kind::Namespace | Kind::ConfigMap => "v1",
+            Kind::Provider(_, false) => PROVIDER_API_VERSION,
+            Kind::Provider(_, true) => CLUSTER_PROVIDER_API_VERSION,
         }
     }
 
@@ -91,13 +112,24 @@ impl Kind {
     pub(super) fn cluster_scoped(self) -> bool {
         matches!(
             self,
-            Kind::ClusterSecretStore | Kind::ClusterGenerator | Kind::Namespace
+            Kind::ClusterSecretStore
+                | Kind::ClusterGenerator
+                | Kind::Namespace
+                | Kind::Provider(_, true)
         )
     }
 
-    /// The kind called `name`, whatever its `apiVersion`.
+    /// The kind called `name`, whatever its `apiVersion` (the namespaced one of a provider
+    /// kind, which both provider groups serve).
     pub(super) fn named(name: &str) -> Option<Kind> {
         Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The kind called `name` at `api_version`.
+    pub(super) fn of(api_version: &str, name: &str) -> Option<Kind> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name && k.api_version() == api_version)
     }
 }
 
@@ -323,6 +355,7 @@ fn crd_schema(kind: Kind) -> Option<JSONSchemaProps> {
         Kind::PluginGenerator => PluginGenerator::crd(),
         Kind::ClusterGenerator => ClusterGenerator::crd(),
         Kind::Secret | Kind::Namespace | Kind::ConfigMap => return None,
+        Kind::Provider(kind, cluster) => provider_kinds::crd(kind, cluster)?,
     };
     crd.spec
         .versions

@@ -71,7 +71,13 @@ pub fn store(
     );
     let doc = match kind {
         StoreKind::SecretStore => {
-            let mut s = SecretStore::new(&meta.name, SecretStoreSpec { provider: out });
+            let mut s = SecretStore::new(
+                &meta.name,
+                SecretStoreSpec {
+                    provider: out,
+                    provider_ref: None,
+                },
+            );
             s.metadata = meta.object_meta(&meta.name, true);
             Document::SecretStore(Box::new(s))
         }
@@ -86,6 +92,7 @@ pub fn store(
                 &meta.name,
                 ClusterSecretStoreSpec {
                     provider: out,
+                    provider_ref: None,
                     conditions,
                 },
             );

@@ -16,7 +16,13 @@ pub struct Converted {
 
 /// A SecretStore `name` converted from a class, labelled as the class was.
 pub fn class_store(meta: &Meta, name: &str, provider: StoreProvider) -> SecretStore {
-    let mut store = SecretStore::new(name, SecretStoreSpec { provider });
+    let mut store = SecretStore::new(
+        name,
+        SecretStoreSpec {
+            provider,
+            provider_ref: None,
+        },
+    );
     store.metadata = meta.object_meta(name, true);
     store
 }

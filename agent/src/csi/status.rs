@@ -41,13 +41,17 @@ fn code(e: &PublishError) -> Code {
             | BindingError::InvalidExternalSecret { .. }
             | BindingError::StoreNotFound { .. }
             | BindingError::InvalidStore { .. }
+            | BindingError::ProviderNotFound { .. }
             | BindingError::GeneratorNotFound { .. }
             | BindingError::InvalidGenerator { .. } => Code::FailedPrecondition,
             BindingError::NotAdmitted { .. } | BindingError::GeneratorNotAdmitted { .. } => {
                 Code::PermissionDenied
             }
             BindingError::Catalog {
-                source: CatalogError::Unusable { .. } | CatalogError::NotLoaded { .. },
+                source:
+                    CatalogError::Unusable { .. }
+                    | CatalogError::NotLoaded { .. }
+                    | CatalogError::ProviderCrdMissing { .. },
                 ..
             } => Code::FailedPrecondition,
             BindingError::Catalog { .. } => Code::Unavailable,

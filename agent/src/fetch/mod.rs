@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use crate::api::StoreKind;
+use crate::api::provider_kinds::ProviderObject;
 use crate::api::validate::ProviderSpec;
 use crate::api::{ClusterSecretStore, SecretStore};
 use crate::cache::{CacheKey, CacheLimits, ValueCache};
@@ -260,8 +261,9 @@ impl Budget {
     }
 }
 
-/// Names a store for cache keys: kind, namespace and name, plus a hash of its provider block,
-/// so an edited store never serves values fetched under its old settings.
+/// Names a store for cache keys: kind, namespace and name, plus a hash of its provider block
+/// (the inline one, or the spec of the provider object its `providerRef` names), so an edited
+/// store or provider object never serves values fetched under its old settings.
 fn store_identity(binding: &Binding) -> String {
     use std::hash::Hasher;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -292,16 +294,42 @@ const REMEMBERED_STORES: usize = 16;
 #[derive(Default)]
 struct StoreIdentities(Mutex<VecDeque<(RememberedStore, Arc<str>)>>);
 
+/// A store object and the provider object its `providerRef` named, both held weakly: the
+/// identity of a store by reference changes with its provider object, which the catalog
+/// replaces when it is edited.
+struct RememberedStore {
+    store: RememberedStoreObject,
+    provider: Option<Weak<ProviderObject>>,
+}
+
+impl RememberedStore {
+    fn new(binding: &Binding) -> Self {
+        Self {
+            store: RememberedStoreObject::new(&binding.store),
+            provider: binding.provider_object.as_ref().map(Arc::downgrade),
+        }
+    }
+
+    fn is(&self, binding: &Binding) -> bool {
+        let same_provider = match (&self.provider, &binding.provider_object) {
+            (None, None) => true,
+            (Some(w), Some(p)) => w.as_ptr() == Arc::as_ptr(p),
+            _ => false,
+        };
+        same_provider && self.store.is(&binding.store)
+    }
+}
+
 /// A store object, held weakly: an entry keeps no deleted or replaced store alive, and while
 /// it exists no other object can take the allocation it points to.
-enum RememberedStore {
+enum RememberedStoreObject {
     Namespaced(Weak<SecretStore>),
     Cluster(Weak<ClusterSecretStore>),
     /// No store (every entry is generated): all such bindings share one identity.
     None,
 }
 
-impl RememberedStore {
+impl RememberedStoreObject {
     fn new(store: &BoundStore) -> Self {
         match store {
             BoundStore::Namespaced(s) => Self::Namespaced(Arc::downgrade(s)),
@@ -329,7 +357,7 @@ impl StoreIdentities {
         // Most recently used first, so the one a storm uses is found at once.
         if let Some(found) = known
             .iter()
-            .position(|(s, _)| s.is(&binding.store))
+            .position(|(s, _)| s.is(binding))
             .and_then(|at| known.remove(at))
         {
             let identity = Arc::clone(&found.1);
@@ -340,7 +368,7 @@ impl StoreIdentities {
         if known.len() == REMEMBERED_STORES {
             known.pop_back();
         }
-        known.push_front((RememberedStore::new(&binding.store), Arc::clone(&identity)));
+        known.push_front((RememberedStore::new(binding), Arc::clone(&identity)));
         identity
     }
 }
@@ -390,13 +418,17 @@ mod tests {
         let store = match kind {
             StoreKind::SecretStore => BoundStore::Namespaced(Arc::new(SecretStore::new(
                 "s",
-                SecretStoreSpec { provider },
+                SecretStoreSpec {
+                    provider,
+                    provider_ref: None,
+                },
             ))),
             StoreKind::ClusterSecretStore => {
                 BoundStore::Cluster(Arc::new(ClusterSecretStore::new(
                     "s",
                     ClusterSecretStoreSpec {
                         provider,
+                        provider_ref: None,
                         conditions: Vec::new(),
                     },
                 )))
@@ -407,6 +439,7 @@ mod tests {
             external_secret: Arc::new(es),
             store_name: "s".into(),
             store,
+            provider_object: None,
         }
     }
 
@@ -455,7 +488,7 @@ mod tests {
         }
         let known = stores.0.lock().unwrap();
         assert_eq!(known.len(), super::REMEMBERED_STORES);
-        assert!(known[0].0.is(&many.last().unwrap().store));
+        assert!(known[0].0.is(many.last().unwrap()));
     }
 
     #[test]

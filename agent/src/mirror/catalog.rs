@@ -73,6 +73,15 @@ impl Catalog for AtHand<'_> {
         self.catalog.secret(namespace, name).await
     }
 
+    async fn provider(
+        &self,
+        kind: crate::api::provider_kinds::ProviderKind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<crate::api::provider_kinds::ProviderObject>>, CatalogError> {
+        self.catalog.provider(kind, namespace, name).await
+    }
+
     async fn config_map(
         &self,
         namespace: &str,

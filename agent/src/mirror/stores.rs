@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
 use super::leader::Leadership;
-use crate::api::store::{ClusterSecretStore, SecretStore, StoreProvider, StoreStatus};
+use crate::api::store::{ClusterSecretStore, ProviderRef, SecretStore, StoreProvider, StoreStatus};
 use crate::api::{StoreKind, validate};
 use crate::catalog::Lenient;
 
@@ -46,6 +46,8 @@ pub trait StoreObject:
     const KIND: StoreKind;
     /// `spec.provider`.
     fn provider(&self) -> &StoreProvider;
+    /// `spec.providerRef`.
+    fn provider_ref(&self) -> Option<&ProviderRef>;
     /// `status`, if any.
     fn status(&self) -> Option<&StoreStatus>;
     /// The API of this object (its namespace's, for a namespaced kind).
@@ -56,6 +58,9 @@ impl StoreObject for SecretStore {
     const KIND: StoreKind = StoreKind::SecretStore;
     fn provider(&self) -> &StoreProvider {
         &self.spec.provider
+    }
+    fn provider_ref(&self) -> Option<&ProviderRef> {
+        self.spec.provider_ref.as_ref()
     }
     fn status(&self) -> Option<&StoreStatus> {
         self.status.as_ref()
@@ -69,6 +74,9 @@ impl StoreObject for ClusterSecretStore {
     const KIND: StoreKind = StoreKind::ClusterSecretStore;
     fn provider(&self) -> &StoreProvider {
         &self.spec.provider
+    }
+    fn provider_ref(&self) -> Option<&ProviderRef> {
+        self.spec.provider_ref.as_ref()
     }
     fn status(&self) -> Option<&StoreStatus> {
         self.status.as_ref()
@@ -85,12 +93,32 @@ pub fn next(
     provider: &StoreProvider,
     kind: StoreKind,
 ) -> Option<StoreStatus> {
-    let names: Vec<&str> = validate::provider_blocks(provider)
+    next_for(current, provider, None, kind)
+}
+
+/// [`next`] for a store that may name its provider by `spec.providerRef`: the column shows the
+/// referenced kind as the inline block would be named (`vault`), and `Ready` says whether the
+/// store's own spec is valid (the provider object is checked at each mount).
+pub fn next_for(
+    current: Option<&StoreStatus>,
+    provider: &StoreProvider,
+    provider_ref: Option<&ProviderRef>,
+    kind: StoreKind,
+) -> Option<StoreStatus> {
+    let mut names: Vec<&str> = validate::provider_blocks(provider)
         .map(|block| block.name())
         .collect();
+    if let Some(r) = provider_ref {
+        names.push(r.kind.block_name());
+    }
     let provider_name = (!names.is_empty()).then(|| names.join(","));
-    let (status, reason, message) = match validate::provider(provider, kind) {
-        Ok(_) => ("True", REASON_VALID, VALID_MESSAGE.to_string()),
+    let checked =
+        validate::provider_or_ref(provider, provider_ref, kind).and_then(|by_ref| match by_ref {
+            Some(_) => Ok(()),
+            None => validate::provider(provider, kind).map(|_| ()),
+        });
+    let (status, reason, message) = match checked {
+        Ok(()) => ("True", REASON_VALID, VALID_MESSAGE.to_string()),
         Err(invalid) => ("False", REASON_INVALID, invalid.to_string()),
     };
     let (conditions, same) = super::status::with_ready(
@@ -143,7 +171,12 @@ async fn reconcile<K: StoreObject>(
     let Lenient::Usable(store) = &*store else {
         return Ok(Action::await_change());
     };
-    let Some(status) = next(store.status(), store.provider(), K::KIND) else {
+    let Some(status) = next_for(
+        store.status(),
+        store.provider(),
+        store.provider_ref(),
+        K::KIND,
+    ) else {
         return Ok(Action::await_change());
     };
     let name = store.name_any();
@@ -222,6 +255,34 @@ mod tests {
             fake: Some(FakeProvider::default()),
             ..StoreProvider::default()
         }
+    }
+
+    #[test]
+    fn a_store_by_reference_names_the_kind_and_is_ready_when_its_own_spec_is_valid() {
+        use crate::api::provider_kind::{CLUSTER_PROVIDER_API_VERSION, ProviderKind};
+        let reference = |api_version: &str| ProviderRef {
+            api_version: api_version.into(),
+            kind: ProviderKind::Vault,
+            name: "vault".into(),
+        };
+        let good = reference(CLUSTER_PROVIDER_API_VERSION);
+        let empty = StoreProvider::default();
+        let ready = next_for(None, &empty, Some(&good), StoreKind::ClusterSecretStore).unwrap();
+        assert_eq!(ready.provider.as_deref(), Some("vault"));
+        assert_eq!(ready.conditions[0].status, "True");
+        let wrong = next_for(None, &empty, Some(&good), StoreKind::SecretStore).unwrap();
+        assert_eq!(wrong.conditions[0].status, "False");
+        assert!(
+            wrong.conditions[0]
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("providerRef.apiVersion must be providers.latchkey.dev/v1alpha1"),
+            "{wrong:?}"
+        );
+        let both = next_for(None, &fake(), Some(&good), StoreKind::ClusterSecretStore).unwrap();
+        assert_eq!(both.provider.as_deref(), Some("fake,vault"));
+        assert_eq!(both.conditions[0].status, "False");
     }
 
     #[test]

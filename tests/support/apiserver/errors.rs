@@ -11,6 +11,8 @@ pub(super) struct ApiError {
     pub(super) details: Option<Value>,
     /// Sent as a `Retry-After` header too, as the real server does for 429s.
     pub(super) retry_after: Option<u64>,
+    /// Answered as Go's mux does for a path nothing serves: `404 page not found`, plain text.
+    pub(super) plain: bool,
 }
 
 /// One cause of an `Invalid` status: a field and what is wrong with it (a Go `field.Error`).
@@ -66,6 +68,15 @@ impl ApiError {
             message: message.into(),
             details: None,
             retry_after: None,
+            plain: false,
+        }
+    }
+
+    /// A path no API serves (a group or a CRD that is not installed).
+    pub(super) fn page_not_found() -> Self {
+        Self {
+            plain: true,
+            ..Self::new(404, "NotFound", "404 page not found")
         }
     }
 
@@ -92,6 +103,15 @@ impl ApiError {
 
     pub(super) fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if self.plain {
+            let mut response = Response::new(Body::from(format!("{}\n", self.message)));
+            *response.status_mut() = code;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            return response;
+        }
         let mut response = json_response(code, &self.status());
         if let Some(seconds) = self.retry_after {
             response

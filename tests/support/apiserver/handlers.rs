@@ -31,7 +31,25 @@ pub(super) async fn serve(
     if parts.uri.path().trim_end_matches('/') == TOKEN_REVIEWS_PATH {
         return token_review(shared, &identity, parts, body).await;
     }
+    // Discovery of one group version: every authenticated client may read it
+    // (system:discovery).
+    if let ["apis", group, version] = parts
+        .uri
+        .path()
+        .trim_matches('/')
+        .split('/')
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        let uninstalled = lock(&shared.uninstalled).clone();
+        return discovery(group, version, |k| !uninstalled.contains(&k))
+            .map(|list| json_response(StatusCode::OK, &list))
+            .ok_or_else(ApiError::page_not_found);
+    }
     let target = parse_path(parts.uri.path())?;
+    if lock(&shared.uninstalled).contains(&target.kind) {
+        return Err(ApiError::page_not_found());
+    }
     let query = Query::parse(parts.uri.query().unwrap_or(""))?;
     let verb = verb_of(&parts.method, &target, &query)?;
     shared.authorize(&identity, &target.attributes(verb))?;

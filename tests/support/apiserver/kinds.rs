@@ -211,6 +211,128 @@ pub(super) const KINDS: &[Kind] = &[
         status_subresource: false,
         fields: &[],
     },
+    // The provider kinds (one CRD each, not installed until a test installs it; see
+    // [`FakeApiServer::install`]).
+    Kind {
+        group: "providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "aws",
+        kind: "AWS",
+        namespaced: true,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "vaults",
+        kind: "Vault",
+        namespaced: true,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "kubernetes",
+        kind: "Kubernetes",
+        namespaced: true,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "fakes",
+        kind: "Fake",
+        namespaced: true,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "plugins",
+        kind: "Plugin",
+        namespaced: true,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "secretsstorecsiproviders",
+        kind: "SecretsStoreCSIProvider",
+        namespaced: true,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "cluster.providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "aws",
+        kind: "AWS",
+        namespaced: false,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "cluster.providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "vaults",
+        kind: "Vault",
+        namespaced: false,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "cluster.providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "kubernetes",
+        kind: "Kubernetes",
+        namespaced: false,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "cluster.providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "fakes",
+        kind: "Fake",
+        namespaced: false,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "cluster.providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "plugins",
+        kind: "Plugin",
+        namespaced: false,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
+    Kind {
+        group: "cluster.providers.latchkey.dev",
+        version: "v1alpha1",
+        plural: "secretsstorecsiproviders",
+        kind: "SecretsStoreCSIProvider",
+        namespaced: false,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    },
 ];
 
 impl Kind {
@@ -239,6 +361,34 @@ impl Kind {
         }
         details
     }
+}
+
+/// The discovery document of `group/version` (`GET /apis/GROUP/VERSION`): its installed
+/// resources, or `None` (404) when none is.
+pub(super) fn discovery(
+    group: &str,
+    version: &str,
+    installed: impl Fn(usize) -> bool,
+) -> Option<Value> {
+    let resources: Vec<Value> = KINDS
+        .iter()
+        .enumerate()
+        .filter(|(i, k)| k.group == group && k.version == version && installed(*i))
+        .flat_map(|(_, k)| {
+            let singular = k.kind.to_lowercase();
+            let main = json!({"name": k.plural, "singularName": singular, "namespaced": k.namespaced,
+                "kind": k.kind, "verbs": ["delete", "get", "list", "patch", "create", "update", "watch"]});
+            let status = k.status_subresource.then(|| {
+                json!({"name": format!("{}/status", k.plural), "singularName": "",
+                    "namespaced": k.namespaced, "kind": k.kind, "verbs": ["get", "patch", "update"]})
+            });
+            std::iter::once(main).chain(status)
+        })
+        .collect();
+    (!resources.is_empty()).then(|| {
+        json!({"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": format!("{group}/{version}"), "resources": resources})
+    })
 }
 
 pub(super) fn kind_by_path(group: &str, version: &str, plural: &str) -> Option<usize> {

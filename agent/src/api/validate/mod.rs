@@ -26,8 +26,9 @@ pub use push_secret::push_secret;
 use super::StoreKind;
 use super::external_secret::{CreationPolicy, DeletionPolicy, ExternalSecretSpec, Files};
 use super::external_secret::{GeneratorRef, SourceRef};
+use super::provider_kinds::{CLUSTER_PROVIDER_API_VERSION, PROVIDER_API_VERSION, ProviderObject};
 use super::rules::{self, CelRule, Pattern};
-use super::store::{AwsProvider, StoreProvider, VaultProvider};
+use super::store::{AwsProvider, ProviderRef, StoreProvider, VaultProvider};
 
 /// Why an object was rejected; the text names the field and never contains values.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -153,6 +154,77 @@ pub fn provider(p: &StoreProvider, kind: StoreKind) -> Result<ProviderSpec<'_>, 
         return Err(Invalid::rule("spec", &rules::AGENT_IDENTITY_CLUSTER_ONLY));
     }
     Ok(one)
+}
+
+/// Checks that a store sets exactly one of `spec.provider` and `spec.providerRef`, and that a
+/// `providerRef` names a provider object the store may use: a SecretStore's in
+/// `providers.latchkey.dev` (its own namespace), a ClusterSecretStore's in
+/// `cluster.providers.latchkey.dev`. Returns the reference when the store uses one; the inline
+/// block is checked by [`provider`].
+pub fn provider_or_ref<'a>(
+    p: &StoreProvider,
+    provider_ref: Option<&'a ProviderRef>,
+    kind: StoreKind,
+) -> Result<Option<&'a ProviderRef>, Invalid> {
+    let r = match (p.is_empty(), provider_ref) {
+        (false, None) => return Ok(None),
+        (true, Some(r)) => r,
+        (true, None) => {
+            return Err(Invalid::rule_detail(
+                "spec",
+                &rules::PROVIDER_OR_REF,
+                "none is set",
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(Invalid::rule_detail(
+                "spec",
+                &rules::PROVIDER_OR_REF,
+                "both are set",
+            ));
+        }
+    };
+    let (want, rule) = match kind {
+        StoreKind::SecretStore => (PROVIDER_API_VERSION, &rules::PROVIDER_REF_NAMESPACED),
+        StoreKind::ClusterSecretStore => {
+            (CLUSTER_PROVIDER_API_VERSION, &rules::PROVIDER_REF_CLUSTER)
+        }
+    };
+    if r.api_version != want {
+        return Err(Invalid::rule("spec", rule));
+    }
+    object_name("spec.providerRef.name", &r.name)?;
+    Ok(Some(r))
+}
+
+/// Checks a provider object's spec: the rules of the inline block it stands for, reported at
+/// the object's own paths (`spec.auth`, not `spec.provider.vault.auth`). A namespaced object
+/// is used by SecretStores only (see [`provider_or_ref`]), a cluster-scoped one by
+/// ClusterSecretStores only, so what only a ClusterSecretStore may use is refused on a
+/// namespaced object.
+pub fn provider_object(object: &ProviderObject) -> Result<ProviderSpec<'_>, Invalid> {
+    let p = &object.provider;
+    // As a ClusterSecretStore's block: the one rule that differs by kind is checked below, in
+    // the object's own words.
+    let spec = provider(p, StoreKind::ClusterSecretStore).map_err(|Invalid(text)| {
+        let block = provider_blocks(p).next().map_or("", |b| b.name());
+        match text.strip_prefix(&format!("spec.provider.{block}")) {
+            Some(rest) => Invalid(format!("spec{rest}")),
+            None => Invalid(text),
+        }
+    })?;
+    if !object.cluster
+        && p.aws
+            .as_ref()
+            .and_then(|a| a.auth.as_ref())
+            .is_some_and(|auth| auth.agent_identity.is_some())
+    {
+        return Err(Invalid::rule(
+            "spec",
+            &rules::AGENT_IDENTITY_CLUSTER_PROVIDER_ONLY,
+        ));
+    }
+    Ok(spec)
 }
 
 /// `spec.provider.aws`: the service, and at most one auth method (none is left to the provider).

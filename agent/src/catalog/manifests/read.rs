@@ -13,6 +13,10 @@ use super::super::strict::{self, Kind, StrictError};
 use crate::api::generator::{
     ClusterGenerator, GeneratorObject, Password, PluginGenerator, VaultDynamicSecret,
 };
+use crate::api::provider_kinds::{
+    self, CLUSTER_PROVIDER_GROUP, KindVisitor, PROVIDER_GROUP, ProviderKind, ProviderObject,
+    ProviderResource,
+};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
 use crate::telemetry::escape::printable;
 
@@ -30,6 +34,8 @@ pub(super) enum Object {
     ConfigMap(Arc<ConfigMap>),
     /// A Namespace's labels (with [`NAMESPACE_NAME_LABEL`]).
     Namespace(BTreeMap<String, String>),
+    /// A provider object, as the store block it stands for.
+    Provider(Arc<ProviderObject>),
 }
 
 /// The header every Kubernetes document has.
@@ -98,10 +104,30 @@ pub(super) fn classify(api_version: &str, kind: &str) -> Class {
     if api_version.is_empty() || kind.is_empty() {
         return Class::Refuse(None, "apiVersion and kind are required".into());
     }
-    if let Some(known) = Kind::named(kind).filter(|k| k.api_version() == api_version) {
+    if let Some(known) = Kind::of(api_version, kind) {
         return Class::Read(known);
     }
     let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+    if group == PROVIDER_GROUP || group == CLUSTER_PROVIDER_GROUP {
+        let known: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.name()).collect();
+        let cluster = group == CLUSTER_PROVIDER_GROUP;
+        return match ProviderKind::named(kind) {
+            Some(provider) => Class::Refuse(
+                Some(Kind::Provider(provider, cluster)),
+                format!(
+                    "apiVersion {api_version} is not one this agent reads; {kind} is {}",
+                    Kind::Provider(provider, cluster).api_version()
+                ),
+            ),
+            None => Class::Refuse(
+                None,
+                format!(
+                    "unsupported provider kind {kind} ({api_version}); expected one of {}",
+                    known.join(", ")
+                ),
+            ),
+        };
+    }
     if group == crate::api::GROUP || group == crate::api::GENERATOR_GROUP {
         return match Kind::named(kind)
             .filter(|k| !matches!(k, Kind::Secret | Kind::Namespace | Kind::ConfigMap))
@@ -198,6 +224,9 @@ pub(super) fn object(
             with_ns(&mut obj.metadata);
             Object::ConfigMap(Arc::new(obj))
         }
+        Kind::Provider(provider, cluster) => {
+            provider_kinds::visit(provider, cluster, ReadProvider { kind, ns, value })?
+        }
         Kind::Namespace => {
             let obj: Namespace = strict::from_value(kind, value).map_err(valueless_reason)?;
             let mut labels = obj.metadata.labels.unwrap_or_default();
@@ -205,6 +234,35 @@ pub(super) fn object(
             Object::Namespace(labels)
         }
     })
+}
+
+/// Reads a provider object of the visited type strictly.
+struct ReadProvider<'a> {
+    kind: Kind,
+    ns: &'a str,
+    value: serde_norway::Value,
+}
+
+impl KindVisitor for ReadProvider<'_> {
+    type Output = Result<Object, String>;
+
+    fn namespaced<T>(self) -> Self::Output
+    where
+        T: ProviderResource<Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        // A Fake provider's spec holds values: the reason must not quote them.
+        let mut obj: T = strict::from_value(self.kind, self.value).map_err(valueless_reason)?;
+        obj.meta_mut().namespace = Some(self.ns.to_string());
+        Ok(Object::Provider(obj.provider_object()))
+    }
+
+    fn cluster<T>(self) -> Self::Output
+    where
+        T: ProviderResource<Scope = k8s_openapi::ClusterResourceScope>,
+    {
+        let obj: T = strict::from_value(self.kind, self.value).map_err(valueless_reason)?;
+        Ok(Object::Provider(obj.provider_object()))
+    }
 }
 
 /// A YAML syntax error: only where, since the parser's message can quote the text around it.
