@@ -264,6 +264,8 @@ async fn the_controller_pushes_into_a_secret_as_the_service_account() {
     };
     s.apply(push_secret("published"));
     s.apply(push_secret("theirs"));
+    // Installed before the controller starts, which discovers the provider kinds served.
+    s.install("providers.latchkey.dev/v1alpha1", "Kubernetes");
     let c = support::controller::ControllerProcess::start(
         &s.kubeconfig_yaml(CONTROLLER_TOKEN),
         "k8s-push",
@@ -292,6 +294,68 @@ async fn the_controller_pushes_into_a_secret_as_the_service_account() {
         assert!(message.contains(part), "{message}");
     }
     assert_eq!(data(&s, "theirs").unwrap()["password"], THEIRS);
+
+    // Gone before the Secret is adopted: a marked Secret is any PushSecret's to write.
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "PushSecret",
+        Some("shop"),
+        "to-theirs",
+    );
+
+    // A store that adopts (spec.push.adoptExisting), its provider by providerRef: the key goes
+    // in beside theirs and the Secret is marked; with IfNotExists nothing is written.
+    s.install("providers.latchkey.dev/v1alpha1", "Kubernetes");
+    s.apply(
+        json!({"apiVersion": "providers.latchkey.dev/v1alpha1", "kind": "Kubernetes",
+        "metadata": {"name": "here", "namespace": "shop"}, "spec": {}}),
+    );
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "adopting", "namespace": "shop"},
+        "spec": {"providerRef": {"apiVersion": "providers.latchkey.dev/v1alpha1",
+                                 "kind": "Kubernetes", "name": "here"},
+                 "push": {"adoptExisting": true}}}),
+    );
+    let mut adopt = push_secret("theirs");
+    adopt["metadata"]["name"] = json!("adopt-theirs");
+    adopt["spec"]["secretStoreRefs"] = json!([{"name": "adopting"}]);
+    adopt["spec"]["deletionPolicy"] = json!("None");
+    adopt["spec"]["data"][0]["match"]["remoteRef"]["property"] = json!("pushed");
+    let mut keep = adopt.clone();
+    keep["metadata"]["name"] = json!("keep-theirs");
+    keep["spec"]["updatePolicy"] = json!("IfNotExists");
+    keep["spec"]["data"][0]["match"]["remoteRef"]["property"] = json!("kept");
+    s.apply(keep);
+    let kept = support::eventually(within, "kept", || async {
+        ready("keep-theirs").is_some_and(|c| c["status"] == "True")
+    });
+    if tokio::time::timeout(within + Duration::from_secs(1), kept)
+        .await
+        .is_err()
+    {
+        panic!("{:?}", ready("keep-theirs"));
+    }
+    assert!(data(&s, "theirs").unwrap().get("kept").is_none());
+    s.apply(adopt);
+    support::eventually(within, "adopted", || async {
+        data(&s, "theirs").is_some_and(|d| d.get("pushed").map(String::as_str) == Some(PASSWORD))
+    })
+    .await;
+    assert_eq!(data(&s, "theirs").unwrap()["password"], THEIRS);
+    assert_eq!(label(&s, "theirs"), "latchkey");
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "PushSecret",
+        Some("shop"),
+        "adopt-theirs",
+    );
+    s.delete(
+        "latchkey.dev/v1alpha1",
+        "PushSecret",
+        Some("shop"),
+        "keep-theirs",
+    );
 
     // A change is pushed; the write is the account's.
     s.clear_requests();
@@ -324,12 +388,6 @@ async fn the_controller_pushes_into_a_secret_as_the_service_account() {
         "PushSecret",
         Some("shop"),
         "to-published",
-    );
-    s.delete(
-        "latchkey.dev/v1alpha1",
-        "PushSecret",
-        Some("shop"),
-        "to-theirs",
     );
     support::eventually(within, "the pushed Secret deleted", || async {
         s.get("v1", "Secret", Some("shop"), "published").is_none()

@@ -17,6 +17,7 @@ pub mod rules;
 #[cfg(test)]
 mod rules_tests;
 pub mod store;
+pub mod store_push;
 pub mod validate;
 
 pub use external_secret::{ExternalSecret, ExternalSecretSpec, RemoteRef, StoreKind};

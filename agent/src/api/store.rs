@@ -1,5 +1,6 @@
 //! `SecretStore` and `ClusterSecretStore`: how to reach a backend and authenticate to it.
 
+use super::store_push::StorePush;
 use std::fmt;
 
 use kube::{CustomResource, KubeSchema};
@@ -38,6 +39,9 @@ pub struct SecretStoreSpec {
     /// (`providers.latchkey.dev/v1alpha1`). Exactly one of this and `provider`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_ref: Option<ProviderRef>,
+    /// What PushSecrets may do with this store beyond what Latchkey created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<StorePush>,
 }
 
 /// A cluster-wide store, usable from the namespaces its `conditions` admit.
@@ -68,6 +72,9 @@ pub struct ClusterSecretStoreSpec {
     /// (`cluster.providers.latchkey.dev/v1alpha1`). Exactly one of this and `provider`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_ref: Option<ProviderRef>,
+    /// What PushSecrets may do with this store beyond what Latchkey created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<StorePush>,
     /// Which namespaces may use the store; empty admits every namespace (as in ESO).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<ClusterStoreCondition>,

@@ -76,6 +76,7 @@ pub fn store(
                 SecretStoreSpec {
                     provider: out,
                     provider_ref: None,
+                    push: None,
                 },
             );
             s.metadata = meta.object_meta(&meta.name, true);
@@ -93,6 +94,7 @@ pub fn store(
                 ClusterSecretStoreSpec {
                     provider: out,
                     provider_ref: None,
+                    push: None,
                     conditions,
                 },
             );

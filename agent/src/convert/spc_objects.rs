@@ -21,6 +21,7 @@ pub fn class_store(meta: &Meta, name: &str, provider: StoreProvider) -> SecretSt
         SecretStoreSpec {
             provider,
             provider_ref: None,
+            push: None,
         },
     );
     store.metadata = meta.object_meta(name, true);

@@ -421,6 +421,7 @@ mod tests {
                 SecretStoreSpec {
                     provider,
                     provider_ref: None,
+                    push: None,
                 },
             ))),
             StoreKind::ClusterSecretStore => {
@@ -429,6 +430,7 @@ mod tests {
                     ClusterSecretStoreSpec {
                         provider,
                         provider_ref: None,
+                        push: None,
                         conditions: Vec::new(),
                     },
                 )))

@@ -85,7 +85,7 @@ impl PushController {
                 };
                 let id = fake_store_id(kind, namespace, store);
                 let pusher = match self.pusher(object, namespace, kind, store).await {
-                    Ok(p) => p,
+                    Ok((p, _)) => p,
                     Err((_, why)) => {
                         failures.push(format!("{who}, {key}: {why}"));
                         continue;
@@ -168,7 +168,10 @@ impl PushController {
                 continue;
             };
             let id = fake_store_id(kind, namespace, store);
-            let pusher = self.pusher(object, namespace, kind, store).await;
+            let pusher = self
+                .pusher(object, namespace, kind, store)
+                .await
+                .map(|(p, _)| p);
             for (remote, entry, properties) in gone {
                 let result = match &pusher {
                     Ok(p) => p

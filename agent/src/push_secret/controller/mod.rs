@@ -24,19 +24,19 @@ use tracing::{debug, info, warn};
 
 mod finalize;
 mod helpers;
+mod store;
 #[cfg(test)]
 mod tests;
 
 use helpers::{bounded, describe, describe_targets, refresh};
 
 use super::plan::{self, Recorded, RemoteWrite};
-use super::pushers::{Pushers, StoreTarget, fake_store_id};
+use super::pushers::{Pushers, fake_store_id};
 use super::source::SourceReader;
 use crate::api::push_secret::{
     PushDeletionPolicy, PushSecret, PushSecretStatus, PushUpdatePolicy, SyncedPush,
 };
-use crate::api::{StoreKind, validate};
-use crate::catalog::binding::admits;
+use crate::api::validate;
 use crate::catalog::{Catalog, Lenient};
 use crate::events::{EventTarget, KubeEvents, WARNING};
 use crate::mirror::status::with_ready;
@@ -283,11 +283,7 @@ impl PushController {
                 return Ok(Action::requeue(refresh(object)));
             }
         };
-        let policy = PushPolicy {
-            if_not_exists: object.spec.update_policy == PushUpdatePolicy::IfNotExists,
-            // No store field allows adopting yet: never over what Latchkey did not create.
-            adopt: false,
-        };
+        let if_not_exists = object.spec.update_policy == PushUpdatePolicy::IfNotExists;
         let mut synced = BTreeMap::new();
         let mut failures: Vec<(&'static str, String)> = Vec::new();
         let mut wrote = false;
@@ -308,7 +304,13 @@ impl PushController {
                     failures.push((reason, format!("{who}, {key}: {why}")));
                     now = before;
                 }
-                Ok(pusher) => {
+                Ok((pusher, adopt)) => {
+                    // Over what Latchkey did not create only with `Replace` and the store's
+                    // consent (`spec.push.adoptExisting`).
+                    let policy = PushPolicy {
+                        if_not_exists,
+                        adopt: adopt && !if_not_exists,
+                    };
                     for write in &writes {
                         let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
                         match self
@@ -422,77 +424,6 @@ impl PushController {
         self.recorded.forget(store_id, remote_key);
         self.entries()
             .remove(&(store_id.to_string(), remote_key.to_string()));
-    }
-
-    /// The store `kind/name` as `object`'s namespace may use it, and its writer.
-    async fn pusher(
-        &self,
-        object: &PushSecret,
-        namespace: &str,
-        kind: StoreKind,
-        name: &str,
-    ) -> Result<Arc<dyn Pusher>, (&'static str, String)> {
-        let catalog = &*self.parts.catalog;
-        let unavailable = |e: crate::catalog::CatalogError| ("StoreUnavailable", e.to_string());
-        let missing = || ("StoreNotFound", format!("{kind} {name:?} not found"));
-        let store_kind;
-        let provider = match kind {
-            StoreKind::SecretStore => {
-                let store = catalog
-                    .secret_store(namespace, name)
-                    .await
-                    .map_err(unavailable)?;
-                store_kind = store.ok_or_else(missing)?;
-                &store_kind.spec.provider
-            }
-            StoreKind::ClusterSecretStore => {
-                let store = catalog
-                    .cluster_secret_store(name)
-                    .await
-                    .map_err(unavailable)?;
-                let store = store.ok_or_else(missing)?;
-                let labels = catalog
-                    .namespace_labels(namespace)
-                    .await
-                    .map_err(unavailable)?;
-                admits(&store.spec.conditions, namespace, &labels).map_err(|rule| {
-                    (
-                        "NotAdmitted",
-                        format!("{kind} {name:?} does not admit namespace {namespace:?}: {rule}"),
-                    )
-                })?;
-                return self
-                    .pusher_of(object, namespace, kind, name, &store.spec.provider)
-                    .await;
-            }
-        };
-        self.pusher_of(object, namespace, kind, name, provider)
-            .await
-    }
-
-    async fn pusher_of(
-        &self,
-        object: &PushSecret,
-        namespace: &str,
-        kind: StoreKind,
-        name: &str,
-        provider: &crate::api::store::StoreProvider,
-    ) -> Result<Arc<dyn Pusher>, (&'static str, String)> {
-        let spec = validate::provider(provider, kind)
-            .map_err(|e| ("InvalidStore", format!("{kind} {name:?} is invalid: {e}")))?;
-        let target = StoreTarget {
-            namespace,
-            push_secret: &object.name_any(),
-            service_account: object.service_account(),
-            kind,
-            store: name,
-            spec,
-        };
-        self.parts
-            .pushers
-            .pusher(&target)
-            .await
-            .map_err(|e| (e.reason(), e.to_string()))
     }
 
     /// Writes the status when it changes, and a Warning Event when it changed to a failure.

@@ -3,6 +3,7 @@
 
 use super::helpers::*;
 use super::*;
+use crate::api::StoreKind;
 
 fn object(refresh: Option<&str>) -> PushSecret {
     serde_json::from_value(json!({
