@@ -336,7 +336,7 @@ async fn the_controller_pushes_into_a_secret_as_the_service_account() {
     {
         panic!("{:?}", ready("keep-theirs"));
     }
-    assert!(data(&s, "theirs").unwrap().get("kept").is_none());
+    assert!(!data(&s, "theirs").unwrap().contains_key("kept"));
     s.apply(adopt);
     support::eventually(within, "adopted", || async {
         data(&s, "theirs").is_some_and(|d| d.get("pushed").map(String::as_str) == Some(PASSWORD))
