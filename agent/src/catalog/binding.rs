@@ -336,43 +336,21 @@ pub async fn bind(
         store: store_ref.name.clone(),
         reason,
     };
-    let provider_ref =
-        validate::provider_or_ref(store.provider(), store.provider_ref(), store_ref.kind)
-            .map_err(invalid)?;
-    let provider_object = match provider_ref {
-        None => None,
-        Some(r) => {
-            // A SecretStore's provider object is in its own (the pod's) namespace.
-            let scope = match store_ref.kind {
-                StoreKind::SecretStore => Some(namespace),
-                StoreKind::ClusterSecretStore => None,
-            };
-            let found = catalog
-                .provider(r.kind, scope, &r.name)
-                .await
-                .map_err(catalog_err)?;
-            let Some(object) = found else {
-                return Err(BindingError::ProviderNotFound {
-                    namespace: namespace.into(),
-                    external_secret: name.into(),
-                    kind: store_ref.kind,
-                    store: store_ref.name.clone(),
-                    provider: provider_kinds::shown(r.kind, scope.is_none(), &r.name),
-                });
-            };
-            Some(object)
+    let provider_object = match resolve_provider(catalog, &store, store_ref.kind, namespace).await {
+        Ok(object) => object,
+        Err(ProviderResolution::Invalid(reason)) => return Err(invalid(reason)),
+        Err(ProviderResolution::Catalog(source)) => return Err(catalog_err(source)),
+        Err(ProviderResolution::Missing(provider)) => {
+            return Err(BindingError::ProviderNotFound {
+                namespace: namespace.into(),
+                external_secret: name.into(),
+                kind: store_ref.kind,
+                store: store_ref.name.clone(),
+                provider,
+            });
         }
     };
-    if let Some(object) = &provider_object {
-        validate::provider_object(object).map_err(|reason| {
-            invalid(Invalid(format!(
-                "spec.providerRef: {}: {reason}",
-                object.shown()
-            )))
-        })?;
-    } else {
-        validate::provider(store.provider(), store_ref.kind).map_err(invalid)?;
-    }
+    provider_spec(&store, provider_object.as_deref(), store_ref.kind).map_err(invalid)?;
     Ok(Binding {
         namespace: namespace.into(),
         store_name: store_ref.name.clone(),
@@ -380,6 +358,61 @@ pub async fn bind(
         store,
         provider_object,
     })
+}
+
+/// Why a store's provider could not be resolved (the callers name the store their own way).
+#[derive(Debug)]
+pub enum ProviderResolution {
+    /// Neither or both of `provider` and `providerRef`, or a reference to the wrong group.
+    Invalid(Invalid),
+    /// The provider object does not exist: `Vault "name"` or `cluster-scoped Vault "name"`.
+    Missing(String),
+    /// The catalog could not answer.
+    Catalog(CatalogError),
+}
+
+/// The provider object `store`'s `providerRef` names (a SecretStore's in `namespace`, a
+/// ClusterSecretStore's cluster-scoped), or `None` for an inline `spec.provider`. Shared by
+/// publishes, the mirror and PushSecrets, so a store is resolved the same way everywhere.
+pub async fn resolve_provider(
+    catalog: &dyn Catalog,
+    store: &BoundStore,
+    kind: StoreKind,
+    namespace: &str,
+) -> Result<Option<Arc<ProviderObject>>, ProviderResolution> {
+    let provider_ref = validate::provider_or_ref(store.provider(), store.provider_ref(), kind)
+        .map_err(ProviderResolution::Invalid)?;
+    let Some(r) = provider_ref else {
+        return Ok(None);
+    };
+    // A SecretStore's provider object is in its own (the pod's) namespace.
+    let scope = match kind {
+        StoreKind::SecretStore => Some(namespace),
+        StoreKind::ClusterSecretStore => None,
+    };
+    match catalog.provider(r.kind, scope, &r.name).await {
+        Ok(Some(object)) => Ok(Some(object)),
+        Ok(None) => Err(ProviderResolution::Missing(provider_kinds::shown(
+            r.kind,
+            scope.is_none(),
+            &r.name,
+        ))),
+        Err(e) => Err(ProviderResolution::Catalog(e)),
+    }
+}
+
+/// The checked provider of `store`: its inline block, or `object` (what [`resolve_provider`]
+/// found), whose errors name the object.
+pub fn provider_spec<'a>(
+    store: &'a BoundStore,
+    object: Option<&'a ProviderObject>,
+    kind: StoreKind,
+) -> Result<validate::ProviderSpec<'a>, Invalid> {
+    match object {
+        None => validate::provider(store.provider(), kind),
+        Some(o) => validate::provider_object(o)
+            .map_err(|reason| Invalid(format!("spec.providerRef: {}: {reason}", o.shown()))),
+    }
 }
 
 /// Why a SecretStore was not found, and the likely fix: ESO users often move a store to a

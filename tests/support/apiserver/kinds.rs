@@ -213,127 +213,47 @@ pub(super) const KINDS: &[Kind] = &[
     },
     // The provider kinds (one CRD each, not installed until a test installs it; see
     // [`FakeApiServer::install`]).
-    Kind {
-        group: "providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "aws",
-        kind: "AWS",
-        namespaced: true,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "vaults",
-        kind: "Vault",
-        namespaced: true,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "kubernetes",
-        kind: "Kubernetes",
-        namespaced: true,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "fakes",
-        kind: "Fake",
-        namespaced: true,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "plugins",
-        kind: "Plugin",
-        namespaced: true,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "secretsstorecsiproviders",
-        kind: "SecretsStoreCSIProvider",
-        namespaced: true,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "cluster.providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "aws",
-        kind: "AWS",
-        namespaced: false,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "cluster.providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "vaults",
-        kind: "Vault",
-        namespaced: false,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "cluster.providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "kubernetes",
-        kind: "Kubernetes",
-        namespaced: false,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "cluster.providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "fakes",
-        kind: "Fake",
-        namespaced: false,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "cluster.providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "plugins",
-        kind: "Plugin",
-        namespaced: false,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
-    Kind {
-        group: "cluster.providers.latchkey.dev",
-        version: "v1alpha1",
-        plural: "secretsstorecsiproviders",
-        kind: "SecretsStoreCSIProvider",
-        namespaced: false,
-        crd: true,
-        status_subresource: false,
-        fields: &[],
-    },
+    provider("aws", "AWS"),
+    provider("vaults", "Vault"),
+    provider("kubernetes", "Kubernetes"),
+    provider("fakes", "Fake"),
+    provider("plugins", "Plugin"),
+    provider("secretsstorecsiproviders", "SecretsStoreCSIProvider"),
+    cluster_provider("aws", "AWS"),
+    cluster_provider("vaults", "Vault"),
+    cluster_provider("kubernetes", "Kubernetes"),
+    cluster_provider("fakes", "Fake"),
+    cluster_provider("plugins", "Plugin"),
+    cluster_provider("secretsstorecsiproviders", "SecretsStoreCSIProvider"),
 ];
+
+/// A namespaced provider kind of `providers.latchkey.dev/v1alpha1`.
+const fn provider(plural: &'static str, kind: &'static str) -> Kind {
+    provider_kind("providers.latchkey.dev", plural, kind, true)
+}
+
+/// A cluster-scoped provider kind of `cluster.providers.latchkey.dev/v1alpha1`.
+const fn cluster_provider(plural: &'static str, kind: &'static str) -> Kind {
+    provider_kind("cluster.providers.latchkey.dev", plural, kind, false)
+}
+
+const fn provider_kind(
+    group: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+) -> Kind {
+    Kind {
+        group,
+        version: "v1alpha1",
+        plural,
+        kind,
+        namespaced,
+        crd: true,
+        status_subresource: false,
+        fields: &[],
+    }
+}
 
 impl Kind {
     pub(super) fn api_version(&self) -> String {

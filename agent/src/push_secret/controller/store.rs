@@ -8,8 +8,10 @@ use kube::ResourceExt;
 
 use super::PushController;
 use crate::api::push_secret::PushSecret;
-use crate::api::{StoreKind, provider_kinds, validate};
-use crate::catalog::binding::{BoundStore, admits};
+use crate::api::{StoreKind, validate};
+use crate::catalog::binding::{
+    BoundStore, ProviderResolution, admits, provider_spec, resolve_provider,
+};
 use crate::catalog::{Catalog, CatalogError};
 use crate::providers::push::Pusher;
 use crate::push_secret::pushers::StoreTarget;
@@ -37,37 +39,20 @@ impl PushController {
         .is_some_and(|p| p.adopt_existing);
         let invalid =
             |e: validate::Invalid| ("InvalidStore", format!("{kind} {name:?} is invalid: {e}"));
-        let by_ref = validate::provider_or_ref(store.provider(), store.provider_ref(), kind)
-            .map_err(invalid)?;
-        let object_of_ref = match by_ref {
-            None => None,
-            Some(r) => {
-                // A SecretStore's provider object is in its own namespace.
-                let scope = (kind == StoreKind::SecretStore).then_some(namespace);
-                let found = catalog
-                    .provider(r.kind, scope, &r.name)
-                    .await
-                    .map_err(unavailable)?;
-                Some(found.ok_or_else(|| {
-                    (
-                        "ProviderNotFound",
-                        format!(
-                            "{kind} {name:?}: its providerRef names {}, which does not exist",
-                            provider_kinds::shown(r.kind, scope.is_none(), &r.name)
-                        ),
-                    )
-                })?)
+        let provider_object = match resolve_provider(catalog, &store, kind, namespace).await {
+            Ok(object) => object,
+            Err(ProviderResolution::Invalid(e)) => return Err(invalid(e)),
+            Err(ProviderResolution::Catalog(e)) => return Err(unavailable(e)),
+            Err(ProviderResolution::Missing(provider)) => {
+                return Err((
+                    "ProviderNotFound",
+                    format!(
+                        "{kind} {name:?}: its providerRef names {provider}, which does not exist"
+                    ),
+                ));
             }
         };
-        let spec = match &object_of_ref {
-            None => validate::provider(store.provider(), kind).map_err(invalid)?,
-            Some(o) => validate::provider_object(o).map_err(|e| {
-                invalid(validate::Invalid(format!(
-                    "spec.providerRef: {}: {e}",
-                    o.shown()
-                )))
-            })?,
-        };
+        let spec = provider_spec(&store, provider_object.as_deref(), kind).map_err(invalid)?;
         let target = StoreTarget {
             namespace,
             push_secret: &object.name_any(),
