@@ -227,6 +227,7 @@ fn changed_values() -> Value {
         "imagePullSecrets": [{"name": "regcred"}],
         "logLevel": "info,latchkey=debug",
         "logFormat": "text",
+        "providers": ["vault", "aws"],
         "metrics": {"enabled": true, "port": 19808, "controllerPort": 19809,
                     "scrapeAnnotations": false,
                     "serviceMonitor": {"enabled": true, "interval": "15s",
@@ -381,6 +382,21 @@ fn every_changed_value_lands_where_it_belongs() {
             assert_eq!(s["namespace"], ns, "{}", key(doc));
         }
     }
+
+    // providers: just these kinds' CRDs (both scopes), in any order.
+    let provider_crds: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .map(|d| str_at(d, "/metadata/name"))
+        .filter(|n| n.contains("providers.latchkey.dev"))
+        .collect();
+    assert_eq!(provider_crds.len(), 4, "{provider_crds:?}");
+    assert!(
+        provider_crds
+            .iter()
+            .all(|n| n.starts_with("vaults.") || n.starts_with("awses.") || n.starts_with("aws.")),
+        "{provider_crds:?}"
+    );
 
     // image
     for c in [agent, controller] {
@@ -914,7 +930,7 @@ fn every_manifest_is_a_valid_kubernetes_object() {
     files.push(repo().join("crds/latchkey-crds.yaml"));
     let mut providers = Vec::new();
     yaml_files(&repo().join("crds/providers"), &mut providers);
-    providers.retain(|p| !p.ends_with("kustomization.yaml"));
+    providers.retain(|p| p.ends_with("crds.yaml"));
     assert_eq!(providers.len(), 6, "{providers:?}");
     files.extend(providers);
     for path in files {
@@ -1366,17 +1382,123 @@ fn provider_kinds_are_read_by_the_agent_and_the_controller_only() {
     }
 }
 
+/// `to` as a path relative to the directory `from`.
+fn relative_to(from: &Path, to: &Path) -> String {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let ups = std::iter::repeat_n("..".to_string(), from.components().count() - common);
+    let downs = to
+        .components()
+        .skip(common)
+        .map(|c| c.as_os_str().to_str().unwrap().to_string());
+    ups.chain(downs).collect::<Vec<_>>().join("/")
+}
+
+/// Names of the CustomResourceDefinitions among `docs`, sorted.
+fn crd_names(docs: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = docs
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .map(|d| str_at(d, "/metadata/name").to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The provider kinds' CRDs come one provider at a time: the chart's `providers` value and a
+/// kustomize overlay listing the provider's Component install just those, beside the core CRDs,
+/// and Helm keeps a provider CRD the value stops naming instead of deleting its objects.
 #[test]
-fn chart_provider_crds_are_the_generated_ones() {
+fn only_the_providers_asked_for_are_installed() {
     use latchkey::api::provider_kinds::ProviderKind;
-    for kind in ProviderKind::ALL {
-        let stem = kind.file_stem();
-        let generated = std::fs::read(repo().join(format!("crds/providers/{stem}.yaml"))).unwrap();
-        let copy = std::fs::read(repo().join(format!("daemonset/chart/crds/provider-{stem}.yaml")))
-            .unwrap();
-        assert!(
-            generated == copy,
-            "daemonset/chart/crds/provider-{stem}.yaml differs from crds/providers/{stem}.yaml"
+    let core = crd_names(&kustomize("base"));
+    assert_eq!(core.len(), 10, "{core:?}");
+    assert!(core.iter().all(|n| !n.contains("providers.latchkey.dev")));
+    let with = |kinds: &[ProviderKind]| {
+        let mut names = core.clone();
+        for k in kinds {
+            names.extend([k.crd_name(false), k.crd_name(true)]);
+        }
+        names.sort();
+        names
+    };
+    let chart = chart();
+    let everything = chart.render("lk", "lk", &helm::no_overrides());
+    assert_eq!(
+        crd_names(&everything),
+        with(&ProviderKind::ALL),
+        "chart defaults"
+    );
+    assert_eq!(
+        crd_names(&kustomize(".")),
+        with(&ProviderKind::ALL),
+        "daemonset/"
+    );
+    let only_vault = chart.render("latchkey", "latchkey", &json!({"providers": ["vault"]}));
+    assert_eq!(
+        crd_names(&only_vault),
+        with(&[ProviderKind::Vault]),
+        "providers=[vault]"
+    );
+    let none = chart.render("lk", "lk", &json!({"providers": []}));
+    assert_eq!(crd_names(&none), core, "providers=[]");
+    for crd in everything
+        .iter()
+        .filter(|d| str_at(d, "/metadata/name").contains("providers.latchkey.dev"))
+    {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{}",
+            crd["metadata"]["name"]
         );
     }
+
+    // A user's overlay: the base and one provider's Component, as daemonset/kustomization.yaml
+    // says; it builds what the chart renders with providers=[vault].
+    // kustomize takes only relative paths.
+    let overlay = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let up = relative_to(overlay.path(), &repo());
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources:\n- {up}/daemonset/base\ncomponents:\n- {up}/crds/providers/vault\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(overlay.path())
+        .output()
+        .expect("kubectl is required for the deploy tests");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = yaml_documents(std::str::from_utf8(&out.stdout).unwrap());
+    assert_same_objects(
+        &only_vault,
+        &without_namespace_object(built),
+        "providers=[vault] vs base + crds/providers/vault",
+    );
+
+    // values.schema.json refuses a provider name the chart has no template for, so a typo fails
+    // `helm install` instead of installing nothing.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("daemonset/chart/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let allowed = &schema["properties"]["providers"]["items"]["enum"];
+    let stems: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.file_stem()).collect();
+    assert_eq!(allowed, &json!(stems));
+    assert_eq!(
+        chart.values()["providers"],
+        json!(stems),
+        "values.yaml default"
+    );
 }

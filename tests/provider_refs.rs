@@ -215,6 +215,7 @@ async fn a_fake_store_by_reference_mounts_like_its_inline_twin_and_follows_edits
         "Vault (providers.latchkey.dev/v1alpha1) is not served by the API server",
         "the CRD vaults.providers.latchkey.dev is not installed",
         "latchkey crds --provider vault | kubectl apply -f -",
+        "kubectl apply -k crds/providers/vault",
     ] {
         assert!(no_crd.message().contains(part), "{}", no_crd.message());
     }

@@ -44,7 +44,7 @@ enum Command {
 struct CrdsArgs {
     /// Print the CRDs of these provider kinds (`aws`, `vault`, `kubernetes`, `fake`, `plugin`,
     /// `secretsstorecsi`, or `all`), namespaced and cluster-scoped, instead of the core CRDs:
-    /// what `crds/providers/<kind>.yaml` holds. Repeat or comma-separate for several.
+    /// what `crds/providers/<kind>/crds.yaml` holds. Repeat or comma-separate for several.
     #[arg(long = "provider", value_delimiter = ',')]
     providers: Vec<String>,
 }

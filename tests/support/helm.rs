@@ -16,7 +16,7 @@
 //! - operands: `.`, `.a.b`, `$`, `$.a.b`, "strings" (escapes `\" \\ \n \t \r`), `raw strings`,
 //!   integers, `true`, `false`, `nil`, `( pipeline )`;
 //! - functions: `quote`, `default`, `toYaml`, `indent`, `nindent`, `not`, `and`, `or`, `eq`,
-//!   `ne`, `empty` (Sprig's and Go's meanings);
+//!   `ne`, `empty`, `has` (Sprig's and Go's meanings);
 //! - data: `.Values` (values.yaml deep-merged with the overrides, as `--set`/`-f` do),
 //!   `.Release.Name`, `.Release.Namespace`, `.Release.Service`, `.Chart.Name`, `.Chart.Version`,
 //!   `.Chart.AppVersion`.
@@ -708,6 +708,14 @@ fn call(name: &str, mut args: Vec<Value>) -> Result<Value, String> {
             let given = args.pop().unwrap();
             let fallback = args.pop().unwrap();
             if truth(&given) { given } else { fallback }
+        }
+        // Sprig: whether the list (the last argument) holds the needle.
+        "has" => {
+            arity(2, &args)?;
+            let list = args[1]
+                .as_array()
+                .ok_or_else(|| format!("has: not a list: {}", args[1]))?;
+            Value::Bool(list.contains(&args[0]))
         }
         "empty" => {
             arity(1, &args)?;

@@ -87,8 +87,8 @@ impl ProviderKind {
         }
     }
 
-    /// The file of `crds/providers/` (and the chart's) holding both CRDs of this kind, so that
-    /// a cluster installs only the providers it uses.
+    /// The directory of `crds/providers/` (and the chart's `providers` value) holding both CRDs
+    /// of this kind, so that a cluster installs only the providers it uses.
     pub fn file_stem(self) -> &'static str {
         match self {
             ProviderKind::Aws => "aws",

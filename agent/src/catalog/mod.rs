@@ -80,8 +80,8 @@ fn crd_missing(kind: ProviderKind, cluster: bool) -> String {
     );
     format!(
         "{} ({api_version}) is not served by the API server: the CRD {} is not installed; \
-         install it with `latchkey crds --provider {file} | kubectl apply -f -` \
-         (crds/providers/{file}.yaml)",
+         install it with `kubectl apply -k crds/providers/{file}` (or `latchkey crds \
+         --provider {file} | kubectl apply -f -`; the chart: add {file} to its `providers` value)",
         kind.name(),
         kind.crd_name(cluster)
     )
