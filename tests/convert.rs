@@ -110,6 +110,18 @@ const CASES: &[Case] = &[
         stdin: None,
         code: 1,
     },
+    // Each store's provider block becomes a provider object the store names by providerRef.
+    Case {
+        name: "provider-refs",
+        args: &[
+            "--provider-refs",
+            "eso-stores.input.yaml",
+            "eso-cluster-store.input.yaml",
+            "spc-azure.input.yaml",
+        ],
+        stdin: None,
+        code: 1,
+    },
     Case {
         name: "eso-push-secret",
         args: &["eso-push-secret.input.yaml"],
@@ -275,6 +287,35 @@ fn golden_outputs() {
     );
 }
 
+/// A store's validation: its inline block, or a well-formed `providerRef`.
+fn store(
+    provider: &latchkey::api::store::StoreProvider,
+    provider_ref: Option<&latchkey::api::store::ProviderRef>,
+    kind: StoreKind,
+) -> Result<(), validate::Invalid> {
+    match validate::provider_or_ref(provider, provider_ref, kind)? {
+        Some(_) => Ok(()),
+        None => validate::provider(provider, kind).map(|_| ()),
+    }
+}
+
+/// A provider object's validation, as the agent checks the one a store names.
+fn provider_object(value: &serde_norway::Value) -> Result<(), validate::Invalid> {
+    use latchkey::api::provider_kinds::{CLUSTER_PROVIDER_API_VERSION, ProviderKind};
+    let kind = ProviderKind::named(value["kind"].as_str().unwrap()).expect("a provider kind");
+    let cluster = value["apiVersion"] == CLUSTER_PROVIDER_API_VERSION;
+    let mut inline = serde_norway::Mapping::new();
+    inline.insert(kind.block_name().into(), value["spec"].clone());
+    let provider: latchkey::api::store::StoreProvider =
+        serde_norway::from_value(serde_norway::Value::Mapping(inline)).expect("schema");
+    let store_kind = if cluster {
+        StoreKind::ClusterSecretStore
+    } else {
+        StoreKind::SecretStore
+    };
+    validate::provider(&provider, store_kind).map(|_| ())
+}
+
 #[test]
 fn every_golden_output_loads_and_validates() {
     let mut checked = 0;
@@ -314,11 +355,23 @@ fn every_golden_output_loads_and_validates() {
                 }
                 "SecretStore" => {
                     let s: SecretStore = serde_norway::from_value(value).expect("schema");
-                    validate::provider(&s.spec.provider, StoreKind::SecretStore).map(|_| ())
+                    store(
+                        &s.spec.provider,
+                        s.spec.provider_ref.as_ref(),
+                        StoreKind::SecretStore,
+                    )
                 }
                 "ClusterSecretStore" => {
                     let s: ClusterSecretStore = serde_norway::from_value(value).expect("schema");
-                    validate::provider(&s.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
+                    let r = s.spec.provider_ref.as_ref();
+                    store(&s.spec.provider, r, StoreKind::ClusterSecretStore)
+                }
+                // A provider object (--provider-refs): its spec is checked as the inline block.
+                _ if value["apiVersion"]
+                    .as_str()
+                    .is_some_and(|v| v.contains("providers.latchkey.dev/")) =>
+                {
+                    provider_object(&value)
                 }
                 "Password" | "VaultDynamicSecret" | "ClusterGenerator" => {
                     let g: latchkey::api::generator::GeneratorObject = match kind.as_str() {

@@ -28,12 +28,20 @@ Example: kubectl get secretproviderclasses -A -o yaml | latchkey convert > latch
 pub struct ConvertArgs {
     /// Input files; `-` or none reads stdin.
     pub files: Vec<PathBuf>,
+    /// Write each store's provider block as a provider object of its own, named like the store,
+    /// which the store names by `spec.providerRef` (the provider kind's CRD must be installed:
+    /// `kubectl apply -k crds/providers/<kind>`).
+    #[arg(long)]
+    pub provider_refs: bool,
 }
 
 /// Converts the inputs, prints the result on stdout and the notes on stderr.
 pub fn run(args: ConvertArgs) -> Result<(), ConvertError> {
     let inputs = read_inputs(&args.files)?;
-    let conversion = convert::convert(&inputs)?;
+    let options = convert::Options {
+        provider_refs: args.provider_refs,
+    };
+    let conversion = convert::convert_with(&inputs, options)?;
     let mut stderr = std::io::stderr().lock();
     for line in &conversion.messages {
         // Best effort: a closed stderr must not cost the output.

@@ -19,6 +19,7 @@ pub mod input;
 mod mirrored;
 mod notes;
 mod output;
+mod provider_refs;
 mod spc;
 mod spc_aws;
 mod spc_csi;
@@ -54,23 +55,40 @@ pub struct Conversion {
     pub failed: usize,
 }
 
+/// How the output is written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Stores name a provider object of their own by `spec.providerRef` instead of holding the
+    /// provider block inline (`--provider-refs`).
+    pub provider_refs: bool,
+}
+
+/// Converts every object of `inputs` with the default [`Options`].
+pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
+    convert_with(inputs, Options::default())
+}
+
 /// Converts every object of `inputs`. Fails only when an input is not YAML (or past the YAML
 /// bounds): objects and fields that cannot be converted are reported in the result (which may
 /// hold no document at all), objects counted in `failed`.
-pub fn convert(inputs: &[Input]) -> Result<Conversion, ConvertError> {
+pub fn convert_with(inputs: &[Input], options: Options) -> Result<Conversion, ConvertError> {
     let objects = input::objects(inputs)?;
     let mut yaml = String::new();
     let mut messages = Vec::new();
     let mut seen = BTreeSet::new();
     let (mut documents, mut warnings, mut converted, mut failed) = (0, 0, 0, 0);
     for obj in &objects {
-        let outcome = match convert_object(obj) {
+        let mut outcome = match convert_object(obj) {
             Ok(outcome) => outcome,
             Err(skip) => {
                 messages.push(format!("note: {}: skipped: {skip}", obj.origin));
                 continue;
             }
         };
+        if options.provider_refs {
+            let documents = std::mem::take(&mut outcome.documents);
+            outcome.documents = provider_refs::split(documents, &mut outcome.notes);
+        }
         let outcome = checked(outcome, &mut seen);
         for line in outcome.notes.lines() {
             messages.push(format!("warning: {line}"));

@@ -9,7 +9,11 @@ use super::errors::ConvertError;
 use super::notes::Notes;
 use crate::api::cluster_external_secret::ClusterExternalSecret;
 use crate::api::generator::{ClusterGenerator, Password, VaultDynamicSecret};
+use crate::api::provider_kinds::{
+    CLUSTER_PROVIDER_API_VERSION, PROVIDER_API_VERSION, ProviderKind,
+};
 use crate::api::push_secret::PushSecret;
+use crate::api::store::StoreProvider;
 use crate::api::validate::{self, Invalid};
 use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 
@@ -35,6 +39,8 @@ pub enum Document {
     ClusterExternalSecret(Box<ClusterExternalSecret>),
     /// `latchkey.dev/v1alpha1` PushSecret.
     PushSecret(Box<PushSecret>),
+    /// A provider object (`convert --provider-refs`).
+    Provider(Box<ProviderDoc>),
 }
 
 impl Document {
@@ -49,11 +55,13 @@ impl Document {
             Document::ClusterGenerator(o) => ("ClusterGenerator", &o.metadata),
             Document::ClusterExternalSecret(o) => ("ClusterExternalSecret", &o.metadata),
             Document::PushSecret(o) => ("PushSecret", &o.metadata),
+            Document::Provider(o) => (o.kind.name(), &o.metadata),
         };
         let ns = match self {
             Document::ClusterSecretStore(_)
             | Document::ClusterGenerator(_)
             | Document::ClusterExternalSecret(_) => String::new(),
+            Document::Provider(o) if o.cluster => String::new(),
             _ => meta.namespace.clone().unwrap_or_default(),
         };
         (kind, ns, meta.name.clone().unwrap_or_default())
@@ -62,7 +70,9 @@ impl Document {
     /// `Kind namespace/name`, for messages.
     pub fn describe(&self) -> String {
         let (kind, ns, name) = self.identity();
-        if ns.is_empty() {
+        if matches!(self, Document::Provider(o) if o.cluster) {
+            format!("Latchkey cluster-scoped {kind} {name}")
+        } else if ns.is_empty() {
             format!("Latchkey {kind} {name}")
         } else {
             format!("Latchkey {kind} {ns}/{name}")
@@ -75,12 +85,16 @@ impl Document {
         validate::object_name("metadata.name", &name)?;
         match self {
             Document::ExternalSecret(o) => validate::external_secret(&o.spec),
-            Document::SecretStore(o) => {
-                validate::provider(&o.spec.provider, StoreKind::SecretStore).map(|_| ())
-            }
-            Document::ClusterSecretStore(o) => {
-                validate::provider(&o.spec.provider, StoreKind::ClusterSecretStore).map(|_| ())
-            }
+            Document::SecretStore(o) => store(
+                &o.spec.provider,
+                o.spec.provider_ref.as_ref(),
+                StoreKind::SecretStore,
+            ),
+            Document::ClusterSecretStore(o) => store(
+                &o.spec.provider,
+                o.spec.provider_ref.as_ref(),
+                StoreKind::ClusterSecretStore,
+            ),
             Document::Password(o) => validate::generator::password("spec", &o.spec),
             Document::VaultDynamicSecret(o) => {
                 validate::generator::vault_dynamic_secret("spec", &o.spec)
@@ -88,6 +102,7 @@ impl Document {
             Document::ClusterGenerator(o) => validate::generator::cluster_generator(&o.spec),
             Document::ClusterExternalSecret(o) => validate::cluster_external_secret(&o.spec),
             Document::PushSecret(o) => validate::push_secret(&o.spec),
+            Document::Provider(o) => validate::provider(&o.provider, o.store_kind()).map(|_| ()),
         }
     }
 
@@ -104,11 +119,82 @@ impl Document {
             Document::ClusterGenerator(o) => serde_norway::to_string(o),
             Document::ClusterExternalSecret(o) => serde_norway::to_string(o),
             Document::PushSecret(o) => serde_norway::to_string(o),
+            Document::Provider(o) => o.to_value().and_then(|mut v| {
+                if o.kind == ProviderKind::SecretsStoreCsiProvider
+                    && let Some(csi) = v
+                        .get_mut("spec")
+                        .and_then(serde_norway::Value::as_mapping_mut)
+                {
+                    audiences_placeholder(csi);
+                }
+                serde_norway::to_string(&v)
+            }),
         };
         rendered.map_err(|source| ConvertError::Render {
             what: self.describe(),
             source,
         })
+    }
+}
+
+/// A provider object written by the conversion.
+#[derive(Debug, Clone)]
+pub struct ProviderDoc {
+    /// Its kind.
+    pub kind: ProviderKind,
+    /// In `cluster.providers.latchkey.dev` (for a ClusterSecretStore).
+    pub cluster: bool,
+    /// Name and namespace, labels and annotations of the store it came from.
+    pub metadata: ObjectMeta,
+    /// The block, as the store had it inline.
+    pub provider: StoreProvider,
+}
+
+impl ProviderDoc {
+    /// `apiVersion` of the object.
+    pub fn api_version(&self) -> &'static str {
+        if self.cluster {
+            CLUSTER_PROVIDER_API_VERSION
+        } else {
+            PROVIDER_API_VERSION
+        }
+    }
+
+    /// The store kind whose rules the block is checked with.
+    pub fn store_kind(&self) -> StoreKind {
+        if self.cluster {
+            StoreKind::ClusterSecretStore
+        } else {
+            StoreKind::SecretStore
+        }
+    }
+
+    /// The object, fields in the order users write them: its `spec` is the block's content.
+    pub fn to_value(&self) -> Result<serde_norway::Value, serde_norway::Error> {
+        use serde_norway::{Mapping, Value};
+        let block = match serde_norway::to_value(&self.provider)? {
+            Value::Mapping(m) => m.into_iter().next().map(|(_, v)| v),
+            _ => None,
+        };
+        let mut object = Mapping::new();
+        object.insert("apiVersion".into(), self.api_version().into());
+        object.insert("kind".into(), self.kind.name().into());
+        object.insert("metadata".into(), serde_norway::to_value(&self.metadata)?);
+        object.insert("spec".into(), block.unwrap_or(Value::Null));
+        Ok(Value::Mapping(object))
+    }
+}
+
+/// A store's validation: its inline block, or its `providerRef` (the object it names is a
+/// document of its own, checked as one).
+fn store(
+    provider: &crate::api::store::StoreProvider,
+    provider_ref: Option<&crate::api::store::ProviderRef>,
+    kind: StoreKind,
+) -> Result<(), Invalid> {
+    match validate::provider_or_ref(provider, provider_ref, kind)? {
+        Some(_) => Ok(()),
+        None => validate::provider(provider, kind).map(|_| ()),
     }
 }
 
@@ -153,20 +239,27 @@ fn with_audiences(mut store: serde_norway::Value) -> serde_norway::Value {
         .and_then(|s| s.get_mut("provider"))
         .and_then(|p| p.get_mut("secretsStoreCSI"))
         .and_then(Value::as_mapping_mut);
-    if let Some(csi) = csi
-        && !csi.contains_key("audiences")
-    {
-        // Right after `provider`, before the (often long) parameters.
-        let rest = std::mem::take(csi);
-        for (key, value) in rest {
-            let after = key.as_str() == Some("provider");
-            csi.insert(key, value);
-            if after {
-                csi.insert("audiences".into(), Value::Sequence(Vec::new()));
-            }
-        }
+    if let Some(csi) = csi {
+        audiences_placeholder(csi);
     }
     store
+}
+
+/// `audiences: []` in a `secretsStoreCSI` block that has none, right after `provider`, before
+/// the (often long) parameters.
+fn audiences_placeholder(csi: &mut serde_norway::Mapping) {
+    use serde_norway::Value;
+    if csi.contains_key("audiences") {
+        return;
+    }
+    let rest = std::mem::take(csi);
+    for (key, value) in rest {
+        let after = key.as_str() == Some("provider");
+        csi.insert(key, value);
+        if after {
+            csi.insert("audiences".into(), Value::Sequence(Vec::new()));
+        }
+    }
 }
 
 /// Name, namespace, labels and annotations carried from the input object.

@@ -420,3 +420,97 @@ fn an_unknown_field_anywhere_is_never_silently_dropped() {
     }
     assert!(checked > 100, "only {checked} mappings checked");
 }
+
+/// `--provider-refs`: each store's block moves, unchanged, into a provider object the store
+/// names, and the standalone agent resolves the reference to what the inline store held.
+#[tokio::test]
+async fn provider_refs_resolve_to_the_inline_block() {
+    use crate::api::provider_kinds::ProviderKind;
+    use crate::catalog::{Catalog, ManifestCatalog};
+    let input = r#"
+apiVersion: external-secrets.io/v1
+kind: SecretStore
+metadata: {name: shop-fake, namespace: shop, labels: {team: shop}}
+spec:
+  provider:
+    fake:
+      data:
+      - {key: db, value: not-a-real-password}
+---
+apiVersion: external-secrets.io/v1
+kind: ClusterSecretStore
+metadata: {name: shared-vault}
+spec:
+  provider:
+    vault:
+      server: https://vault.example:8200
+      path: secret
+      version: v2
+      auth:
+        tokenSecretRef: {name: vault-token, key: token, namespace: latchkey}
+"#;
+    let inputs = [Input {
+        name: "in.yaml".into(),
+        text: input.into(),
+    }];
+    let inline = convert(&inputs).unwrap();
+    let by_ref = convert_with(
+        &inputs,
+        Options {
+            provider_refs: true,
+        },
+    )
+    .unwrap();
+    assert_eq!((inline.documents, by_ref.documents), (2, 4));
+    assert_eq!(by_ref.failed, 0, "{:?}", by_ref.messages);
+
+    let load = |yaml: &str| {
+        let mut catalog = ManifestCatalog::default();
+        catalog
+            .add_documents(std::path::Path::new("out.yaml"), yaml)
+            .unwrap();
+        catalog
+    };
+    let (inline, by_ref) = (load(&inline.yaml), load(&by_ref.yaml));
+    let store = by_ref
+        .secret_store("shop", "shop-fake")
+        .await
+        .unwrap()
+        .unwrap();
+    let r = store.spec.provider_ref.as_ref().unwrap();
+    assert!(store.spec.provider.is_empty());
+    assert_eq!(r.kind, ProviderKind::Fake);
+    let object = by_ref
+        .provider(r.kind, Some("shop"), &r.name)
+        .await
+        .unwrap()
+        .unwrap();
+    let want = inline
+        .secret_store("shop", "shop-fake")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(object.provider, want.spec.provider);
+
+    let cluster = by_ref
+        .cluster_secret_store("shared-vault")
+        .await
+        .unwrap()
+        .unwrap();
+    let r = cluster.spec.provider_ref.as_ref().unwrap();
+    assert_eq!(
+        r.api_version,
+        crate::api::provider_kinds::CLUSTER_PROVIDER_API_VERSION
+    );
+    let object = by_ref
+        .provider(r.kind, None, &r.name)
+        .await
+        .unwrap()
+        .unwrap();
+    let want = inline
+        .cluster_secret_store("shared-vault")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(object.provider, want.spec.provider);
+}
