@@ -241,6 +241,75 @@ async fn a_fake_store_by_reference_mounts_like_its_inline_twin_and_follows_edits
     }
 }
 
+/// Deleting a provider CRD ends the agent's watch of the kind (no watch retried against a kind
+/// that is not there), its stores fail naming the CRD, and installing it again brings the kind
+/// back at the next discovery (at most 30 s later), without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_provider_crd_ends_its_watch_and_comes_back_when_installed() {
+    let value = format!("again-{}", random_hex(8));
+    let api = cluster().await;
+    provider(&api, NS, "Fake", "values", fake(&value));
+    store(
+        &api,
+        "SecretStore",
+        "by-ref",
+        by_ref(NS, "Fake", "values"),
+        "k",
+        "",
+    );
+    let agent = agent(&api).await;
+    assert_eq!(publish(&agent, "before-0", "by-ref").await.unwrap(), value);
+
+    api.uninstall(NS, "Fake");
+    let mut attempt = 0;
+    let gone = loop {
+        attempt += 1;
+        // The agent's watch sees the deletion a moment after the API server made it.
+        let result = publish(&agent, &format!("gone-{attempt}"), "by-ref").await;
+        match result {
+            Err(err) if err.message().contains("is not installed") => break err,
+            _ if attempt == 100 => panic!("the deleted kind is still served: {result:?}"),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(gone.code(), Code::FailedPrecondition, "{}", gone.message());
+    assert!(
+        gone.message()
+            .contains("the CRD fakes.providers.latchkey.dev is not installed"),
+        "{}",
+        gone.message()
+    );
+    assert!(agent.log_text().contains("no longer served"));
+    // No watch or list of the kind is retried once the agent knows it is gone.
+    let fakes = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.path == "/apis/providers.latchkey.dev/v1alpha1/fakes")
+            .count()
+    };
+    let seen = fakes();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(fakes(), seen, "the watch of the deleted kind is retried");
+
+    api.install(NS, "Fake");
+    provider(&api, NS, "Fake", "values", fake(&value));
+    for attempt in 0.. {
+        match publish(&agent, &format!("back-{attempt}"), "by-ref").await {
+            Ok(read) => {
+                assert_eq!(read, value);
+                break;
+            }
+            Err(e) if attempt < 200 => {
+                assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => panic!("the reinstalled kind is never served: {}", e.message()),
+        }
+    }
+    assert!(fakes() > seen, "the reinstalled kind is watched again");
+}
+
 const POLICY: &str = r#"path "secret/data/app/*" { capabilities = ["read"] }"#;
 
 /// An OpenBao dev server holding `value` at `app/db`, with user `shop` / `password`.

@@ -462,13 +462,25 @@ impl FakeApiServer {
         lock(&self.shared.uninstalled).retain(|k| *k != kind);
     }
 
-    /// Removes the CRD of a kind, as if it had never been installed: its paths are 404 (the real
-    /// server's `404 page not found`, a body that is no Status) and discovery leaves it out.
-    /// For the provider kinds, which a cluster installs only when it uses them.
+    /// Removes the CRD of a kind, as its deletion does: every object of the kind is deleted
+    /// first (watchers see each go), then its paths are 404 (the real server's `404 page not
+    /// found`, a body that is no Status), discovery leaves it out and its open watches end.
+    /// For the provider kinds, which a cluster installs only when it uses them. Not modelled:
+    /// the CRD's `Terminating` phase while objects with finalizers wait (provider objects carry
+    /// none; here such objects are left marked for deletion and become unreachable).
     pub fn uninstall(&self, api_version: &str, kind: &str) {
         let kind = kind_by_type(api_version, kind);
         assert!(KINDS[kind].crd, "only a CRD can be uninstalled");
+        self.shared.mutate(|store| {
+            let rv = store.rv;
+            let keys: Vec<Key> = store.snapshot(kind, rv).map(|(k, _)| k.clone()).collect();
+            for key in keys {
+                store.delete_object(key);
+            }
+        });
         lock(&self.shared.uninstalled).push(kind);
+        // Wakes the watches, which end once they have sent the deletions.
+        self.shared.changed.send_modify(|_| {});
     }
 
     /// Creates or replaces an object (test setup: no authorisation, no validation, status,

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -22,7 +22,7 @@ use kube::{Api, Client, Resource};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::lenient::Lenient;
 use super::{Catalog, CatalogError};
@@ -131,9 +131,26 @@ impl Drop for KubernetesCatalog {
 /// after its first complete list.
 fn reflect<K>(
     api: Api<Lenient<K>>,
+    unusable: Unusable,
+    synced: &Arc<AtomicUsize>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Store<Lenient<K>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    reflect_while_served(api, unusable, synced, tasks, None)
+}
+
+/// [`reflect`], for a kind whose CRD may go away: with `gone`, the watch ends (and sets it) when
+/// the API server answers 404 for the kind, as it does once the CRD is deleted, instead of
+/// retrying forever against a kind that is not there.
+fn reflect_while_served<K>(
+    api: Api<Lenient<K>>,
     mut unusable: Unusable,
     synced: &Arc<AtomicUsize>,
     tasks: &mut Vec<JoinHandle<()>>,
+    gone: Option<Arc<AtomicBool>>,
 ) -> Store<Lenient<K>>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -143,15 +160,20 @@ where
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     tasks.push(tokio::spawn(async move {
-        stream
-            .for_each(|event| {
-                match event {
-                    Ok(event) => unusable.observe(&event),
-                    Err(error) => warn!(%kind, %error, "watch failed; retrying with backoff"),
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => unusable.observe(&event),
+                Err(error) => {
+                    if let Some(gone) = gone.as_ref().filter(|_| not_served(&error)) {
+                        info!(%kind, "the kind is no longer served (its CRD was deleted); watch ended");
+                        gone.store(true, Ordering::Release);
+                        return;
+                    }
+                    warn!(%kind, %error, "watch failed; retrying with backoff");
                 }
-                std::future::ready(())
-            })
-            .await;
+            }
+        }
     }));
     let ready = reader.clone();
     let synced = Arc::clone(synced);
@@ -161,6 +183,17 @@ where
         }
     }));
     reader
+}
+
+/// A 404 for the kind's list or watch: the resource itself is gone (objects are never 404 in
+/// a list).
+fn not_served(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
+    }
 }
 
 /// Counts and logs the unusable objects of one kind as watch events arrive: each is logged once

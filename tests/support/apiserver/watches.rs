@@ -205,6 +205,10 @@ pub(super) fn watch_step(
         .iter()
         .filter_map(|change| watch_event(spec, change))
         .collect();
+    // The kind's CRD was deleted: the deletions go out, then the watch ends.
+    if lock(&shared.uninstalled).contains(&spec.filter.kind) {
+        return (lines, None);
+    }
     (lines, Some(store.rv))
 }
 

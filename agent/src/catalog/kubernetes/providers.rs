@@ -2,7 +2,9 @@
 //! Kubernetes catalog. A cluster installs only the provider CRDs it uses, so which kinds exist
 //! is discovered (at start, and again when a store names a kind not seen yet, at most every
 //! [`REDISCOVER_AFTER`]), and only the served kinds are watched: no watch ever runs on a kind
-//! that is not there, and a missing one is an error only for the stores that name it.
+//! that is not there, and a missing one is an error only for the stores that name it. A watch
+//! whose CRD is deleted ends at the API server's first 404, and the kind counts as missing
+//! until a discovery finds it again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,7 +21,7 @@ use tracing::{info, warn};
 
 use super::super::CatalogError;
 use super::super::lenient::Lenient;
-use super::{Unusable, reflect, usable_or_get};
+use super::{Unusable, reflect_while_served, usable_or_get};
 use crate::api::provider_kinds::{
     self, CLUSTER_PROVIDER_GROUP, KindVisitor, PROVIDER_GROUP, PROVIDER_VERSION, ProviderKind,
     ProviderObject, ProviderResource,
@@ -33,6 +35,9 @@ pub(super) const REDISCOVER_AFTER: Duration = Duration::from_secs(30);
 /// One served provider kind and its watch-backed cache.
 #[async_trait]
 trait ProviderCache: Send + Sync {
+    /// The kind's watch ended because the API server no longer serves it.
+    fn is_gone(&self) -> bool;
+
     async fn get(
         &self,
         client: &Client,
@@ -41,8 +46,8 @@ trait ProviderCache: Send + Sync {
     ) -> Result<Option<Arc<ProviderObject>>, CatalogError>;
 }
 
-struct Namespaced<T: ProviderResource>(Store<Lenient<T>>, Memo);
-struct Cluster<T: ProviderResource>(Store<Lenient<T>>, Memo);
+struct Namespaced<T: ProviderResource>(Store<Lenient<T>>, Memo, Arc<AtomicBool>);
+struct Cluster<T: ProviderResource>(Store<Lenient<T>>, Memo, Arc<AtomicBool>);
 
 /// Most conversions remembered per kind before the memo starts over.
 const MEMO_LIMIT: usize = 4096;
@@ -88,6 +93,10 @@ impl<T> ProviderCache for Namespaced<T>
 where
     T: ProviderResource<Scope = k8s_openapi::NamespaceResourceScope>,
 {
+    fn is_gone(&self) -> bool {
+        self.2.load(Ordering::Acquire)
+    }
+
     async fn get(
         &self,
         client: &Client,
@@ -106,6 +115,10 @@ impl<T> ProviderCache for Cluster<T>
 where
     T: ProviderResource<Scope = k8s_openapi::ClusterResourceScope>,
 {
+    fn is_gone(&self) -> bool {
+        self.2.load(Ordering::Acquire)
+    }
+
     async fn get(
         &self,
         client: &Client,
@@ -133,28 +146,31 @@ impl KindVisitor for StartWatch<'_> {
     where
         T: ProviderResource<Scope = k8s_openapi::NamespaceResourceScope>,
     {
-        let store = self.start::<T>();
-        Arc::new(Namespaced(store, Memo::default()))
+        let (store, gone) = self.start::<T>();
+        Arc::new(Namespaced(store, Memo::default(), gone))
     }
 
     fn cluster<T>(self) -> Self::Output
     where
         T: ProviderResource<Scope = k8s_openapi::ClusterResourceScope>,
     {
-        let store = self.start::<T>();
-        Arc::new(Cluster(store, Memo::default()))
+        let (store, gone) = self.start::<T>();
+        Arc::new(Cluster(store, Memo::default(), gone))
     }
 }
 
 impl StartWatch<'_> {
-    fn start<T: ProviderResource>(self) -> Store<Lenient<T>> {
+    fn start<T: ProviderResource>(self) -> (Store<Lenient<T>>, Arc<AtomicBool>) {
         let unusable = Unusable::from_family(T::KIND.name(), self.unusable);
-        reflect(
+        let gone = Arc::new(AtomicBool::new(false));
+        let store = reflect_while_served(
             Api::all(self.client.clone()),
             unusable,
             self.synced,
             self.tasks,
-        )
+            Some(Arc::clone(&gone)),
+        );
+        (store, gone)
     }
 }
 
@@ -253,6 +269,8 @@ impl Providers {
         let key = (kind, namespace.is_none());
         let cache = {
             let mut state = self.state.lock().await;
+            // Kinds whose CRD was deleted: missing now, watched again once rediscovered.
+            state.served.retain(|_, cache| !cache.is_gone());
             if !state.served.contains_key(&key)
                 && state
                     .discovered_at
