@@ -5,7 +5,9 @@
 //! GeneratorState; a quiet reconcile and a controller restart push nothing new; after
 //! `refreshInterval` a new password goes out and the earlier state gets its GC deadline; a
 //! store that fails is retried with the SAME value; an account that did not opt in is refused;
-//! and no generated value reaches a log, an Event, a status or a GeneratorState.
+//! and no generated value reaches a log, an Event, a status or a GeneratorState. And a Vault
+//! dynamic secret (a PKI certificate from real OpenBao) pushed the same way, the one no store
+//! took revoked at once.
 
 mod support;
 
@@ -29,6 +31,7 @@ use latchkey::push_secret::source::{ApiTokens, SourceReader};
 use latchkey::telemetry::Metrics;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
+use support::openbao::{OpenBao, random_hex};
 
 const API: &str = "latchkey.dev/v1alpha1";
 const GENERATORS: &str = "generators.latchkey.dev/v1alpha1";
@@ -54,6 +57,22 @@ impl Log {
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
+}
+
+/// The log of this test process (both tests write to it).
+fn log() -> Log {
+    static LOG: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = Log::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        log
+    })
+    .clone()
 }
 
 /// A running controller: stopped (as by SIGTERM) with [`Running::stop`].
@@ -148,6 +167,16 @@ fn cluster(s: &FakeApiServer) {
 }
 
 fn push_secret(name: &str, account: &str, stores: &[&str], deletion: &str) -> Value {
+    push_secret_every(name, account, stores, deletion, "20s")
+}
+
+fn push_secret_every(
+    name: &str,
+    account: &str,
+    stores: &[&str],
+    deletion: &str,
+    every: &str,
+) -> Value {
     let stores: Vec<Value> = stores
         .iter()
         .map(|s| json!({"name": s, "kind": "SecretStore"}))
@@ -156,7 +185,7 @@ fn push_secret(name: &str, account: &str, stores: &[&str], deletion: &str) -> Va
         "metadata": {"name": name, "namespace": "shop"},
         "spec": {
             "serviceAccountName": account,
-            "refreshInterval": "20s",
+            "refreshInterval": every,
             "deletionPolicy": deletion,
             "secretStoreRefs": stores,
             "selector": {"generatorRef": {"apiVersion": GENERATORS, "kind": "Password",
@@ -209,20 +238,20 @@ async fn wait<T>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generated_password_is_pushed_once_per_interval_and_survives_a_restart() {
-    let log = Log::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .init();
+    let log = log();
     let s = FakeApiServer::start().await;
     cluster(&s);
     // `gen`: one store. `two`: a second store that does not exist yet. `owned`: deleted with
     // its values, so it owns its states. `shy`: an account that did not opt in. `nowhere`: no
     // store at all, so no store takes the value.
     s.apply(push_secret("gen", "pusher", &["fake"], "None"));
-    s.apply(push_secret("two", "pusher", &["fake", "later"], "None"));
+    s.apply(push_secret_every(
+        "two",
+        "pusher",
+        &["fake", "later"],
+        "None",
+        "1h",
+    ));
     s.apply(push_secret("owned", "pusher", &["fake"], "Delete"));
     s.apply(push_secret("shy", "shy", &["fake"], "None"));
     s.apply(push_secret("nowhere", "pusher", &["missing"], "None"));
@@ -278,7 +307,10 @@ async fn a_generated_password_is_pushed_once_per_interval_and_survives_a_restart
     touched["metadata"]["labels"] = json!({"touched": "yes"});
     s.apply(touched);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(remote("fake", "gen"), Some((v1.clone(), 1)));
+    assert!(
+        remote("fake", "gen") == Some((v1.clone(), 1)),
+        "gen pushed again"
+    );
     assert_eq!(states(&s, "gen").len(), 1);
 
     // A restart: `gen` pushes nothing new (its state says when, and that every store has it);
@@ -289,27 +321,43 @@ async fn a_generated_password_is_pushed_once_per_interval_and_survives_a_restart
         remote("fake", "two").filter(|(_, v)| *v == 2)
     })
     .await;
-    assert_ne!(w1, w2);
+    assert!(w1 != w2, "the same value after the restart");
     assert_eq!(version, 2);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         pushed_at.elapsed() < Duration::from_secs(18),
         "too slow to tell a restart from a refresh"
     );
-    assert_eq!(remote("fake", "gen"), Some((v1.clone(), 1)));
+    assert!(
+        remote("fake", "gen") == Some((v1.clone(), 1)),
+        "gen pushed again"
+    );
     assert_eq!(states(&s, "gen").len(), 1);
 
-    // The missing store appears: at the retry it gets the SAME value, and the first store is
-    // not written again; then two's earlier state retires.
+    // The missing store appears: at the retry (here made at once by a change of the
+    // PushSecret's labels) it gets the SAME value, and the first store is not written again;
+    // then two's earlier state retires.
     s.apply(json!({"apiVersion": API, "kind": "SecretStore",
         "metadata": {"name": "later", "namespace": "shop"},
         "spec": {"provider": {"fake": {"data": []}}}}));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut touched = s.get(API, "PushSecret", Some("shop"), "two").unwrap();
+    touched["metadata"]["labels"] = json!({"touched": "yes"});
+    s.apply(touched);
     let (later, _) = wait(&log, Duration::from_secs(40), "the retry", || {
         remote("later", "two")
     })
     .await;
-    assert_eq!(later, w2);
-    assert_eq!(remote("fake", "two"), Some((w2.clone(), 2)));
+    assert!(
+        later == w2,
+        "the retry pushed another value (the one before the restart: {}); log:\n{}",
+        later == w1,
+        log.text()
+    );
+    assert!(
+        remote("fake", "two") == Some((w2.clone(), 2)),
+        "two's first store written again"
+    );
     wait(&log, within, "two's first state retired", || {
         let all = states(&s, "two");
         let retired = all
@@ -325,7 +373,7 @@ async fn a_generated_password_is_pushed_once_per_interval_and_survives_a_restart
         remote("fake", "gen").filter(|(_, v)| *v == 2)
     })
     .await;
-    assert_ne!(v1, v2);
+    assert!(v1 != v2, "the same value after refreshInterval");
     let all = wait(&log, within, "the earlier state retired", || {
         let all = states(&s, "gen");
         (all.len() == 2
@@ -397,4 +445,120 @@ async fn a_generated_password_is_pushed_once_per_interval_and_survives_a_restart
         shown.contains("generated a new value to push"),
         "no debug log captured"
     );
+}
+
+/// What the pusher's Vault role may do with the PKI engine: issue, and revoke what it made.
+const PKI_POLICY: &str = r#"
+path "pki/issue/example-dot-com" { capabilities = ["create", "update"] }
+path "sys/leases/revoke" { capabilities = ["update"] }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vault_dynamic_secret_is_pushed_as_the_account_and_one_no_store_took_is_revoked() {
+    let log = log();
+    let s = FakeApiServer::start().await;
+    cluster(&s);
+    // OpenBao with a PKI role and kubernetes auth (role `shop`, bound to `shop/pusher`,
+    // audience `vault`), checking tokens with the fake API server's TokenReview.
+    let bao = OpenBao::start().await;
+    bao.pki("pki", "example-dot-com", "72h").await;
+    bao.policy("gen", PKI_POLICY).await;
+    let reviewer = format!("reviewer-{}", random_hex(16));
+    let openbao_sa = Identity::service_account("openbao", "openbao");
+    s.add_identity(&reviewer, openbao_sa.clone());
+    s.allow(
+        openbao_sa,
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        None,
+    );
+    bao.kubernetes(
+        &s.url(),
+        &reviewer,
+        "shop",
+        ("shop", "pusher"),
+        "vault",
+        &["gen"],
+    )
+    .await;
+    s.apply(
+        json!({"apiVersion": GENERATORS, "kind": "VaultDynamicSecret",
+        "metadata": {"name": "cert", "namespace": "shop"},
+        "spec": {"path": "pki/issue/example-dot-com", "method": "POST",
+            "parameters": {"common_name": "localhost", "ttl": "30m"},
+            "provider": {"server": bao.url,
+                "auth": {"kubernetes": {"mountPath": "kubernetes", "role": "shop",
+                                         "audience": "vault"}}}}}),
+    );
+    let cert = |name: &str, store: &str| {
+        json!({"apiVersion": API, "kind": "PushSecret",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {
+                "serviceAccountName": "pusher",
+                "refreshInterval": "1h",
+                "secretStoreRefs": [{"name": store}],
+                "selector": {"generatorRef": {"apiVersion": GENERATORS,
+                                              "kind": "VaultDynamicSecret", "name": "cert"}},
+                "data": [
+                    {"match": {"secretKey": "certificate",
+                               "remoteRef": {"remoteKey": format!("prod/{name}")}}},
+                    {"match": {"secretKey": "serial_number",
+                               "remoteRef": {"remoteKey": format!("prod/{name}-serial")}}}]}})
+    };
+    s.apply(cert("tls", "fake"));
+    s.apply(cert("tls-nowhere", "missing"));
+    let running = start(&s).await;
+    let within = Duration::from_secs(30);
+
+    let (pem, _) = wait(&log, within, "the certificate pushed", || {
+        remote("fake", "tls")
+    })
+    .await;
+    assert!(
+        pem.starts_with("-----BEGIN CERTIFICATE-----"),
+        "not a certificate"
+    );
+    let (serial, _) = remote("fake", "tls-serial").unwrap();
+    let state = wait(&log, within, "its state marked pushed", || {
+        states(&s, "tls")
+            .pop()
+            .filter(|st| st["metadata"]["annotations"][PUSHED].is_string())
+    })
+    .await;
+    // What cleanup needs (the lease), never the certificate or its key.
+    assert!(state["spec"]["state"].is_object(), "{state}");
+    assert!(!state.to_string().contains("PRIVATE KEY"), "{state}");
+
+    // `tls-nowhere`: issued, no store took it, revoked at once, and its state removed.
+    let condition = wait(&log, within, "tls-nowhere failing", || {
+        ready(&s, "tls-nowhere").filter(|c| c["status"] == "False")
+    })
+    .await;
+    assert_eq!(condition["reason"], "StoreNotFound", "{condition}");
+    let deadline = Instant::now() + within;
+    let revoked = loop {
+        let revoked = bao.revoked_serials("pki").await;
+        if !revoked.is_empty() {
+            break revoked;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing revoked; log:\n{}",
+            log.text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        !revoked.iter().any(|r| r.eq_ignore_ascii_case(&serial)),
+        "the pushed certificate was revoked"
+    );
+    wait(&log, within, "tls-nowhere's state removed", || {
+        states(&s, "tls-nowhere").is_empty().then_some(())
+    })
+    .await;
+    running.stop().await;
+    let shown = log.text();
+    assert!(!shown.contains("PRIVATE KEY"), "a private key is logged");
+    assert!(!shown.contains(pem.trim()), "the certificate is logged");
 }
