@@ -35,6 +35,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::api::external_secret::GeneratorRef;
+use crate::api::generator::GeneratorState;
 use crate::api::push_secret::{PushDeletionPolicy, PushSecret, PushSecretStatus};
 use crate::catalog::{BindingError, Catalog, bind_generator};
 use crate::generators::states::{
@@ -125,7 +126,8 @@ impl GeneratedValues {
             }
         }
         if !self.held().contains_key(&uid)
-            && let Some(due) = last_generation(gens, object, reference, previous, every, now).await
+            && let Some(due) =
+                last_generation(gens, object, reference, previous, every, now).await?
             && due != Some(Duration::ZERO)
         {
             return Ok(Generated::Quiet(due));
@@ -307,7 +309,8 @@ impl GeneratedValues {
 /// When the next generation is due after restart, from the newest state: `None` when a new
 /// value is needed now (no state, one whose push did not finish, another generator, or a
 /// store or remote key of the spec that the status does not list: this process has no value
-/// for it); `Some(due)` otherwise.
+/// for it); `Some(due)` otherwise. States that cannot be listed are a failure, retried: a
+/// restart must not make a new value because the API server was briefly away.
 async fn last_generation(
     gens: &PushGenerators,
     object: &PushSecret,
@@ -315,21 +318,35 @@ async fn last_generation(
     previous: &PushSecretStatus,
     every: Option<Duration>,
     now: SystemTime,
-) -> Option<Option<Duration>> {
+) -> Result<Option<Option<Duration>>, Failed> {
     let namespace = object.namespace().unwrap_or_default();
     let selector = format!("{LABEL_PUSH_SECRET}={}", label_value(&object.name_any()));
-    let states = match gens.states.states.list(&selector).await {
-        Ok(s) => s,
-        Err(e) => {
-            warn!(%namespace, push_secret = %object.name_any(), error = %e,
-                "cannot list the GeneratorStates of a PushSecret; generating a new value");
-            return None;
-        }
-    };
+    let states = gens.states.states.list(&selector).await.map_err(|e| {
+        let who = format!("PushSecret {namespace}/{}", object.name_any());
+        (
+            "StateUnavailable",
+            format!("{who}: its GeneratorStates: {e}"),
+        )
+    })?;
+    Ok(newest_due(
+        states, &namespace, reference, object, previous, every, now,
+    ))
+}
+
+/// [`last_generation`] over the states listed.
+fn newest_due(
+    states: Vec<GeneratorState>,
+    namespace: &str,
+    reference: &GeneratorRef,
+    object: &PushSecret,
+    previous: &PushSecretStatus,
+    every: Option<Duration>,
+    now: SystemTime,
+) -> Option<Option<Duration>> {
     let newest = states
         .into_iter()
         .filter(|s| {
-            s.namespace().as_deref() == Some(namespace.as_str())
+            s.namespace().as_deref() == Some(namespace)
                 && s.spec.garbage_collection_deadline.is_none()
                 && s.metadata.deletion_timestamp.is_none()
         })
@@ -429,3 +446,7 @@ fn binding(e: &BindingError) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+#[path = "generated_tests.rs"]
+mod tests;
