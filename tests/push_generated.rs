@@ -7,7 +7,8 @@
 //! store that fails is retried with the SAME value; an account that did not opt in is refused;
 //! and no generated value reaches a log, an Event, a status or a GeneratorState. And a Vault
 //! dynamic secret (a PKI certificate from real OpenBao) pushed the same way, the one no store
-//! took revoked at once.
+//! took revoked at once. And the real `latchkey controller` binary wiring it all: states with
+//! the cleanup finalizer, retired ones collected by its GeneratorState loop.
 
 mod support;
 
@@ -31,6 +32,7 @@ use latchkey::push_secret::source::{ApiTokens, SourceReader};
 use latchkey::telemetry::Metrics;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
+use support::controller::ControllerProcess;
 use support::openbao::{OpenBao, random_hex};
 
 const API: &str = "latchkey.dev/v1alpha1";
@@ -561,4 +563,72 @@ async fn a_vault_dynamic_secret_is_pushed_as_the_account_and_one_no_store_took_i
     let shown = log.text();
     assert!(!shown.contains("PRIVATE KEY"), "a private key is logged");
     assert!(!shown.contains(pem.trim()), "the certificate is logged");
+}
+
+/// `latchkey controller` as deployed: PushSecrets with a generator, their states carrying the
+/// cleanup finalizer, and each retired state collected by the controller's own GeneratorState
+/// loop once its deadline (`--generator-grace-period`) passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latchkey_controller_rotates_and_collects_the_states_of_a_pushed_password() {
+    let s = FakeApiServer::start().await;
+    cluster(&s);
+    s.apply(push_secret_every("bin", "pusher", &["fake"], "None", "5s"));
+    let c = ControllerProcess::start(
+        &s.kubeconfig_yaml(TOKEN),
+        "push-generated",
+        &["--generator-grace-period", "1s"],
+    )
+    .await;
+    let version = |s: &FakeApiServer| {
+        let ps = s.get(API, "PushSecret", Some("shop"), "bin")?;
+        ps["status"]["syncedPushSecrets"]["SecretStore/fake"]["prod/bin"]["version"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let all = states(&s, "bin");
+        if version(&s) == Some(1)
+            && all.len() == 1
+            && all[0]["metadata"]["annotations"][PUSHED].is_string()
+        {
+            break all[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no first push:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        first["metadata"]["finalizers"],
+        json!(["generators.latchkey.dev/cleanup"]),
+        "{first}"
+    );
+    let name = first["metadata"]["name"].as_str().unwrap().to_string();
+    // A new password after 5 s; then the first state passes its deadline and is collected.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let gone = !states(&s, "bin")
+            .iter()
+            .any(|st| st["metadata"]["name"] == name);
+        if version(&s).is_some_and(|v| v >= 2) && gone {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not rotated and collected:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let current = states(&s, "bin");
+    assert!(!current.is_empty());
+    assert!(
+        current
+            .iter()
+            .any(|st| st["spec"]["garbageCollectionDeadline"].is_null()),
+        "{current:?}"
+    );
 }
