@@ -413,7 +413,10 @@ async fn a_generated_password_is_pushed_once_per_interval_and_survives_a_restart
     })
     .await;
     assert_eq!(condition["reason"], "StoreNotFound", "{condition}");
-    assert!(states(&s, "nowhere").is_empty());
+    wait(&log, within, "nowhere's state removed", || {
+        states(&s, "nowhere").is_empty().then_some(())
+    })
+    .await;
     second.stop().await;
 
     // No generated value anywhere the controller reports or records.

@@ -1,9 +1,10 @@
 //! The PushSecret loop of `latchkey controller`: each PushSecret's source Secret, read as its
-//! service account (or its generator's output, [`super::generated`]), written into each of its stores (as that account too), on every change of
-//! the PushSecret or of the Secret (watched by metadata only: no Secret value of the cluster is
-//! held here) and at `refreshInterval`. Unchanged data costs no backend write. With
-//! `deletionPolicy: Delete` a finalizer holds the PushSecret until what was pushed, and only
-//! that, is deleted; never longer than `cleanup_timeout`.
+//! service account (or its generator's output, [`super::generated`]), written into each of its
+//! stores (as that account too), on every change of the PushSecret or of the Secret (watched by
+//! metadata only: no Secret value of the cluster is held here) and at `refreshInterval`.
+//! Unchanged data costs no backend write. With `deletionPolicy: Delete` a finalizer holds the
+//! PushSecret until what was pushed, and only that, is deleted; never longer than
+//! `cleanup_timeout`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -311,7 +312,11 @@ impl PushController {
                     false,
                 )
                 .await?;
-                return Ok(Action::requeue(refresh(object)));
+                // No watch tells when a generator works again: retried as a failed push.
+                return Ok(Action::requeue(match generator {
+                    Some(_) => RETRY.max(refresh(object).min(Duration::from_secs(30))),
+                    None => refresh(object),
+                }));
             }
         };
         let if_not_exists = object.spec.update_policy == PushUpdatePolicy::IfNotExists;
