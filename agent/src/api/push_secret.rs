@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::external_secret::{Condition, StoreKind};
+use super::external_secret::{Condition, GeneratorRef, StoreKind};
 use super::store::LabelSelector;
 
 // The `x-kubernetes-validations` rules below come from `super::rules`, which documents them; the
@@ -104,17 +104,19 @@ pub struct PushSecretStoreRef {
     pub label_selector: Option<LabelSelector>,
 }
 
-/// Where the pushed values come from.
+/// Where the pushed values come from: exactly one of a Secret and a generator.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
-#[x_kube(validation = &crate::api::rules::PUSH_SELECTOR_SECRET)]
+#[x_kube(validation = &crate::api::rules::PUSH_ONE_SOURCE)]
 #[serde(rename_all = "camelCase")]
 pub struct PushSecretSelector {
     /// A Secret of the PushSecret's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<PushSecretSource>,
-    /// ESO's generator source: not supported yet, refused when set.
+    /// A generator (of the PushSecret's namespace, or a ClusterGenerator), run as the service
+    /// account: a new value on the first push and then once per `refreshInterval`, kept in no
+    /// Secret; `data[].match.secretKey` names keys of its output (`password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generator_ref: Option<NotSupported>,
+    pub generator_ref: Option<GeneratorRef>,
 }
 
 /// The Secret pushed.

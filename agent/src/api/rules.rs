@@ -287,11 +287,11 @@ pub const PUSH_NO_TEMPLATE: CelRule = CelRule {
     message: "template is not supported yet",
 };
 
-/// On a PushSecret's `spec.selector`: only a Secret of the namespace can be pushed for now
-/// (`generatorRef` is not implemented yet).
-pub const PUSH_SELECTOR_SECRET: CelRule = CelRule {
-    rule: "has(self.secret) && !has(self.generatorRef)",
-    message: "must set secret (generatorRef is not supported yet)",
+/// On a PushSecret's `spec.selector`: one source, a Secret of the namespace or a generator
+/// (ESO's webhook asks the same).
+pub const PUSH_ONE_SOURCE: CelRule = CelRule {
+    rule: "has(self.secret) != has(self.generatorRef)",
+    message: "must set exactly one of secret or generatorRef",
 };
 
 /// On a PushSecret's `spec.secretStoreRefs[]`: stores are named; selecting them by label is

@@ -30,6 +30,7 @@ use crate::mirror::tokens::TokenMinter;
 use crate::mirror::{self, Scope};
 use crate::providers;
 use crate::push_secret::controller::{self as push, PushController};
+use crate::push_secret::generated::PushGenerators;
 use crate::push_secret::pushers::StorePushers;
 use crate::push_secret::source::{ApiTokens, SourceReader};
 use crate::telemetry::Metrics;
@@ -314,11 +315,21 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             dry_run: args.dry_run,
             reader: SourceReader::new(kube_config, Arc::clone(&minter) as Arc<dyn ApiTokens>),
             pushers: Arc::new(StorePushers {
-                env: push_env,
-                minter,
+                env: push_env.clone(),
+                minter: Arc::clone(&minter),
                 allow_agent_identity: args.allow_agent_identity,
             }),
             cleanup_timeout: args.push_secret_cleanup_timeout,
+            generators: PushGenerators {
+                env: push_env,
+                minter,
+                allow_agent_identity: args.allow_agent_identity,
+                states: MirrorGenerators {
+                    states: Arc::new(KubeStates::new(client.clone())),
+                    grace: args.generator_grace_period,
+                    finalizer: args.generator_gc,
+                },
+            },
         }));
         tokio::spawn(run_while_leading(
             move |ended| Arc::clone(&controller).run(ended).boxed(),

@@ -1,14 +1,17 @@
 //! External Secrets Operator `PushSecret` (v1alpha1) -> Latchkey PushSecret. The fields are
-//! ESO's; what Latchkey does not implement (store `labelSelector`, `generatorRef`, a Secret
-//! selected by labels, `template`, `dataTo`, a `conversionStrategy` other than `None`) fails the
-//! object rather than pushing something else than the author meant. Provider `metadata` is
-//! noted and dropped. Every PushSecret gets the note of who now reads and writes.
+//! ESO's; a `generatorRef` of a kind Latchkey has too (those of [`super::eso_generator`]) is
+//! carried over to `generators.latchkey.dev`. What Latchkey does not implement (store
+//! `labelSelector`, another generator kind, a Secret selected by labels, `template`, `dataTo`,
+//! a `conversionStrategy` other than `None`) fails the object rather than pushing something
+//! else than the author meant. Provider `metadata` is noted and dropped. Every PushSecret gets
+//! the note of who now reads and writes.
 
 use super::fields::Fields;
 use super::mirrored::{ALLOW_CONTROLLER, BEFORE_ESO, DEFAULT_SERVICE_ACCOUNT};
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
 use crate::api::StoreKind;
+use crate::api::external_secret::GeneratorRef;
 use crate::api::push_secret::{
     PushDeletionPolicy, PushRemoteRef, PushSecret, PushSecretData, PushSecretMatch,
     PushSecretSelector, PushSecretSource, PushSecretSpec, PushSecretStoreRef, PushUpdatePolicy,
@@ -133,13 +136,17 @@ pub fn push_secret(
     }
     spec.finish(notes);
     notes.warn("spec", identity_note(meta, &source));
+    let (secret, generator_ref) = match source {
+        Source::Secret(name) => (Some(PushSecretSource { name }), None),
+        Source::Generator(g) => (None, Some(g)),
+    };
     let mut ps = PushSecret::new(
         &meta.name,
         PushSecretSpec {
             secret_store_refs,
             selector: PushSecretSelector {
-                secret: Some(PushSecretSource { name: source }),
-                generator_ref: None,
+                secret,
+                generator_ref,
             },
             data,
             refresh_interval,
@@ -153,13 +160,65 @@ pub fn push_secret(
     Ok(vec![Document::PushSecret(Box::new(ps))])
 }
 
-/// `spec.selector`: the name of the Secret pushed.
-fn selector(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<String, String> {
+/// What a PushSecret pushes.
+enum Source {
+    /// A Secret of its namespace, by name.
+    Secret(String),
+    /// A generator, as Latchkey names it.
+    Generator(GeneratorRef),
+}
+
+/// `spec.selector`: the Secret pushed, or the generator.
+fn selector(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<Source, String> {
     let mut s = spec
         .object("selector", notes)
         .ok_or("spec.selector is missing")?;
     if s.has("generatorRef") {
-        return Err(format!("{} {NOT_YET}", s.at("generatorRef")));
+        if s.has("secret") {
+            return Err("spec.selector sets both secret and generatorRef".into());
+        }
+        let at = s.at("generatorRef");
+        let mut g = s
+            .object("generatorRef", notes)
+            .ok_or(format!("{at} is not an object"))?;
+        let api_version = g.string("apiVersion", notes);
+        let kind = g.string("kind", notes);
+        let name = g.string("name", notes);
+        g.finish(notes);
+        s.finish(notes);
+        let eso_group = api_version
+            .as_deref()
+            .is_none_or(|v| v.starts_with("generators.external-secrets.io/"));
+        let (Some(kind), Some(name)) = (kind, name) else {
+            return Err(format!("{at} needs kind and name"));
+        };
+        if !eso_group || !super::eso_generator::KINDS.contains(&kind.as_str()) {
+            return Err(format!(
+                "{at}: generator {} has no Latchkey equivalent (Latchkey has Password, \
+                 VaultDynamicSecret, PluginGenerator and ClusterGenerator: docs/generators.md)",
+                quoted(&kind)
+            ));
+        }
+        notes.warn(
+            &at,
+            format!(
+                "carried over as generators.latchkey.dev/v1alpha1 {kind} {}: convert and apply \
+                 ESO's {kind} of that name along with it (latchkey convert converts it){}; a \
+                 new value is generated on the first push and once per refreshInterval (ESO: on \
+                 every reconcile), see docs/push-secret.md",
+                quoted(&name),
+                if kind == "ClusterGenerator" {
+                    "; its conditions must admit this namespace"
+                } else {
+                    ", in this namespace"
+                }
+            ),
+        );
+        return Ok(Source::Generator(GeneratorRef {
+            api_version: crate::api::GENERATOR_API_VERSION.to_string(),
+            kind,
+            name,
+        }));
     }
     let mut secret = s
         .object("secret", notes)
@@ -175,21 +234,26 @@ fn selector(spec: &mut Fields<'_>, notes: &mut Notes) -> Result<String, String> 
         .ok_or("spec.selector.secret.name is missing")?;
     secret.finish(notes);
     s.finish(notes);
-    Ok(name)
+    Ok(Source::Secret(name))
 }
 
-/// Who reads the Secret and writes the stores now, and what to grant.
-fn identity_note(meta: &Meta, secret: &str) -> String {
+/// Who reads the Secret (or runs the generator) and writes the stores now, and what to grant.
+fn identity_note(meta: &Meta, source: &Source) -> String {
     let ns = meta.namespace.as_deref().unwrap_or("NAMESPACE");
     let sa = DEFAULT_SERVICE_ACCOUNT;
+    let (what, grant) = match source {
+        Source::Secret(secret) => (
+            format!("reads Secret {}", quoted(secret)),
+            format!("that account needs get on the Secret (a Role in {ns}), and "),
+        ),
+        Source::Generator(g) => (format!("runs generator {g}"), String::new()),
+    };
     format!(
-        "latchkey controller reads Secret {} and writes the stores as the PushSecret's \
-         spec.serviceAccountName (not set: {sa}), {BEFORE_ESO}: that account needs get on the \
-         Secret (a Role in {ns}), and the backend must let the subject \
+        "latchkey controller {what} and writes the stores as the PushSecret's \
+         spec.serviceAccountName (not set: {sa}), {BEFORE_ESO}: {grant}the backend must let the subject \
          system:serviceaccount:{ns}:{sa} write (the Vault policy: create, update, read on the \
          paths; the IAM role: secretsmanager:CreateSecret, PutSecretValue, TagResource; its \
          trust policy: the sub claim); the account must opt in: kubectl annotate serviceaccount \
-         -n {ns} {sa} {ALLOW_CONTROLLER}=true",
-        quoted(secret)
+         -n {ns} {sa} {ALLOW_CONTROLLER}=true"
     )
 }

@@ -35,6 +35,10 @@ pub const LABEL_NODE: &str = "generators.latchkey.dev/node";
 pub const LABEL_SERVICE_ACCOUNT: &str = "generators.latchkey.dev/service-account";
 /// Label: the ExternalSecret it was made for.
 pub const LABEL_EXTERNAL_SECRET: &str = "generators.latchkey.dev/external-secret";
+/// Label: the PushSecret it was made for.
+pub const LABEL_PUSH_SECRET: &str = "generators.latchkey.dev/push-secret";
+/// Annotation: when (RFC 3339) every store of its PushSecret held the credential.
+pub const ANNOTATION_PUSHED: &str = "generators.latchkey.dev/pushed";
 
 /// Why a state could not be recorded, read or removed. Never contains a value.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +66,14 @@ pub trait StateStore: Send + Sync {
         namespace: &str,
         name: &str,
         state: &serde_json::Value,
+    ) -> Result<(), StateError>;
+    /// Sets the annotation `key` to `value` (what the holder of the credential records on it).
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
     ) -> Result<(), StateError>;
     /// Sets `spec.garbageCollectionDeadline` (RFC 3339).
     async fn set_deadline(
@@ -156,6 +168,21 @@ impl StateStore for KubeStates {
     ) -> Result<(), StateError> {
         self.merge_spec(namespace, name, json!({"state": state}))
             .await
+    }
+
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), StateError> {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.api(namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| api_error(namespace, name, &e))
     }
 
     async fn set_deadline(
@@ -271,6 +298,21 @@ impl StateStore for MemoryStates {
         Ok(())
     }
 
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), StateError> {
+        self.with(|states| {
+            if let Some(s) = states.get_mut(&(namespace.into(), name.into())) {
+                s.annotations_mut().insert(key.into(), value.into());
+            }
+        });
+        Ok(())
+    }
+
     async fn set_deadline(
         &self,
         namespace: &str,
@@ -328,6 +370,28 @@ pub fn intent(
     external_secret: &str,
     finalizer: bool,
 ) -> GeneratorState {
+    intent_for(
+        namespace,
+        name_prefix,
+        reference,
+        object,
+        service_account,
+        (LABEL_EXTERNAL_SECRET, external_secret),
+        finalizer,
+    )
+}
+
+/// As [`intent`], for the object `holder` (a label key, e.g. [`LABEL_PUSH_SECRET`], and the
+/// object's name) that the credential is made for.
+pub fn intent_for(
+    namespace: &str,
+    name_prefix: &str,
+    reference: &GeneratorRef,
+    object: &GeneratorObject,
+    service_account: &str,
+    holder: (&str, &str),
+    finalizer: bool,
+) -> GeneratorState {
     let mut state = GeneratorState::new(
         "",
         GeneratorStateSpec {
@@ -348,10 +412,7 @@ pub fn intent(
                 LABEL_SERVICE_ACCOUNT.to_string(),
                 label_value(service_account),
             ),
-            (
-                LABEL_EXTERNAL_SECRET.to_string(),
-                label_value(external_secret),
-            ),
+            (holder.0.to_string(), label_value(holder.1)),
         ])),
         finalizers: finalizer.then(|| vec![CLEANUP_FINALIZER.to_string()]),
         ..ObjectMeta::default()

@@ -27,15 +27,39 @@ use crate::generators::{self, Generator, GeneratorSpec};
 use crate::identity::PodInfo;
 use crate::providers::{self, BuildContext};
 use crate::resolve::{self, Context, Fetched};
+use crate::secret::SecretBytes;
 
 use super::consent;
 
 /// One credential made by a sync: its state, and what Cleanup needs if the sync fails.
-pub(super) struct Made {
+pub struct Made {
     namespace: String,
     name: String,
     state: Option<serde_json::Value>,
     generator: Arc<dyn Generator>,
+}
+
+impl Made {
+    /// Namespace and name of its GeneratorState.
+    pub fn state(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+}
+
+/// The object credentials are made for (an ExternalSecret, a PushSecret): its GeneratorStates
+/// are labelled with it, and owned by it when its deletion is to revoke them.
+pub struct Holder {
+    /// Its namespace, where the states go.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The label naming it on its states ([`LABEL_EXTERNAL_SECRET`], ...).
+    pub label: &'static str,
+    /// Set on each state when deleting the holder must clean its credentials up.
+    pub owner: Option<OwnerReference>,
+    /// Record a state even for a generator with nothing to clean up (a password): its creation
+    /// time then tells when the value was made.
+    pub always_record: bool,
 }
 
 /// How the mirror records and retires generated credentials.
@@ -67,7 +91,7 @@ pub(super) async fn bind_all(
 }
 
 /// The token audiences the generators need, under the rules stores follow.
-pub(super) fn audiences(
+pub fn audiences(
     bound: &[(GeneratorRef, GeneratorObject)],
     allow_agent_identity: bool,
 ) -> Result<Vec<String>, String> {
@@ -125,8 +149,24 @@ impl MirrorGenerators {
         identity: &PodInfo,
         reference: &GeneratorRef,
         object: &GeneratorObject,
-    ) -> Result<(Option<Made>, BTreeMap<String, crate::secret::SecretBytes>), String> {
-        let failed = |e: &dyn std::fmt::Display| format!("{cx}, generator {reference}: {e}");
+    ) -> Result<(Option<Made>, BTreeMap<String, SecretBytes>), String> {
+        let who = format!("{cx}, generator {reference}");
+        self.generate_for(env, &holder(es), identity, reference, object, &who)
+            .await
+    }
+
+    /// Generates `object` as `identity` for `holder`, recording its GeneratorState first (the
+    /// intent) and what Cleanup needs right after. Errors start with `who`.
+    pub async fn generate_for(
+        &self,
+        env: &providers::Env,
+        holder: &Holder,
+        identity: &PodInfo,
+        reference: &GeneratorRef,
+        object: &GeneratorObject,
+        who: &str,
+    ) -> Result<(Option<Made>, BTreeMap<String, SecretBytes>), String> {
+        let failed = |e: &dyn std::fmt::Display| format!("{who}: {e}");
         let spec = GeneratorSpec::of(object)
             .ok_or_else(|| failed(&"the generator sets no block for its kind"))?;
         let ctx = BuildContext {
@@ -138,11 +178,11 @@ impl MirrorGenerators {
         let generator = generators::build(spec, &ctx)
             .await
             .map_err(|e| failed(&e))?;
-        if spec.is_stateless() {
+        if spec.is_stateless() && !holder.always_record {
             let made = generator.generate().await.map_err(|e| failed(&e))?;
             return Ok((None, made.values));
         }
-        let state = self.intent(es, identity, reference, object);
+        let state = self.intent(holder, identity, reference, object);
         let created = self.states.create(&state).await.map_err(|e| failed(&e))?;
         let (namespace, name) = (created.namespace().unwrap_or_default(), created.name_any());
         let made = match generator.generate().await {
@@ -176,7 +216,7 @@ impl MirrorGenerators {
     }
 
     /// The sync that generated `made` did not write its Secret: they are cleaned up now.
-    pub(super) async fn discard(&self, made: Vec<Made>) {
+    pub async fn discard(&self, made: Vec<Made>) {
         for m in made {
             if let Some(state) = &m.state
                 && let Err(e) = m.generator.cleanup(state).await
@@ -198,12 +238,19 @@ impl MirrorGenerators {
     /// The Secret with the credentials `made` was written: every other state of the
     /// ExternalSecret without a deadline gets one, `grace` from now.
     pub(super) async fn retire_older(&self, es: &ExternalSecret, made: &[Made]) {
-        let namespace = es.namespace().unwrap_or_default();
-        let selector = format!("{LABEL_EXTERNAL_SECRET}={}", label_value(&es.name_any()));
+        let keep: Vec<(&str, &str)> = made.iter().map(Made::state).collect();
+        self.retire_except(&holder(es), &keep).await;
+    }
+
+    /// `holder` now uses the credentials whose states are `keep` (namespace, name): every
+    /// other state of it without a deadline gets one, `grace` from now.
+    pub async fn retire_except(&self, holder: &Holder, keep: &[(&str, &str)]) {
+        let namespace = &holder.namespace;
+        let selector = format!("{}={}", holder.label, label_value(&holder.name));
         let states = match self.states.list(&selector).await {
             Ok(s) => s,
             Err(e) => {
-                warn!(%namespace, external_secret = %es.name_any(), error = %e,
+                warn!(%namespace, holder = %holder.name, error = %e,
                     "cannot list the GeneratorStates of earlier syncs; retrying next sync");
                 return;
             }
@@ -211,10 +258,10 @@ impl MirrorGenerators {
         let when = deadline(self.grace);
         for s in states {
             let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-            let current = made.iter().any(|m| m.namespace == ns && m.name == name);
-            // Only states of this ExternalSecret (a name can repeat in other namespaces), and
-            // only ones not already counting down: a newer credential is never retired.
-            if ns != namespace || current || s.spec.garbage_collection_deadline.is_some() {
+            let current = keep.iter().any(|(n, m)| *n == ns && *m == name);
+            // Only states of this holder (a name can repeat in other namespaces), and only
+            // ones not already counting down: a newer credential is never retired.
+            if ns != *namespace || current || s.spec.garbage_collection_deadline.is_some() {
                 continue;
             }
             if s.metadata.deletion_timestamp.is_some() {
@@ -233,35 +280,47 @@ impl MirrorGenerators {
         }
     }
 
-    /// The GeneratorState recorded before Generate runs for a mirrored ExternalSecret.
+    /// The GeneratorState recorded before Generate runs for `holder`.
     fn intent(
         &self,
-        es: &ExternalSecret,
+        holder: &Holder,
         identity: &PodInfo,
         reference: &GeneratorRef,
         object: &GeneratorObject,
     ) -> GeneratorState {
-        let name = es.name_any();
-        let owned =
-            es.spec.target.as_ref().and_then(|t| t.deletion_policy) == Some(DeletionPolicy::Delete);
-        let owner = owned.then(|| OwnerReference {
-            api_version: ExternalSecret::api_version(&()).into_owned(),
-            kind: ExternalSecret::kind(&()).into_owned(),
-            name: name.clone(),
-            uid: es.metadata.uid.clone().unwrap_or_default(),
-            ..OwnerReference::default()
-        });
-        let mut state = states::intent(
-            &es.namespace().unwrap_or_default(),
-            &name,
+        let mut state = states::intent_for(
+            &holder.namespace,
+            &holder.name,
             reference,
             object,
             &identity.service_account,
-            &name,
+            (holder.label, &holder.name),
             self.finalizer,
         );
-        state.metadata.owner_references = owner.map(|o| vec![o]);
+        state.metadata.owner_references = holder.owner.clone().map(|o| vec![o]);
         state
+    }
+}
+
+/// A mirrored ExternalSecret as the holder of its credentials: their owner only with
+/// `deletionPolicy: Delete` (see the module's doc).
+fn holder(es: &ExternalSecret) -> Holder {
+    let name = es.name_any();
+    let owned =
+        es.spec.target.as_ref().and_then(|t| t.deletion_policy) == Some(DeletionPolicy::Delete);
+    let owner = owned.then(|| OwnerReference {
+        api_version: ExternalSecret::api_version(&()).into_owned(),
+        kind: ExternalSecret::kind(&()).into_owned(),
+        name: name.clone(),
+        uid: es.metadata.uid.clone().unwrap_or_default(),
+        ..OwnerReference::default()
+    });
+    Holder {
+        namespace: es.namespace().unwrap_or_default(),
+        name,
+        label: LABEL_EXTERNAL_SECRET,
+        owner,
+        always_record: false,
     }
 }
 

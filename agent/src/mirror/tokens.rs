@@ -105,6 +105,13 @@ impl TokenMinter {
         }
     }
 
+    /// Whether `namespace/service_account` opted in, read now, minting nothing: for what is
+    /// done as the account without a token (a password generated for a PushSecret).
+    pub async fn opted_in(&self, namespace: &str, service_account: &str) -> Result<(), TokenError> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        self.allowed(&api, namespace, service_account, "").await
+    }
+
     /// The tokens of `namespace/service_account` for `audiences`, minted when not cached.
     pub async fn tokens(
         &self,

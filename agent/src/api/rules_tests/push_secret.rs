@@ -71,12 +71,39 @@ pub(super) fn check_every_sample(
             "a generator source",
             json!({"spec": {"selector": {"secret": null,
                                          "generatorRef": {"kind": "Password", "name": "pw"}}}}),
-            rule("spec.selector", &rules::PUSH_SELECTOR_SECRET),
+            Expect::Valid,
+        ),
+        (
+            "a ClusterGenerator source",
+            json!({"spec": {"selector": {"secret": null,
+                "generatorRef": {"apiVersion": "generators.latchkey.dev/v1alpha1",
+                                 "kind": "ClusterGenerator", "name": "pw"}}}}),
+            Expect::Valid,
         ),
         (
             "a generator beside the secret",
             json!({"spec": {"selector": {"generatorRef": {"kind": "Password", "name": "pw"}}}}),
-            rule("spec.selector", &rules::PUSH_SELECTOR_SECRET),
+            rule("spec.selector", &rules::PUSH_ONE_SOURCE),
+        ),
+        (
+            "no source",
+            json!({"spec": {"selector": {"secret": null}}}),
+            rule("spec.selector", &rules::PUSH_ONE_SOURCE),
+        ),
+        (
+            "a generator of an unknown kind",
+            json!({"spec": {"selector": {"secret": null,
+                                         "generatorRef": {"kind": "Secret", "name": "pw"}}}}),
+            rejected(format!(
+                "spec.selector.generatorRef.kind: {}",
+                rules::GENERATOR_KIND.message
+            )),
+        ),
+        (
+            "a generator with a bad name",
+            json!({"spec": {"selector": {"secret": null,
+                                         "generatorRef": {"kind": "Password", "name": "../pw"}}}}),
+            name_rule("spec.selector.generatorRef.name"),
         ),
         (
             "stores by label",

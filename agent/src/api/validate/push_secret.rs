@@ -1,5 +1,5 @@
-//! A PushSecret: its stores, its source, its entries, and the fields not supported yet (refused,
-//! never ignored).
+//! A PushSecret: its stores, its source (a Secret or a generator), its entries, and the fields
+//! not supported yet (refused, never ignored).
 
 use std::collections::BTreeMap;
 
@@ -38,13 +38,10 @@ pub fn push_secret(spec: &PushSecretSpec) -> Result<(), Invalid> {
             ));
         }
     }
-    match &spec.selector.secret {
-        Some(source) if spec.selector.generator_ref.is_none() => {
-            name("spec.selector.secret.name", &source.name)?
-        }
-        _ => {
-            return Err(Invalid::rule("spec.selector", &rules::PUSH_SELECTOR_SECRET));
-        }
+    match (&spec.selector.secret, &spec.selector.generator_ref) {
+        (Some(source), None) => name("spec.selector.secret.name", &source.name)?,
+        (None, Some(generator)) => super::generator_ref("spec.selector.generatorRef", generator)?,
+        _ => return Err(Invalid::rule("spec.selector", &rules::PUSH_ONE_SOURCE)),
     }
     max_items("spec.data", spec.data.len(), rules::MAX_PUSH_DATA)?;
     let mut places = BTreeMap::new();

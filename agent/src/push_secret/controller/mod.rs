@@ -1,11 +1,12 @@
 //! The PushSecret loop of `latchkey controller`: each PushSecret's source Secret, read as its
-//! service account, written into each of its stores (as that account too), on every change of
-//! the PushSecret or of the Secret (watched by metadata only: no Secret value of the cluster is
-//! held here) and at `refreshInterval`. Unchanged data costs no backend write. With
-//! `deletionPolicy: Delete` a finalizer holds the PushSecret until what was pushed, and only
-//! that, is deleted; never longer than `cleanup_timeout`.
+//! service account (or its generator's output, [`super::generated`]), written into each of its
+//! stores (as that account too), on every change of the PushSecret or of the Secret (watched by
+//! metadata only: no Secret value of the cluster is held here) and at `refreshInterval`.
+//! Unchanged data costs no backend write. With `deletionPolicy: Delete` a finalizer holds the
+//! PushSecret until what was pushed, and only that, is deleted; never longer than
+//! `cleanup_timeout`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ mod tests;
 
 use helpers::{bounded, describe, describe_targets, refresh};
 
+use super::generated::{self, Generated, GeneratedValues, PushGenerators};
 use super::plan::{self, Recorded, RemoteWrite};
 use super::pushers::{Pushers, fake_store_id};
 use super::source::SourceReader;
@@ -83,6 +85,8 @@ pub struct Parts {
     pub pushers: Arc<dyn Pushers>,
     /// How long deleting what was pushed is retried before the finalizer is released anyway.
     pub cleanup_timeout: Duration,
+    /// Runs the generators PushSecrets name.
+    pub generators: PushGenerators,
 }
 
 /// Why a reconcile did not finish; it is retried.
@@ -109,6 +113,8 @@ pub struct PushController {
     /// The status entry of the last write per (store, remote key): a reconcile may run on a
     /// cached object whose status does not show that write yet, and must not write again.
     entries: Mutex<HashMap<(String, String), SyncedPush>>,
+    /// The values of generators, held until replaced.
+    generated: GeneratedValues,
 }
 
 type Stop = Shared<BoxFuture<'static, ()>>;
@@ -120,6 +126,7 @@ impl PushController {
             parts,
             recorded: Recorded::default(),
             entries: Mutex::new(HashMap::new()),
+            generated: GeneratedValues::default(),
         }
     }
 
@@ -228,6 +235,7 @@ impl PushController {
         let name = object.name_any();
         let ours = object.finalizers().iter().any(|f| f == FINALIZER);
         if object.metadata.deletion_timestamp.is_some() {
+            self.generated.forget(object);
             return if ours {
                 self.finalize(object, &namespace, &name).await
             } else {
@@ -256,18 +264,42 @@ impl PushController {
         let secret = object.source_secret();
         let service_account = object.service_account();
         let targets = describe_targets(object);
-        // The values live only while the writes are planned.
-        let planned = match self
-            .parts
-            .reader
-            .read(&namespace, service_account, secret)
-            .await
-        {
-            Ok(data) => {
-                plan::plan(&object.spec, secret, &data).map_err(|e| ("MissingKey", e.to_string()))
+        // The values live only while the writes are planned (a generator's: until replaced).
+        let generator = object.spec.selector.generator_ref.as_ref();
+        let source = match generator {
+            Some(reference) => {
+                let may_write = !self.parts.dry_run && self.leading();
+                (self.generated)
+                    .values(
+                        &self.parts.generators,
+                        &*self.parts.catalog,
+                        object,
+                        reference,
+                        &previous,
+                        generated::interval(object, DEFAULT_REFRESH, MIN_REFRESH),
+                        may_write,
+                    )
+                    .await
             }
-            Err(e) => Err(("SourceUnavailable", e.to_string())),
+            None => (self.parts.reader)
+                .read(&namespace, service_account, secret)
+                .await
+                .map(|data| Generated::Values(data, None))
+                .map_err(|e| ("SourceUnavailable", e.to_string())),
         };
+        let (data, due) = match source {
+            Ok(Generated::Values(data, due)) => (Ok(data), due),
+            Ok(Generated::Quiet(due)) => {
+                let synced = previous.synced_push_secrets.clone();
+                self.report(object, &previous, synced, None, false).await?;
+                let wait = due.map_or(refresh(object), |d| d.min(refresh(object)));
+                return Ok(Action::requeue(wait.max(MIN_REFRESH)));
+            }
+            Err(e) => (Err(e), None),
+        };
+        let planned = data.and_then(|data| {
+            plan::plan(&object.spec, secret, &data).map_err(|e| ("MissingKey", e.to_string()))
+        });
         let writes = match planned {
             Ok(writes) => writes,
             Err((reason, e)) => {
@@ -280,13 +312,19 @@ impl PushController {
                     false,
                 )
                 .await?;
-                return Ok(Action::requeue(refresh(object)));
+                // No watch tells when a generator works again: retried as a failed push.
+                return Ok(Action::requeue(match generator {
+                    Some(_) => RETRY.max(refresh(object).min(Duration::from_secs(30))),
+                    None => refresh(object),
+                }));
             }
         };
         let if_not_exists = object.spec.update_policy == PushUpdatePolicy::IfNotExists;
         let mut synced = BTreeMap::new();
         let mut failures: Vec<(&'static str, String)> = Vec::new();
         let mut wrote = false;
+        // Stores that took every write: a generated value is replaced only once all have it.
+        let mut delivered = BTreeSet::new();
         for store_ref in &object.spec.secret_store_refs {
             let key = store_ref.status_key();
             let before = previous
@@ -311,6 +349,7 @@ impl PushController {
                         if_not_exists,
                         adopt: adopt && !if_not_exists,
                     };
+                    let failed_before = failures.len();
                     for write in &writes {
                         let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
                         match self
@@ -331,6 +370,9 @@ impl PushController {
                             }
                         }
                     }
+                    if failures.len() == failed_before {
+                        delivered.insert(key.clone());
+                    }
                 }
             }
             if !now.is_empty() {
@@ -347,6 +389,10 @@ impl PushController {
             )
             .await;
         }
+        if generator.is_some() && !self.parts.dry_run && self.leading() {
+            let gens = &self.parts.generators;
+            self.generated.settle(gens, object, delivered).await;
+        }
         if !self.leading() {
             return Ok(Action::requeue(RETRY));
         }
@@ -361,7 +407,7 @@ impl PushController {
         Ok(Action::requeue(if failed {
             RETRY.max(refresh(object).min(Duration::from_secs(30)))
         } else {
-            refresh(object)
+            due.map_or(refresh(object), |d| d.clamp(MIN_REFRESH, refresh(object)))
         }))
     }
 
