@@ -9,6 +9,7 @@ use aws_sdk_secretsmanager::primitives::Blob;
 use latchkey::csi::client::{PodVolume, volume_id_for};
 use support::Agent;
 use support::moto::Moto;
+use support::store_forms::Form;
 use support::tee_proxy::TeeProxy;
 use tonic::Code;
 
@@ -125,6 +126,17 @@ fn assert_log_has_no_leak(agent: &Agent) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds() {
+    secret_ref_reads_strings_binary_properties_versions_batches_and_finds_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds_by_provider_ref() {
+    secret_ref_reads_strings_binary_properties_versions_batches_and_finds_as(Form::ByReference)
+        .await;
+}
+
+async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds_as(form: Form) {
     let moto = Moto::start().await;
     let sm = moto.client();
     let create =
@@ -205,7 +217,7 @@ async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds()
         .map(|i| entry(&format!("m{i}"), &format!("mix-{i}"), ""))
         .collect();
     m += &external_secret("mixed-ok", "aws", "SecretStore", &mixed_ok);
-    let agent = Agent::start(&[("shop.yaml", &m)], &[]).await;
+    let agent = Agent::start(&[("shop.yaml", &form.manifests(&m))], &[]).await;
     let mut node = agent.node().await;
     assert_eq!(batch_gets_now(&agent).await, 0);
 
@@ -295,6 +307,17 @@ async fn secret_ref_reads_strings_binary_properties_versions_batches_and_finds()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_identity_uses_the_pod_token_and_logs_in_once_per_service_account() {
+    web_identity_uses_the_pod_token_and_logs_in_once_per_service_account_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_identity_uses_the_pod_token_and_logs_in_once_per_service_account_by_provider_ref() {
+    web_identity_uses_the_pod_token_and_logs_in_once_per_service_account_as(Form::ByReference)
+        .await;
+}
+
+async fn web_identity_uses_the_pod_token_and_logs_in_once_per_service_account_as(form: Form) {
     let moto = Moto::start().await;
     let sm = moto.client();
     for i in 0..10 {
@@ -323,7 +346,7 @@ async fn web_identity_uses_the_pod_token_and_logs_in_once_per_service_account() 
             &[entry("value", &format!("jwt-{i}"), "")],
         );
     }
-    let agent = Agent::start(&[("shop.yaml", &m)], &[]).await;
+    let agent = Agent::start(&[("shop.yaml", &form.manifests(&m))], &[]).await;
 
     // Ten pods of one service account, each reading its own key, at once: one login.
     let publishes = (0..10).map(|i| {

@@ -11,6 +11,7 @@ use latchkey::csi::client::{PodVolume, unpublish_request, volume_id_for};
 use serde_json::json;
 use support::Agent;
 use support::apiserver::{FakeApiServer, Identity};
+use support::store_forms::Form;
 use tonic::Code;
 
 const AGENT_TOKEN: &str = "agent-token-e2e";
@@ -21,7 +22,13 @@ const PASSWORD: &str = "hunter2-k8s-provider-e2e";
 /// A cluster with namespaces `shop` (team a) and `other` (team b), the agent's permissions from
 /// daemonset/base/rbac.yaml, and one pod service account (`shop/web`) allowed to read its Secret.
 async fn cluster() -> FakeApiServer {
+    cluster_as(Form::Inline).await
+}
+
+/// [`cluster`] with the stores in `form`.
+async fn cluster_as(form: Form) -> FakeApiServer {
     let s = FakeApiServer::start().await;
+    form.prepare(&s);
     s.add_identity(AGENT_TOKEN, Identity::Agent);
     s.add_identity(WEB_TOKEN, Identity::service_account("shop", "web"));
     s.add_identity(
@@ -51,17 +58,17 @@ async fn cluster() -> FakeApiServer {
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "app-credentials", "namespace": "shop"},
         "stringData": {"password": PASSWORD, "user": "shop"}}));
-    s.apply(
+    for store in form.objects([
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
         "metadata": {"name": "same-namespace", "namespace": "shop"},
         "spec": {"provider": {"kubernetes": {}}}}),
-    );
-    s.apply(
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
         "metadata": {"name": "team-a-only"},
         "spec": {"provider": {"fake": {"data": [{"key": "k", "value": "v"}]}},
                  "conditions": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}}),
-    );
+    ]) {
+        s.apply(store);
+    }
     for ns in ["shop", "other"] {
         s.apply(
             json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ExternalSecret",
@@ -112,8 +119,19 @@ fn request(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_provider_reads_the_secret_as_the_pod() {
-    let server = cluster().await;
+    kubernetes_provider_reads_the_secret_as_the_pod_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_provider_reads_the_secret_as_the_pod_by_provider_ref() {
+    kubernetes_provider_reads_the_secret_as_the_pod_as(Form::ByReference).await;
+}
+
+async fn kubernetes_provider_reads_the_secret_as_the_pod_as(form: Form) {
+    let server = cluster_as(form).await;
     let agent = agent(&server).await;
+    form.watched(&server).await;
     let mut node = agent.node().await;
     let req = request(
         &agent,

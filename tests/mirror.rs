@@ -10,6 +10,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use support::apiserver::{API_AUDIENCE, FakeApiServer, Identity};
 use support::controller::ControllerProcess;
+use support::store_forms::Form;
 
 const CONTROLLER_TOKEN: &str = "controller-token-e2e";
 const OTHER_REPLICA_TOKEN: &str = "controller-token-e2e-b";
@@ -102,7 +103,13 @@ fn external_secret(name: &str, target: Value) -> Value {
 }
 
 async fn cluster() -> FakeApiServer {
+    cluster_as(Form::Inline).await
+}
+
+/// [`cluster`] with the store in `form`.
+async fn cluster_as(form: Form) -> FakeApiServer {
     let s = FakeApiServer::start().await;
+    form.prepare(&s);
     s.add_identity(CONTROLLER_TOKEN, controller_identity("latchkey-controller"));
     allow_controller(&s, controller_identity("latchkey-controller"));
     for ns in ["shop", "latchkey"] {
@@ -110,7 +117,9 @@ async fn cluster() -> FakeApiServer {
         s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": "default", "namespace": ns}}));
     }
-    s.apply(fake_store(PASSWORD));
+    for o in form.objects([fake_store(PASSWORD)]) {
+        s.apply(o);
+    }
     s
 }
 
@@ -209,9 +218,19 @@ fn no_value_leaked(s: &FakeApiServer, c: &ControllerProcess) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
-    let s = cluster().await;
+    owner_secret_appears_is_repaired_and_follows_the_remote_value_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_secret_appears_is_repaired_and_follows_the_remote_value_by_provider_ref() {
+    owner_secret_appears_is_repaired_and_follows_the_remote_value_as(Form::ByReference).await;
+}
+
+async fn owner_secret_appears_is_repaired_and_follows_the_remote_value_as(form: Form) {
+    let s = cluster_as(form).await;
     s.apply(external_secret(
         "db",
         json!({"creationPolicy": "Owner", "name": "db-secret",
@@ -270,7 +289,9 @@ async fn owner_secret_appears_is_repaired_and_follows_the_remote_value() {
     appears(&s, "db-secret").await;
 
     // The remote value changes: the Secret follows within the refresh interval.
-    s.apply(fake_store(ROTATED));
+    for o in form.objects([fake_store(ROTATED)]) {
+        s.apply(o);
+    }
     holds(&s, "db-secret", ROTATED).await;
 
     // The ExternalSecret goes: garbage collection takes the Secret with it, and the controller

@@ -10,6 +10,7 @@ use aws_sdk_ssm::types::{ParameterType, Tag};
 use latchkey::csi::client::{PodVolume, volume_id_for};
 use support::Agent;
 use support::moto::Moto;
+use support::store_forms::Form;
 use support::tee_proxy::TeeProxy;
 use tonic::Code;
 
@@ -147,6 +148,18 @@ async fn put(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parameter_store_reads_types_versions_labels_properties_batches_and_finds() {
+    parameter_store_reads_types_versions_labels_properties_batches_and_finds_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameter_store_reads_types_versions_labels_properties_batches_and_finds_by_provider_ref()
+{
+    parameter_store_reads_types_versions_labels_properties_batches_and_finds_as(Form::ByReference)
+        .await;
+}
+
+async fn parameter_store_reads_types_versions_labels_properties_batches_and_finds_as(form: Form) {
     let moto = Moto::start().await;
     let ssm = moto.ssm_client();
     put(&ssm, "/app/api", ParameterType::String, API_KEY, &[]).await;
@@ -295,7 +308,7 @@ async fn parameter_store_reads_types_versions_labels_properties_batches_and_find
         "ssm",
         &[entry("x", "/app/rotated", ", version: \"9\"")],
     );
-    let agent = Agent::start(&[("shop.yaml", &m)], &[]).await;
+    let agent = Agent::start(&[("shop.yaml", &form.manifests(&m))], &[]).await;
     let mut node = agent.node().await;
 
     node.node_publish_volume(pod(&agent, "app-0", "app", false))

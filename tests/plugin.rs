@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use latchkey::csi::client::{PodVolume, volume_id_for};
 use support::pki::Pki;
+use support::store_forms::Form;
 use support::{Agent, require_root};
 use tonic::Code;
 
@@ -214,10 +215,15 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_as(Form::Inline).await
+}
+
+/// [`setup`] with the stores in `form`.
+async fn setup_as(form: Form) -> Setup {
     require_root();
     let plugin = Plugin::start().await;
     let outside = support::OutsideSocket::linked_from(&plugin.socket_dir);
-    let m = manifests(&plugin, &outside.path);
+    let m = form.manifests(&manifests(&plugin, &outside.path));
     let dir = plugin.socket_dir.display().to_string();
     let agent = Agent::start(&[("shop.yaml", &m)], &["--plugin-socket-dir", &dir]).await;
     Setup {
@@ -255,7 +261,17 @@ fn assert_no_leak(agent: &Agent, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_properties_and_extract_come_from_the_plugin() {
-    let s = setup().await;
+    values_properties_and_extract_come_from_the_plugin_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_properties_and_extract_come_from_the_plugin_by_provider_ref() {
+    values_properties_and_extract_come_from_the_plugin_as(Form::ByReference).await;
+}
+
+async fn values_properties_and_extract_come_from_the_plugin_as(form: Form) {
+    let s = setup_as(form).await;
     let t = publish(&s.agent, "app", "default", "app").await.unwrap();
     assert_eq!(read(&t, "password"), DB_PASSWORD.as_bytes());
     assert_eq!(read(&t, "api"), API_KEY.as_bytes());

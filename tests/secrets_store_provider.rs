@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use latchkey::csi::client::{PodVolume, volume_id_for};
+use support::store_forms::Form;
 use support::{Agent, require_root};
 use tonic::Code;
 
@@ -198,12 +199,17 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_as(Form::Inline).await
+}
+
+/// [`setup`] with the stores in `form`.
+async fn setup_as(form: Form) -> Setup {
     require_root();
     let provider = Provider::start().await;
     let outside = support::OutsideSocket::linked_from(&provider.dir);
     let dir = provider.dir.display().to_string();
     let agent = Agent::start(
-        &[("shop.yaml", &manifests())],
+        &[("shop.yaml", &form.manifests(&manifests()))],
         &["--secrets-store-provider-dir", &dir],
     )
     .await;
@@ -265,7 +271,24 @@ fn assert_no_leak(agent: &Agent, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_tokens() {
-    let s = setup().await;
+    a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_tokens_as(Form::Inline)
+        .await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_tokens_by_provider_ref()
+ {
+    a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_tokens_as(
+        Form::ByReference,
+    )
+    .await;
+}
+
+async fn a_file_is_picked_by_path_and_renamed_as_the_pod_with_only_the_listed_tokens_as(
+    form: Form,
+) {
+    let s = setup_as(form).await;
     let t = publish(&s.agent, "app", "web", "pick").await.unwrap();
     assert_eq!(read(&t, "password"), DB_PASSWORD.as_bytes());
     assert!(!t.join("api").exists() && !t.join("db").exists());

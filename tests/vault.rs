@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use support::Agent;
 use support::apiserver::{FakeApiServer, Identity};
 use support::openbao::{JwtIssuer, OpenBao, ServiceAccountTokenIssuer, random_hex};
+use support::store_forms::Form;
 use tonic::Code;
 
 const DB_V1: &str = "db-password-version-one-e2e";
@@ -229,10 +230,20 @@ async fn token_auth_reads_kv_v2_and_v1_with_versions_properties_and_find() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approle_auth_logs_in_once_per_store_credential() {
+    approle_auth_logs_in_once_per_store_credential_as(Form::Inline).await;
+}
+
+/// The same with the store naming a provider object (issue #41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approle_auth_logs_in_once_per_store_credential_by_provider_ref() {
+    approle_auth_logs_in_once_per_store_credential_as(Form::ByReference).await;
+}
+
+async fn approle_auth_logs_in_once_per_store_credential_as(form: Form) {
     let bao = bao().await;
     let (role_id, secret_id) = bao.approle("app", &["read"]).await;
     let m = approle_manifests(&bao, &role_id, &secret_id);
-    let agent = Agent::start(&[("vault.yaml", &m)], &[]).await;
+    let agent = Agent::start(&[("vault.yaml", &form.manifests(&m))], &[]).await;
     assert_reads(&agent, "default", None).await;
     assert_eq!(
         logins(&agent).await,

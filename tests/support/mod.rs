@@ -10,6 +10,7 @@ pub mod moto;
 pub mod openbao;
 pub mod pki;
 pub mod race_proxy;
+pub mod store_forms;
 pub mod tee_proxy;
 pub mod tls_front;
 
