@@ -51,8 +51,12 @@ async fn backend() -> Backend {
             &format!(r#"path "secret/data/tenants/{tenant}/*" {{ capabilities = ["read"] }}"#),
         )
         .await;
-        bao.put_v2("secret", &format!("tenants/{tenant}/db"), json!({"password": value}))
-            .await;
+        bao.put_v2(
+            "secret",
+            &format!("tenants/{tenant}/db"),
+            json!({"password": value}),
+        )
+        .await;
     }
     let token_a = bao.token(&["a"], "1h").await;
     let token_b = bao.token(&["b"], "1h").await;
@@ -102,7 +106,12 @@ async fn cluster(b: &Backend) -> FakeApiServer {
     api.apply(secret("team-b", "vault-token", "token", &b.token_b));
     api.apply(secret("latchkey", "vault-token", "token", &b.token_a));
     api.apply(secret("team-a", "vault-approle", "secret-id", &b.secret_id));
-    api.apply(secret("team-b", "vault-approle", "secret-id", "not-a-secret-id"));
+    api.apply(secret(
+        "team-b",
+        "vault-approle",
+        "secret-id",
+        "not-a-secret-id",
+    ));
     let token_ref = |namespace: Option<&str>| {
         let mut r = json!({"name": "vault-token", "key": "token"});
         if let Some(ns) = namespace {
@@ -120,13 +129,17 @@ async fn cluster(b: &Backend) -> FakeApiServer {
     ] {
         api.apply(json!({"apiVersion": CLUSTER, "kind": "Vault",
             "metadata": {"name": name}, "spec": spec}));
-        api.apply(json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+        api.apply(
+            json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
             "metadata": {"name": name},
-            "spec": {"providerRef": {"apiVersion": CLUSTER, "kind": "Vault", "name": name}}}));
+            "spec": {"providerRef": {"apiVersion": CLUSTER, "kind": "Vault", "name": name}}}),
+        );
     }
     // The same reference inline: not referent, read from the agent's namespace as before.
-    api.apply(json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
-        "metadata": {"name": "inline"}, "spec": {"provider": {"vault": token_ref(None)}}}));
+    api.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "ClusterSecretStore",
+        "metadata": {"name": "inline"}, "spec": {"provider": {"vault": token_ref(None)}}}),
+    );
     api
 }
 
@@ -207,7 +220,12 @@ async fn a_referent_cluster_provider_reads_each_tenant_s_own_credentials_as_the_
     let nobody = publish(&agent, "team-a", "nobody", NOBODY_A, "mine")
         .await
         .unwrap_err();
-    assert_eq!(nobody.code(), Code::PermissionDenied, "{}", nobody.message());
+    assert_eq!(
+        nobody.code(),
+        Code::PermissionDenied,
+        "{}",
+        nobody.message()
+    );
     for part in ["secrets \"vault-token\"", "team-a"] {
         assert!(nobody.message().contains(part), "{}", nobody.message());
     }
@@ -221,7 +239,11 @@ async fn a_referent_cluster_provider_reads_each_tenant_s_own_credentials_as_the_
         "{}",
         refused.message()
     );
-    assert_eq!(a("approle").await.unwrap(), b.value_a, "A's login still serves A");
+    assert_eq!(
+        a("approle").await.unwrap(),
+        b.value_a,
+        "A's login still serves A"
+    );
 
     // A reference naming another tenant's namespace is refused before anything is read; one
     // naming the agent's namespace is read there, by the agent.
@@ -244,7 +266,12 @@ async fn a_referent_cluster_provider_reads_each_tenant_s_own_credentials_as_the_
         .requests()
         .iter()
         .filter(|r| r.path == "/api/v1/namespaces/team-b/secrets/vault-token")
-        .map(|r| r.identity.as_ref().map(Identity::username).unwrap_or_default())
+        .map(|r| {
+            r.identity
+                .as_ref()
+                .map(Identity::username)
+                .unwrap_or_default()
+        })
         .collect();
     assert!(!team_b_reads.is_empty());
     assert!(
@@ -257,7 +284,10 @@ async fn a_referent_cluster_provider_reads_each_tenant_s_own_credentials_as_the_
     let log = agent.log_text();
     for message in [&cross, &nobody, &refused, &named].map(|s| s.message().to_string()) {
         for secret in secrets_of(&b) {
-            assert!(!message.contains(secret), "an error holds a secret: {message}");
+            assert!(
+                !message.contains(secret),
+                "an error holds a secret: {message}"
+            );
         }
     }
     for secret in secrets_of(&b).into_iter().chain([&*b.value_a, &*b.value_b]) {
@@ -268,9 +298,7 @@ async fn a_referent_cluster_provider_reads_each_tenant_s_own_credentials_as_the_
 fn decoded(api: &FakeApiServer, namespace: &str, name: &str) -> Option<String> {
     let s = api.get("v1", "Secret", Some(namespace), name)?;
     let b64 = s.pointer("/data/value")?.as_str()?;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .ok()?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
     String::from_utf8(bytes).ok()
 }
 
@@ -287,10 +315,28 @@ async fn the_mirror_reads_a_referent_provider_s_credentials_as_the_external_secr
             "metadata": {"name": "web", "namespace": ns,
                 "annotations": {"latchkey.dev/allow-controller": "true"}}}));
     }
-    api.apply(external_secret("team-a", "mirrored", "tenant-token", "a", true));
-    api.apply(external_secret("team-b", "mirrored", "tenant-token", "b", true));
+    api.apply(external_secret(
+        "team-a",
+        "mirrored",
+        "tenant-token",
+        "a",
+        true,
+    ));
+    api.apply(external_secret(
+        "team-b",
+        "mirrored",
+        "tenant-token",
+        "b",
+        true,
+    ));
     // B's account reads B's token, which Vault refuses for A's path.
-    api.apply(external_secret("team-b", "cross", "tenant-token", "a", true));
+    api.apply(external_secret(
+        "team-b",
+        "cross",
+        "tenant-token",
+        "a",
+        true,
+    ));
     let c = ControllerProcess::start(&api.kubeconfig_yaml(CONTROLLER_TOKEN), "referent", &[]).await;
 
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -340,7 +386,11 @@ async fn the_mirror_reads_a_referent_provider_s_credentials_as_the_external_secr
         .collect();
     for (path, user) in &reads {
         let ns = path.split('/').nth(4).unwrap_or_default();
-        assert_eq!(user, &format!("system:serviceaccount:{ns}:web"), "{reads:?}");
+        assert_eq!(
+            user,
+            &format!("system:serviceaccount:{ns}:web"),
+            "{reads:?}"
+        );
     }
     let log = c.log_text();
     for secret in secrets_of(&b) {
