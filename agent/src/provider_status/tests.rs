@@ -78,3 +78,26 @@ fn agent_identity_is_refused_on_a_namespaced_object_only() {
         "True"
     );
 }
+
+#[test]
+fn the_status_never_holds_a_value_of_the_spec() {
+    let value = "fake-value-never-in-status-7f3a";
+    let fake: crate::api::store::FakeProvider = serde_json::from_value(serde_json::json!({
+        "data": [{"key": "k", "value": value}]
+    }))
+    .unwrap();
+    let object = ProviderObject {
+        kind: ProviderKind::Fake,
+        cluster: true,
+        name: "values".into(),
+        provider: StoreProvider {
+            fake: Some(fake),
+            ..StoreProvider::default()
+        },
+    };
+    let status = next(None, &object, Some(1)).unwrap();
+    assert_eq!(status.conditions[0].status, "True");
+    let written = serde_json::to_string(&status).unwrap();
+    assert!(!written.contains(value), "{written}");
+    assert!(!format!("{status:?}").contains(value));
+}
