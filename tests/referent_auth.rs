@@ -27,7 +27,7 @@ const WEB_A: &str = "eyJ.team-a-web.sig";
 const WEB_B: &str = "eyJ.team-b-web.sig";
 const NOBODY_A: &str = "eyJ.team-a-nobody.sig";
 
-/// OpenBao with one KV path per tenant, a token per tenant that reads only its own path, and an
+/// OpenBao with one KV path per tenant, a token per tenant that uses only its own path, and an
 /// AppRole `shared` reading both (whose secret id only tenant A holds).
 struct Backend {
     bao: OpenBao,
@@ -48,7 +48,12 @@ async fn backend() -> Backend {
     for (tenant, value) in [("a", &value_a), ("b", &value_b)] {
         bao.policy(
             tenant,
-            &format!(r#"path "secret/data/tenants/{tenant}/*" {{ capabilities = ["read"] }}"#),
+            &format!(
+                r#"
+path "secret/data/tenants/{tenant}/*" {{ capabilities = ["create", "read", "update"] }}
+path "secret/metadata/tenants/{tenant}/*" {{ capabilities = ["create", "read", "update"] }}
+"#
+            ),
         )
         .await;
         bao.put_v2(
@@ -302,8 +307,20 @@ fn decoded(api: &FakeApiServer, namespace: &str, name: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// A PushSecret in `namespace` pushing its namespace's Secret `db` to `remote` through the
+/// referent store, as `web`.
+fn push_secret(namespace: &str, name: &str, remote: &str) -> Value {
+    json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"serviceAccountName": "web", "refreshInterval": "1h", "deletionPolicy": "None",
+            "secretStoreRefs": [{"name": "tenant-token", "kind": "ClusterSecretStore"}],
+            "selector": {"secret": {"name": "db"}},
+            "data": [{"match": {"secretKey": "password",
+                "remoteRef": {"remoteKey": remote, "property": "password"}}}]}})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_mirror_reads_a_referent_provider_s_credentials_as_the_external_secret_s_account() {
+async fn the_mirror_and_pushes_read_a_referent_provider_s_credentials_as_their_account() {
     let b = backend().await;
     let api = cluster(&b).await;
     let controller = Identity::service_account("latchkey", "latchkey-controller");
@@ -337,6 +354,13 @@ async fn the_mirror_reads_a_referent_provider_s_credentials_as_the_external_secr
         "a",
         true,
     ));
+    // Pushes: each tenant's Secret `db`, written with its own token; B's to A's path refused.
+    let pushed = format!("pushed-{}", random_hex(8));
+    for ns in ["team-a", "team-b"] {
+        api.apply(secret(ns, "db", "password", &pushed));
+    }
+    api.apply(push_secret("team-a", "push", "tenants/a/pushed"));
+    api.apply(push_secret("team-b", "push", "tenants/a/from-b"));
     let c = ControllerProcess::start(&api.kubeconfig_yaml(CONTROLLER_TOKEN), "referent", &[]).await;
 
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -374,6 +398,47 @@ async fn the_mirror_reads_a_referent_provider_s_credentials_as_the_external_secr
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(decoded(&api, "team-b", "cross").is_none());
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let read = |key: &'static str| {
+        let bao = &b.bao;
+        async move {
+            let (code, v) = bao
+                .request("GET", &format!("secret/data/tenants/a/{key}"), None)
+                .await;
+            (code == 200).then(|| v["data"]["data"]["password"].clone())
+        }
+    };
+    while read("pushed").await != Some(json!(pushed)) {
+        assert!(Instant::now() < deadline, "never pushed\n{}", c.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = loop {
+        let ps = api.get(
+            "latchkey.dev/v1alpha1",
+            "PushSecret",
+            Some("team-b"),
+            "push",
+        );
+        let failed = ps.as_ref().and_then(|ps| {
+            ps.pointer("/status/conditions")?
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Ready" && c["status"] == "False")
+                .cloned()
+        });
+        if let Some(failed) = failed {
+            break failed["message"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B's push never refused\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(refused.contains("Vault denied"), "{refused}");
+    assert_eq!(read("from-b").await, None);
     // The tenant Secrets were read with tokens minted for each ExternalSecret's account.
     let reads: Vec<(String, String)> = api
         .requests()
@@ -396,5 +461,10 @@ async fn the_mirror_reads_a_referent_provider_s_credentials_as_the_external_secr
     for secret in secrets_of(&b) {
         assert!(!log.contains(secret), "the controller log holds a secret");
         assert!(!message.contains(secret), "{message}");
+        assert!(!refused.contains(secret), "{refused}");
     }
+    assert!(
+        !log.contains(&pushed),
+        "the controller log holds a pushed value"
+    );
 }
