@@ -23,7 +23,9 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::api::provider_kinds::{self, KindVisitor, ProviderResource, ProviderStatus};
+use crate::api::provider_kinds::{
+    self, KindVisitor, ProviderKind, ProviderResource, ProviderStatus,
+};
 use crate::api::validate;
 use crate::catalog::Lenient;
 use crate::catalog::kubernetes::served_provider_kinds;
@@ -206,18 +208,28 @@ impl Parts {
     }
 }
 
+/// The running status loops, by (kind, cluster-scoped); aborted when dropped, so a `run` that
+/// is itself dropped (leadership lost, shutdown) leaves no watch behind.
+#[derive(Default)]
+struct Running(HashMap<(ProviderKind, bool), Vec<tokio::task::JoinHandle<()>>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in self.0.values().flatten() {
+            task.abort();
+        }
+    }
+}
+
 /// Runs the status controllers of the served provider kinds until `ended` completes, following
 /// CRDs installed and removed meanwhile.
 pub async fn run(parts: &Parts, ended: impl Future<Output = ()> + Send) {
-    let mut running: HashMap<
-        (provider_kinds::ProviderKind, bool),
-        Vec<tokio::task::JoinHandle<()>>,
-    > = HashMap::new();
+    let mut running = Running::default();
     let mut ended = std::pin::pin!(ended.fuse());
     loop {
         match served_provider_kinds(&parts.client).await {
             Ok(served) => {
-                running.retain(|kind, tasks| {
+                running.0.retain(|kind, tasks| {
                     let keep = served.contains(kind);
                     if !keep {
                         info!(
@@ -230,7 +242,7 @@ pub async fn run(parts: &Parts, ended: impl Future<Output = ()> + Send) {
                     keep
                 });
                 for kind in served {
-                    running.entry(kind).or_insert_with(|| {
+                    running.0.entry(kind).or_insert_with(|| {
                         debug!(
                             kind = kind.0.name(),
                             cluster = kind.1,
@@ -246,9 +258,6 @@ pub async fn run(parts: &Parts, ended: impl Future<Output = ()> + Send) {
             _ = ended.as_mut() => break,
             _ = tokio::time::sleep(REDISCOVER).fuse() => {}
         }
-    }
-    for task in running.into_values().flatten() {
-        task.abort();
     }
 }
 
