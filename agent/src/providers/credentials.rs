@@ -232,3 +232,102 @@ fn json_field(doc: &SecretBytes, key: &str) -> Option<SecretBytes> {
         crate::json::parse(doc.expose()).ok()?;
     map.get(key).map(|v| SecretBytes::from(v.as_str()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::catalog::manifests::ManifestCatalog;
+    use crate::identity::PodInfo;
+    use crate::providers::Env;
+    use crate::telemetry::Metrics;
+
+    fn env() -> Env {
+        Env {
+            metrics: Arc::new(Metrics::new()),
+            kube: None,
+            catalog: Arc::new(ManifestCatalog::default()),
+            agent_namespace: "latchkey".into(),
+            aws_sessions: Default::default(),
+            vault_tokens: Default::default(),
+            plugins: Default::default(),
+            secrets_store: Default::default(),
+        }
+    }
+
+    fn pod(namespace: &str) -> PodInfo {
+        PodInfo {
+            namespace: namespace.into(),
+            name: "web-0".into(),
+            uid: String::new(),
+            service_account: "web".into(),
+            tokens: Default::default(),
+        }
+    }
+
+    fn selector(namespace: Option<&str>) -> SecretKeySelector {
+        SecretKeySelector {
+            name: "vault-token".into(),
+            key: "token".into(),
+            namespace: namespace.map(str::to_string),
+        }
+    }
+
+    /// Where `selector` is located for a pod of `namespace` under `scope`, and who a login made
+    /// from it is for.
+    fn located(
+        scope: CredentialScope,
+        namespace: &str,
+        at: Option<&str>,
+    ) -> Result<(String, bool, String), ProviderError> {
+        let (env, pod) = (env(), pod(namespace));
+        let ctx = BuildContext {
+            env: &env,
+            pod: &pod,
+            scope,
+            max_age: None,
+        };
+        let location = locate(&ctx, &selector(at))?;
+        Ok((
+            location.namespace.clone(),
+            location.as_caller,
+            reader(&ctx, &location),
+        ))
+    }
+
+    #[test]
+    fn a_referent_reference_without_namespace_is_the_caller_s_and_keyed_by_it() {
+        let (ns, as_caller, who) = located(CredentialScope::Referent, "team-a", None).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("team-a", true));
+        assert_eq!(who, "team-a/web:team-a/vault-token[token]");
+        let (_, _, other) = located(CredentialScope::Referent, "team-b", None).unwrap();
+        assert_ne!(who, other, "two tenants never share a login");
+    }
+
+    #[test]
+    fn a_referent_reference_naming_a_namespace_follows_the_cluster_store_rule() {
+        let (ns, as_caller, who) =
+            located(CredentialScope::Referent, "team-a", Some("latchkey")).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("latchkey", false));
+        assert_eq!(who, "agent:latchkey/vault-token[token]");
+        for named in ["team-b", "team-a"] {
+            let err = located(CredentialScope::Referent, "team-a", Some(named)).unwrap_err();
+            assert!(matches!(err, ProviderError::PermissionDenied(_)), "{err}");
+            assert!(
+                err.to_string().contains("outside the agent's namespace"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn inline_stores_keep_their_rules() {
+        let (ns, as_caller, _) = located(CredentialScope::Cluster, "team-a", None).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("latchkey", false));
+        let (ns, as_caller, who) = located(CredentialScope::Namespaced, "team-a", None).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("team-a", true));
+        assert!(who.starts_with("team-a/web:"), "{who}");
+        assert!(located(CredentialScope::Namespaced, "team-a", Some("latchkey")).is_err());
+    }
+}
