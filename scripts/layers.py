@@ -29,8 +29,9 @@ LAYERS = [
     ["fetch"],
     ["publish"],
     ["csi", "mirror", "convert", "generator_gc", "cluster_external_secret"],
-    # Acts as service accounts under the mirror's consent and token-minting rules.
-    ["push_secret"],
+    # push_secret acts as service accounts under the mirror's consent and token-minting rules;
+    # provider_status writes conditions as the mirror's store status does (mirror::status).
+    ["push_secret", "provider_status"],
     ["cmd"],
 ]
 

@@ -1258,6 +1258,54 @@ fn push_secret_permissions_are_what_the_controller_needs() {
     }
 }
 
+/// The controller reads provider objects and patches only their status (the `Ready` condition,
+/// agent/src/provider_status): cluster-scoped ones cluster-wide, namespaced ones where its write
+/// role is bound. The node agent only reads them.
+#[test]
+fn provider_status_permissions_are_status_only() {
+    use latchkey::api::provider_kinds::{CLUSTER_PROVIDER_GROUP, PROVIDER_GROUP, ProviderKind};
+    let status: Vec<(String, &[&str])> = ProviderKind::ALL
+        .iter()
+        .map(|k| (format!("{}/status", k.plural()), &["patch"][..]))
+        .collect();
+    let status: Vec<(&str, &[&str])> = status.iter().map(|(r, v)| (r.as_str(), *v)).collect();
+    let status = grants(&status);
+    let chart = chart();
+    for (docs, what) in [
+        (kustomize("with-mirror"), "daemonset/with-mirror"),
+        (
+            chart.render("lk", "lk", &json!({"controller": {"enabled": true}})),
+            "the chart with the controller",
+        ),
+    ] {
+        assert_eq!(
+            group_grants(
+                &docs,
+                &["latchkey-controller-cluster-store-status"],
+                CLUSTER_PROVIDER_GROUP
+            ),
+            status,
+            "{what}"
+        );
+        assert_eq!(
+            group_grants(&docs, &["latchkey-controller-write"], PROVIDER_GROUP),
+            status,
+            "{what}"
+        );
+        // Namespaced objects' status only where the write role is bound; cluster-scoped ones'
+        // cluster-wide, as for ClusterSecretStores.
+        assert!(
+            group_grants(
+                &docs,
+                &["latchkey-controller-write"],
+                CLUSTER_PROVIDER_GROUP
+            )
+            .is_empty(),
+            "{what}"
+        );
+    }
+}
+
 // ---- one version of the image ----
 
 #[test]
@@ -1335,7 +1383,8 @@ fn group_grants(docs: &[Value], roles: &[&str], group: &str) -> BTreeMap<String,
 }
 
 /// The node agent and the controller watch the provider kinds (both groups) that stores name
-/// by `spec.providerRef`, and write none; no other role touches them.
+/// by `spec.providerRef`, and write none; other roles touch only their status (the controller's
+/// `Ready`, see `provider_status_permissions_are_status_only`).
 #[test]
 fn provider_kinds_are_read_by_the_agent_and_the_controller_only() {
     use latchkey::api::provider_kinds::{CLUSTER_PROVIDER_GROUP, PROVIDER_GROUP, ProviderKind};
@@ -1374,9 +1423,12 @@ fn provider_kinds_are_read_by_the_agent_and_the_controller_only() {
                 .map(|d| str_at(d, "/metadata/name"))
                 .filter(|n| !["latchkey-node", "latchkey-controller-read"].contains(n))
                 .collect();
+            let other = group_grants(&docs, &others, group);
             assert!(
-                group_grants(&docs, &others, group).is_empty(),
-                "{what}: {group}"
+                other
+                    .iter()
+                    .all(|(r, verbs)| r.ends_with("/status") && verbs == &["patch"]),
+                "{what}: {group}: {other:?}"
             );
         }
     }

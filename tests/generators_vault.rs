@@ -126,7 +126,7 @@ async fn build(
     let ctx = BuildContext {
         env,
         pod,
-        store_kind: StoreKind::SecretStore,
+        scope: StoreKind::SecretStore.into(),
         max_age: None,
     };
     generators::build(GeneratorSpec::VaultDynamicSecret(spec), &ctx).await
@@ -482,7 +482,7 @@ async fn a_password_from_build_has_esos_shape() {
     let ctx = BuildContext {
         env: &env,
         pod: &pod,
-        store_kind: StoreKind::SecretStore,
+        scope: StoreKind::SecretStore.into(),
         max_age: None,
     };
     let spec = PasswordSpec {

@@ -179,7 +179,7 @@ async fn build(
     let ctx = BuildContext {
         env,
         pod,
-        store_kind: StoreKind::SecretStore,
+        scope: StoreKind::SecretStore.into(),
         max_age: None,
     };
     generators::build(GeneratorSpec::Plugin(spec), &ctx).await
@@ -219,7 +219,7 @@ async fn generate_and_cleanup_are_counted_and_cleanup_is_idempotent() {
     let ctx = BuildContext {
         env: &env,
         pod: &web0,
-        store_kind: StoreKind::SecretStore,
+        scope: StoreKind::SecretStore.into(),
         max_age: None,
     };
     let direct = PluginGenerator::new(&spec, &ctx).await.unwrap();

@@ -119,7 +119,7 @@ impl Plugin {
         let ctx = BuildContext {
             env: &env,
             pod: &account,
-            store_kind: StoreKind::SecretStore,
+            scope: StoreKind::SecretStore.into(),
             max_age: None,
         };
         PluginPush::new(&spec, &ctx).await

@@ -137,7 +137,7 @@ async fn pusher_at(
     let ctx = BuildContext {
         env: &env,
         pod: &pod,
-        store_kind: StoreKind::SecretStore,
+        scope: StoreKind::SecretStore.into(),
         max_age: None,
     };
     VaultPush::new(&spec, &ctx).await

@@ -23,6 +23,7 @@ pub mod identity;
 pub mod json;
 pub mod memory;
 pub mod mirror;
+pub mod provider_status;
 pub mod providers;
 pub mod publish;
 pub mod push_secret;

@@ -425,6 +425,13 @@ impl FakeApiServer {
     /// and get Secrets and ConfigMaps only in its own namespace; every service account may get the Secrets of
     /// its own namespace (the Role a user grants pods for the `kubernetes` provider).
     pub fn allow_defaults(&self) {
+        self.allow_agent_defaults();
+        self.allow_in_own_namespace(Subject::AnyServiceAccount, "get", "", "secrets");
+    }
+
+    /// The agent's part of [`Self::allow_defaults`] only: no service account may read a Secret
+    /// unless the test grants it.
+    pub fn allow_agent_defaults(&self) {
         for verb in ["get", "list", "watch"] {
             for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
                 self.allow(Identity::Agent, verb, "latchkey.dev", resource, None);
@@ -453,7 +460,6 @@ impl FakeApiServer {
             "configmaps",
             Some(AGENT_NAMESPACE),
         );
-        self.allow_in_own_namespace(Subject::AnyServiceAccount, "get", "", "secrets");
     }
 
     /// Installs the CRD of a provider kind (none is installed at start).

@@ -6,6 +6,7 @@
 
 pub mod cluster_external_secret;
 pub mod crd;
+pub mod credential_scope;
 pub mod duration;
 pub mod external_secret;
 pub mod generator;
@@ -20,6 +21,7 @@ pub mod store;
 pub mod store_push;
 pub mod validate;
 
+pub use credential_scope::CredentialScope;
 pub use external_secret::{ExternalSecret, ExternalSecretSpec, RemoteRef, StoreKind};
 pub use store::{ClusterSecretStore, SecretStore, StoreProvider};
 

@@ -31,6 +31,19 @@ pub use super::provider_kind::{
     PROVIDER_VERSION, ProviderKind,
 };
 
+/// Observed state of a provider object, written by `latchkey controller` (design 007's provider
+/// reconciler): whether the agent accepts its spec.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderStatus {
+    /// The `metadata.generation` the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Standard conditions (`Ready`: the spec is one the agent accepts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<super::external_secret::Condition>,
+}
+
 /// Declares the namespaced and the cluster-scoped kind of one provider, whose `spec` is `$inner`.
 macro_rules! provider_kind {
     (
@@ -49,6 +62,12 @@ macro_rules! provider_kind {
             doc = "A provider object SecretStores of its namespace name in `spec.providerRef`.",
             plural = $plural,
             namespaced,
+            status = "ProviderStatus",
+            printcolumn = r#"{"name": "Status", "type": "string",
+                              "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+            printcolumn = r#"{"name": "Ready", "type": "string",
+                              "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+            printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
             shortname = $short,
             category = "latchkey",
             category = "latchkey-providers"
@@ -65,6 +84,12 @@ macro_rules! provider_kind {
             root = $cluster_root,
             doc = "A cluster-scoped provider object ClusterSecretStores name in `spec.providerRef`.",
             plural = $plural,
+            status = "ProviderStatus",
+            printcolumn = r#"{"name": "Status", "type": "string",
+                              "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+            printcolumn = r#"{"name": "Ready", "type": "string",
+                              "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+            printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
             shortname = $cluster_short,
             category = "latchkey",
             category = "latchkey-providers"
@@ -206,6 +231,8 @@ pub trait AsProvider: Resource + Clone {
     const CLUSTER: bool;
     /// The spec, as the equivalent `spec.provider` block.
     fn store_provider(&self) -> StoreProvider;
+    /// `status`, if any.
+    fn provider_status(&self) -> Option<&ProviderStatus>;
 
     /// The object as a [`ProviderObject`].
     fn provider_object(&self) -> Arc<ProviderObject> {
@@ -233,6 +260,9 @@ macro_rules! as_provider {
                     $field: Some(self.spec.0.clone()),
                     ..StoreProvider::default()
                 }
+            }
+            fn provider_status(&self) -> Option<&ProviderStatus> {
+                self.status.as_ref()
             }
         }
     };

@@ -14,7 +14,7 @@ use crate::api::store::{
     StoreProvider,
 };
 use crate::api::validate::{self, Invalid};
-use crate::api::{ExternalSecret, StoreKind};
+use crate::api::{CredentialScope, ExternalSecret, StoreKind};
 
 /// An ExternalSecret together with the store it is allowed to use.
 #[derive(Debug, Clone)]
@@ -46,6 +46,12 @@ impl Binding {
     /// has one); found again rather than validated again, on every publish.
     pub fn spec(&self) -> Option<validate::ProviderSpec<'_>> {
         validate::provider_blocks(self.provider()).next()
+    }
+
+    /// Where the store's credential references may point and who reads them: referent for a
+    /// ClusterSecretStore naming a cluster-scoped provider object.
+    pub fn credential_scope(&self) -> CredentialScope {
+        CredentialScope::of(self.store_kind(), self.provider_object.as_deref())
     }
 
     /// Kind of the referenced store.

@@ -7,6 +7,10 @@
 
 mod providers;
 
+/// The provider kinds the API server serves (kind, cluster-scoped), discovered as the catalog
+/// discovers them; for the controller's provider status loop, which watches only those.
+pub use providers::discover as served_provider_kinds;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;

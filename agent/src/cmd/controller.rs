@@ -1,7 +1,7 @@
 //! `latchkey controller`: mirrors ExternalSecrets that ask for it into Kubernetes Secrets,
-//! writes the ExternalSecrets of ClusterExternalSecrets, and cleans up after generators
-//! (GeneratorStates being deleted or past their deadline), with leader election, metrics and
-//! health endpoints.
+//! writes the ExternalSecrets of ClusterExternalSecrets, cleans up after generators
+//! (GeneratorStates being deleted or past their deadline) and reports whether provider objects
+//! are valid, with leader election, metrics and health endpoints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +28,7 @@ use crate::mirror::leader::{Elector, Leadership, Timing};
 use crate::mirror::reconcile::{Parts, Reconciler};
 use crate::mirror::tokens::TokenMinter;
 use crate::mirror::{self, Scope};
+use crate::provider_status;
 use crate::providers;
 use crate::push_secret::controller::{self as push, PushController};
 use crate::push_secret::generated::PushGenerators;
@@ -337,6 +338,24 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             stopped().boxed().shared(),
         ))
     });
+    // Provider objects' `Ready` (design 007's provider reconciler), for the served kinds only.
+    let provider_status = {
+        let leading = leadership.clone();
+        let parts = Arc::new(provider_status::Parts {
+            client: client.clone(),
+            namespaces: args.namespaces.clone(),
+            dry_run: args.dry_run,
+            leading: Arc::new(move || leading.is_leader()),
+        });
+        tokio::spawn(run_while_leading(
+            move |ended| {
+                let parts = Arc::clone(&parts);
+                async move { provider_status::run(&parts, ended).await }.boxed()
+            },
+            leadership.clone(),
+            stopped().boxed().shared(),
+        ))
+    };
     let scope = Scope {
         namespaces: args.namespaces,
         selector: args.selector,
@@ -360,7 +379,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     readiness.set_serving(false);
     // Cleanups and ExternalSecret writes are idempotent and the next leader retries them:
     // never hold the exit.
-    for mut task in collecting.into_iter().chain(provisioning).chain(pushing) {
+    for mut task in collecting
+        .into_iter()
+        .chain(provisioning)
+        .chain(pushing)
+        .chain([provider_status])
+    {
         if tokio::time::timeout(Duration::from_secs(6), &mut task)
             .await
             .is_err()

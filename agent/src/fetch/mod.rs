@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use crate::api::StoreKind;
 use crate::api::provider_kinds::ProviderObject;
 use crate::api::validate::ProviderSpec;
 use crate::api::{ClusterSecretStore, SecretStore};
+use crate::api::{CredentialScope, StoreKind};
 use crate::cache::{CacheKey, CacheLimits, ValueCache};
 use crate::catalog::{Binding, BoundStore};
 use crate::identity::PodInfo;
@@ -76,7 +76,7 @@ impl FetchError {
 pub struct Source<'a> {
     ctx: &'a Context,
     spec: ProviderSpec<'a>,
-    store_kind: StoreKind,
+    scope: CredentialScope,
     pod: &'a PodInfo,
     store: Arc<str>,
     identity: String,
@@ -98,7 +98,7 @@ impl<'a> Source<'a> {
         Ok(Self {
             ctx,
             spec,
-            store_kind: binding.store_kind(),
+            scope: binding.credential_scope(),
             pod,
             store,
             // Pods of one service account share a fetch; two identities never share a value.
@@ -180,7 +180,7 @@ impl Fetcher {
                     let ctx = providers::BuildContext {
                         env: &self.providers,
                         pod: source.pod,
-                        store_kind: source.store_kind,
+                        scope: source.scope,
                         max_age,
                     };
                     Box::pin(async move { providers::build(source.spec, &ctx).await })

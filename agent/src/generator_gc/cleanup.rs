@@ -84,7 +84,7 @@ impl Cleaner for Generators {
             pod: identity,
             // Always the namespaced rules: credentials are read as the service account from
             // the state's namespace, never from the controller's own (see the module doc).
-            store_kind: StoreKind::SecretStore,
+            scope: StoreKind::SecretStore.into(),
             max_age: None,
         };
         generators::build(generator, &ctx)

@@ -5,13 +5,13 @@
 //! points. So it mints only the audiences the store's auth needs, and never the API server's
 //! own audience for a backend: that token would let the backend act on this cluster as the
 //! service account. The API-server token is minted only where it goes to this cluster's API
-//! server and nowhere else: the `kubernetes` provider, and a SecretStore's credential Secret,
-//! which is read from the API server as the service account (as the `kubernetes` provider
+//! server and nowhere else: the `kubernetes` provider, and a SecretStore's (or a referent
+//! store's) credential Secret, which is read from the API server as the service account (as the `kubernetes` provider
 //! would read it, so it grants nothing more). A ClusterSecretStore that uses the process's own
 //! identity (`agentIdentity`) would read with the controller's identity: refused unless the
 //! controller was started with `--allow-agent-identity`.
 
-use crate::api::StoreKind;
+use crate::api::CredentialScope;
 use crate::api::validate::ProviderSpec;
 use crate::providers::audiences::token_audiences;
 
@@ -40,7 +40,7 @@ pub enum ConsentError {
 /// The audiences to mint for `spec` (`""`: the API server's), or why none may be minted.
 pub fn audiences(
     spec: ProviderSpec<'_>,
-    store_kind: StoreKind,
+    scope: impl Into<CredentialScope>,
     allow_agent_identity: bool,
 ) -> Result<Vec<String>, ConsentError> {
     if let ProviderSpec::Aws(aws) = spec
@@ -54,7 +54,7 @@ pub fn audiences(
     }
     // A ClusterSecretStore reads its credential Secrets with the controller's identity, so its
     // audiences are exactly those the backend itself is sent.
-    let for_backend = token_audiences(spec, StoreKind::ClusterSecretStore);
+    let for_backend = token_audiences(spec, CredentialScope::Cluster);
     // With `server`, the kubernetes provider sends its token to another cluster: a backend.
     let reads_this_cluster = matches!(spec, ProviderSpec::Kubernetes(k) if k.server.is_none());
     if !reads_this_cluster && for_backend.iter().any(String::is_empty) {
@@ -62,12 +62,13 @@ pub fn audiences(
             provider: spec.name(),
         });
     }
-    Ok(token_audiences(spec, store_kind))
+    Ok(token_audiences(spec, scope))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::StoreKind;
     use crate::api::store::*;
 
     fn vault_kubernetes(audience: Option<&str>) -> VaultProvider {

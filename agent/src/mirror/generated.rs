@@ -172,7 +172,7 @@ impl MirrorGenerators {
         let ctx = BuildContext {
             env,
             pod: identity,
-            store_kind: GeneratorSpec::scope(object),
+            scope: GeneratorSpec::scope(object).into(),
             max_age: None,
         };
         let generator = generators::build(spec, &ctx)

@@ -341,7 +341,7 @@ impl Reconciler {
             Err(e) => return Ok(fail(Reason::SecretSyncedError, e)),
         };
         let audiences =
-            match consent::audiences(spec, binding.store_kind(), self.allow_agent_identity) {
+            match consent::audiences(spec, binding.credential_scope(), self.allow_agent_identity) {
                 Ok(mut a) => match generated::audiences(&bound, self.allow_agent_identity) {
                     Ok(more) => {
                         a.extend(more);

@@ -2,15 +2,18 @@
 //! node agent gets these tokens from kubelet (the CSIDriver's `tokenRequests`); the mirror
 //! controller, which has no pod, mints exactly these through the TokenRequest API and no others.
 
-use crate::api::StoreKind;
+use crate::api::CredentialScope;
 use crate::api::validate::ProviderSpec;
 
 /// The audiences of the tokens `spec` will look up in [`crate::identity::PodTokens`] (`""` is
 /// the API server's own audience), in a stable order without duplicates.
-pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<String> {
+pub fn token_audiences(spec: ProviderSpec<'_>, scope: impl Into<CredentialScope>) -> Vec<String> {
     // A SecretStore's credential Secrets are read as the caller, with an API-server token
-    // (see `credentials::read`).
-    let credentials_as_caller = store_kind == StoreKind::SecretStore;
+    // (see `credentials::read`); so are a referent store's that name no namespace. A referent
+    // store asks for it whether or not its references name one: the token goes only to this
+    // cluster's API server, and walking every reference for a namespace is not worth the risk
+    // of missing one.
+    let credentials_as_caller = scope.into() != CredentialScope::Cluster;
     let api_server = || String::new();
     let mut out = Vec::new();
     match spec {
@@ -87,6 +90,7 @@ pub fn token_audiences(spec: ProviderSpec<'_>, store_kind: StoreKind) -> Vec<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::StoreKind;
     use crate::api::store::*;
 
     fn aws(auth: AwsAuth) -> AwsProvider {

@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 
 use super::{BuildContext, ProviderError, credentials};
-use crate::api::StoreKind;
 use crate::api::rules::MAX_CA_BUNDLE_LEN;
 use crate::api::store::{CaProvider, CaProviderKind, SecretKeySelector};
 
@@ -48,8 +47,8 @@ async fn config_map(
     let location = credentials::locate(ctx, selector)?;
     let (namespace, name, key) = (&location.namespace, &location.name, &location.key);
     let missing = || ProviderError::Config(format!("ConfigMap {namespace}/{name} not found"));
-    let map = match (ctx.store_kind, &ctx.env.kube) {
-        (StoreKind::SecretStore, Some(kube)) => {
+    let map = match (location.as_caller, &ctx.env.kube) {
+        (true, Some(kube)) => {
             let as_pod = super::kubernetes::pod_client(Some(kube), ctx.pod, "")?;
             Api::<ConfigMap>::namespaced(as_pod, namespace)
                 .get_opt(name)

@@ -1,14 +1,17 @@
 //! Credentials referenced by a store (`secretRef`, `tokenSecretRef`, ...): which Secret may be
 //! read, and how. A SecretStore's credentials live in the pod's namespace and, in a cluster, are
-//! read AS THE POD (with its token), so a store can never reach further than its pods; a
-//! ClusterSecretStore's credentials live in the agent's own namespace only. Standalone mode
-//! reads `v1` Secret manifests with the same namespace rules.
+//! read AS THE POD (with its token), so a store can never reach further than its pods; an inline
+//! ClusterSecretStore's credentials live in the agent's own namespace only. A ClusterSecretStore
+//! naming a cluster-scoped provider object is referent ([`CredentialScope::Referent`]): a
+//! reference naming no namespace is read like a SecretStore's, from the caller's namespace as
+//! the caller. Standalone mode reads `v1` Secret manifests with the same namespace rules. The
+//! rule is written down once, in docs/concepts.md (Identity, the credentials rows).
 
 use k8s_openapi::api::core::v1::Secret;
 
 use super::kubernetes::KubernetesSecrets;
 use super::{BuildContext, Provider, ProviderError, RemoteKey};
-use crate::api::StoreKind;
+use crate::api::CredentialScope;
 use crate::api::store::SecretKeySelector;
 use crate::secret::{SecretBytes, SecretString};
 
@@ -16,13 +19,17 @@ use crate::secret::{SecretBytes, SecretString};
 /// Secret name. Checked before anything is cached under it or read from it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Location {
-    /// Namespace of the Secret (the pod's for a SecretStore, the agent's for a
-    /// ClusterSecretStore).
+    /// Namespace of the Secret (the pod's for a SecretStore and a referent read, the agent's
+    /// for a ClusterSecretStore).
     pub namespace: String,
     /// Secret name.
     pub name: String,
     /// Key in the Secret's data.
     pub key: String,
+    /// Read as the caller (the pod, or the account the controller acts as) rather than by the
+    /// agent: what the caller's own RBAC allows decides, so whatever is cached from it (a login)
+    /// belongs to that caller only.
+    pub as_caller: bool,
 }
 
 impl std::fmt::Display for Location {
@@ -45,7 +52,23 @@ pub fn locate(
         namespace: namespace.to_string(),
         name: selector.name.clone(),
         key: selector.key.clone(),
+        as_caller: ctx.scope.as_caller(selector.namespace.as_deref()),
     })
+}
+
+/// Who a login or session obtained with the credential at `location` is for, as a cache key
+/// part: the caller's `namespace/serviceaccount` when the caller read it (a service account that
+/// may not read the Secret must never reuse what another one obtained with it; for a referent
+/// store this also keeps two tenants' logins apart), the agent otherwise.
+pub fn reader(ctx: &BuildContext<'_>, location: &Location) -> String {
+    if location.as_caller {
+        format!(
+            "{}/{}:{location}",
+            ctx.pod.namespace, ctx.pod.service_account
+        )
+    } else {
+        format!("agent:{location}")
+    }
 }
 
 /// Reads the credential `selector` names, enforcing where it may live. Messages name the
@@ -133,14 +156,14 @@ enum Fetched {
     Catalog(std::sync::Arc<Secret>),
 }
 
-/// Reads the Secret at `location`: in a cluster, a namespaced store's credentials with the pod's
-/// own token; otherwise from the catalog (the agent's namespace, or standalone manifests).
+/// Reads the Secret at `location`: in a cluster, one read as the caller with the caller's own
+/// token; otherwise from the catalog (the agent's namespace, or standalone manifests).
 async fn fetch(ctx: &BuildContext<'_>, location: &Location) -> Result<Fetched, ProviderError> {
     let (namespace, name) = (&location.namespace, &location.name);
     let missing =
         || ProviderError::Config(format!("credential Secret {namespace}/{name} not found"));
-    match (ctx.store_kind, &ctx.env.kube) {
-        (StoreKind::SecretStore, Some(kube)) => {
+    match (location.as_caller, &ctx.env.kube) {
+        (true, Some(kube)) => {
             let as_pod = KubernetesSecrets::local(Some(kube), ctx.pod)?;
             let doc = as_pod
                 .get(&RemoteKey {
@@ -165,14 +188,21 @@ async fn fetch(ctx: &BuildContext<'_>, location: &Location) -> Result<Fetched, P
     }
 }
 
-/// The namespace a store of this kind may read credentials from.
+/// The namespace a store of this scope may read the credential `selector` names from.
 fn allowed_namespace<'a>(
     ctx: &'a BuildContext<'_>,
     selector: &'a SecretKeySelector,
 ) -> Result<&'a str, ProviderError> {
-    let (allowed, why) = match ctx.store_kind {
-        StoreKind::SecretStore => (ctx.pod.namespace.as_str(), "a SecretStore's own namespace"),
-        StoreKind::ClusterSecretStore => (
+    let (allowed, why) = match ctx.scope {
+        CredentialScope::Namespaced => {
+            (ctx.pod.namespace.as_str(), "a SecretStore's own namespace")
+        }
+        // Naming no namespace is what makes a read referent; a named one follows the rule of
+        // every ClusterSecretStore, so naming the caller's own namespace is refused too.
+        CredentialScope::Referent if selector.namespace.is_none() => {
+            (ctx.pod.namespace.as_str(), "the caller's namespace")
+        }
+        CredentialScope::Cluster | CredentialScope::Referent => (
             ctx.env.agent_namespace.as_str(),
             "the agent's namespace (ClusterSecretStore)",
         ),
@@ -201,4 +231,103 @@ fn json_field(doc: &SecretBytes, key: &str) -> Option<SecretBytes> {
     let (map, _held): (std::collections::BTreeMap<String, String>, _) =
         crate::json::parse(doc.expose()).ok()?;
     map.get(key).map(|v| SecretBytes::from(v.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::catalog::manifests::ManifestCatalog;
+    use crate::identity::PodInfo;
+    use crate::providers::Env;
+    use crate::telemetry::Metrics;
+
+    fn env() -> Env {
+        Env {
+            metrics: Arc::new(Metrics::new()),
+            kube: None,
+            catalog: Arc::new(ManifestCatalog::default()),
+            agent_namespace: "latchkey".into(),
+            aws_sessions: Default::default(),
+            vault_tokens: Default::default(),
+            plugins: Default::default(),
+            secrets_store: Default::default(),
+        }
+    }
+
+    fn pod(namespace: &str) -> PodInfo {
+        PodInfo {
+            namespace: namespace.into(),
+            name: "web-0".into(),
+            uid: String::new(),
+            service_account: "web".into(),
+            tokens: Default::default(),
+        }
+    }
+
+    fn selector(namespace: Option<&str>) -> SecretKeySelector {
+        SecretKeySelector {
+            name: "vault-token".into(),
+            key: "token".into(),
+            namespace: namespace.map(str::to_string),
+        }
+    }
+
+    /// Where `selector` is located for a pod of `namespace` under `scope`, and who a login made
+    /// from it is for.
+    fn located(
+        scope: CredentialScope,
+        namespace: &str,
+        at: Option<&str>,
+    ) -> Result<(String, bool, String), ProviderError> {
+        let (env, pod) = (env(), pod(namespace));
+        let ctx = BuildContext {
+            env: &env,
+            pod: &pod,
+            scope,
+            max_age: None,
+        };
+        let location = locate(&ctx, &selector(at))?;
+        Ok((
+            location.namespace.clone(),
+            location.as_caller,
+            reader(&ctx, &location),
+        ))
+    }
+
+    #[test]
+    fn a_referent_reference_without_namespace_is_the_caller_s_and_keyed_by_it() {
+        let (ns, as_caller, who) = located(CredentialScope::Referent, "team-a", None).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("team-a", true));
+        assert_eq!(who, "team-a/web:team-a/vault-token[token]");
+        let (_, _, other) = located(CredentialScope::Referent, "team-b", None).unwrap();
+        assert_ne!(who, other, "two tenants never share a login");
+    }
+
+    #[test]
+    fn a_referent_reference_naming_a_namespace_follows_the_cluster_store_rule() {
+        let (ns, as_caller, who) =
+            located(CredentialScope::Referent, "team-a", Some("latchkey")).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("latchkey", false));
+        assert_eq!(who, "agent:latchkey/vault-token[token]");
+        for named in ["team-b", "team-a"] {
+            let err = located(CredentialScope::Referent, "team-a", Some(named)).unwrap_err();
+            assert!(matches!(err, ProviderError::PermissionDenied(_)), "{err}");
+            assert!(
+                err.to_string().contains("outside the agent's namespace"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn inline_stores_keep_their_rules() {
+        let (ns, as_caller, _) = located(CredentialScope::Cluster, "team-a", None).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("latchkey", false));
+        let (ns, as_caller, who) = located(CredentialScope::Namespaced, "team-a", None).unwrap();
+        assert_eq!((ns.as_str(), as_caller), ("team-a", true));
+        assert!(who.starts_with("team-a/web:"), "{who}");
+        assert!(located(CredentialScope::Namespaced, "team-a", Some("latchkey")).is_err());
+    }
 }

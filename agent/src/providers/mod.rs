@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::api::StoreKind;
 use crate::api::validate::ProviderSpec;
+use crate::api::{CredentialScope, StoreKind};
 use crate::catalog::Catalog;
 use crate::identity::PodInfo;
 use crate::secret::SecretBytes;
@@ -209,11 +209,19 @@ pub struct BuildContext<'a> {
     pub env: &'a Env,
     /// The pod the values are for (namespace, service account, tokens).
     pub pod: &'a PodInfo,
-    /// Whether the store is namespaced or cluster-wide (decides where credentials may live).
-    pub store_kind: StoreKind,
+    /// Where the store's credential references may point and who reads them (a SecretStore,
+    /// an inline ClusterSecretStore, or a referent cluster-scoped provider object).
+    pub scope: CredentialScope,
     /// How old a value this fetch accepts (its refresh interval); `None`: any age. Lets a
     /// provider that reads many values in one call share that call across fetches.
     pub max_age: Option<Duration>,
+}
+
+impl BuildContext<'_> {
+    /// Kind of the store the values are read from.
+    pub fn store_kind(&self) -> StoreKind {
+        self.scope.store_kind()
+    }
 }
 
 /// Builds the provider a store's (validated) spec selects for one pod, with every request

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::api::StoreKind;
 use crate::api::validate::ProviderSpec;
+use crate::api::{CredentialScope, StoreKind};
 use crate::identity::PodInfo;
 use crate::mirror::consent;
 use crate::mirror::tokens::TokenMinter;
@@ -31,6 +31,8 @@ pub struct StoreTarget<'a> {
     pub service_account: &'a str,
     /// Kind of the store.
     pub kind: StoreKind,
+    /// Where its credential references may point (referent: as the PushSecret's account).
+    pub scope: CredentialScope,
     /// Name of the store.
     pub store: &'a str,
     /// Its (validated) provider block.
@@ -67,7 +69,7 @@ impl StorePushers {
     /// for the audiences the store needs, minted under the mirror's consent rules (the
     /// account's opt-in annotation is checked by the minter).
     async fn account(&self, target: &StoreTarget<'_>) -> Result<PodInfo, PushError> {
-        let audiences = consent::audiences(target.spec, target.kind, self.allow_agent_identity)
+        let audiences = consent::audiences(target.spec, target.scope, self.allow_agent_identity)
             .map_err(|e| ProviderError::Config(e.to_string()))?;
         let tokens = self
             .minter
@@ -87,7 +89,7 @@ impl StorePushers {
         BuildContext {
             env: &self.env,
             pod,
-            store_kind: target.kind,
+            scope: target.scope,
             max_age: None,
         }
     }

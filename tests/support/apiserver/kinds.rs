@@ -250,7 +250,8 @@ const fn provider_kind(
         kind,
         namespaced,
         crd: true,
-        status_subresource: false,
+        // `latchkey controller` writes their `Ready` condition (agent/src/provider_status).
+        status_subresource: true,
         fields: &[],
     }
 }

@@ -306,7 +306,7 @@ fn missing(kind: ProviderKind, cluster: bool) -> CatalogError {
 
 /// The provider kinds the API server serves, from the discovery documents of the two groups
 /// (a group none of whose CRDs is installed is a 404).
-async fn discover(client: &Client) -> Result<Vec<(ProviderKind, bool)>, CatalogError> {
+pub async fn discover(client: &Client) -> Result<Vec<(ProviderKind, bool)>, CatalogError> {
     let mut served = Vec::new();
     for (group, cluster) in [(PROVIDER_GROUP, false), (CLUSTER_PROVIDER_GROUP, true)] {
         let version = format!("{group}/{PROVIDER_VERSION}");

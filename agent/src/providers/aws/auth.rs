@@ -313,7 +313,7 @@ pub(super) async fn signer(
         (None, None, Some(_)) => {
             // Validation refuses this at bind time already; never sign with the node's
             // identity for a tenant's store, whatever the caller checked.
-            if ctx.store_kind != crate::api::StoreKind::ClusterSecretStore {
+            if ctx.store_kind() != crate::api::StoreKind::ClusterSecretStore {
                 return Err(ProviderError::PermissionDenied(
                     "auth.agentIdentity is only allowed on a ClusterSecretStore".into(),
                 ));

@@ -13,7 +13,6 @@ use super::errors::{login_error, server_error};
 use super::secret_auth::{self, CertLogin};
 use super::tokens::TokenKey;
 use super::transport::{self, Transport};
-use crate::api::StoreKind;
 use crate::api::store::VaultProvider;
 use crate::secret::SecretString;
 use crate::telemetry::metrics::{BackendLabels, ProviderLabel};
@@ -44,17 +43,9 @@ pub(super) async fn authenticate(
     };
     let cache = &ctx.env.vault_tokens;
     let pod_identity = format!("{}/{}", ctx.pod.namespace, ctx.pod.service_account);
-    // Who a login from credential Secrets is for.
-    let scoped = |location: String| match ctx.store_kind {
-        // Only admitted namespaces reach a ClusterSecretStore; its credential is the agent's.
-        StoreKind::ClusterSecretStore => format!("cluster:{location}"),
-        // A SecretStore's credential is read as the pod: a service account that may not read
-        // it must not reuse a token another service account of the namespace obtained.
-        StoreKind::SecretStore => format!(
-            "{}/{}:{location}",
-            ctx.pod.namespace, ctx.pod.service_account
-        ),
-    };
+    // Who a login from credential Secrets is for: the caller who read them (a SecretStore's,
+    // a referent store's), or the agent (an inline ClusterSecretStore's, in its namespace).
+    let scoped = |location: &credentials::Location| credentials::reader(ctx, location);
     let count_login = || {
         ctx.env
             .metrics
@@ -139,12 +130,7 @@ pub(super) async fn authenticate(
         // Checked BEFORE the cache lookup: a cached login must never let a store use a
         // credential it may not read (fail closed).
         let location = credentials::locate(ctx, &app_role.secret_ref)?;
-        let key = key(
-            "approle",
-            mount,
-            &app_role.role_id,
-            scoped(location.to_string()),
-        );
+        let key = key("approle", mount, &app_role.role_id, scoped(&location));
         return cache
             .get(&key, renew, || async {
                 let secret_id = credentials::read(ctx, &app_role.secret_ref).await?;
@@ -174,7 +160,7 @@ pub(super) async fn authenticate(
         let location = credentials::locate(ctx, &user_pass.secret_ref)?;
         let password = credentials::read(ctx, &user_pass.secret_ref).await?;
         let digest = secret_auth::digest(&[password.expose().as_bytes()])?;
-        let identity = format!("{}#{digest}", scoped(location.to_string()));
+        let identity = format!("{}#{digest}", scoped(&location));
         let key = key("userpass", mount, &user_pass.username, identity);
         return cache
             .get(&key, renew, || async {
@@ -211,7 +197,7 @@ pub(super) async fn authenticate(
         let private = credentials::read(ctx, &cert.secret_ref).await?;
         let digest =
             secret_auth::digest(&[chain.expose().as_bytes(), private.expose().as_bytes()])?;
-        let identity = format!("{}+{key_at}#{digest}", scoped(chain_at.to_string()));
+        let identity = format!("{}+{key_at}#{digest}", scoped(&chain_at));
         let key = key("cert", mount, "", identity);
         return cache
             .get(&key, renew, || async {

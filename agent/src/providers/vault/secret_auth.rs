@@ -124,6 +124,7 @@ mod tests {
             namespace: "shop".into(),
             name: name.into(),
             key: "k".into(),
+            as_caller: true,
         };
         let key = SecretString::new("-----BEGIN PRIVATE KEY-----\nsecret-key-bytes\n".into());
         let err = identity(

@@ -488,7 +488,7 @@ impl Generated {
         let ctx = BuildContext {
             env: &self.env,
             pod,
-            store_kind: scope,
+            scope: scope.into(),
             max_age: None,
         };
         generators::build(spec, &ctx).await

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 
 use super::PushController;
 use crate::api::push_secret::PushSecret;
-use crate::api::{StoreKind, validate};
+use crate::api::{CredentialScope, StoreKind, validate};
 use crate::catalog::binding::{
     BoundStore, ProviderResolution, admits, provider_spec, resolve_provider,
 };
@@ -58,6 +58,7 @@ impl PushController {
             push_secret: &object.name_any(),
             service_account: object.service_account(),
             kind,
+            scope: CredentialScope::of(kind, provider_object.as_deref()),
             store: name,
             spec,
         };
