@@ -302,6 +302,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             stopped().boxed().shared(),
         ))
     });
+    // Apart from the mirror's: PushSecret templates are another tenant-driven load.
+    let push_compute = Arc::new(
+        crate::compute::Pool::new(2, args.compute_timeout)
+            .context("starting the PushSecret template threads")?,
+    );
     let pushing = args.push_secrets.then(|| {
         let leading = leadership.clone();
         let minter = Arc::new(TokenMinter::new(client.clone()));
@@ -319,6 +324,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 allow_agent_identity: args.allow_agent_identity,
             }),
             cleanup_timeout: args.push_secret_cleanup_timeout,
+            compute: push_compute,
         }));
         tokio::spawn(run_while_leading(
             move |ended| Arc::clone(&controller).run(ended).boxed(),

@@ -33,11 +33,14 @@ use helpers::{bounded, describe, describe_targets, refresh};
 use super::plan::{self, Recorded, RemoteWrite};
 use super::pushers::{Pushers, fake_store_id};
 use super::source::SourceReader;
+use super::template;
 use crate::api::push_secret::{
-    PushDeletionPolicy, PushSecret, PushSecretStatus, PushUpdatePolicy, SyncedPush,
+    PushDeletionPolicy, PushSecret, PushSecretStatus, PushSecretStoreRef, PushUpdatePolicy,
+    SyncedPush,
 };
 use crate::api::validate;
 use crate::catalog::{Catalog, Lenient};
+use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, WARNING};
 use crate::mirror::status::with_ready;
 use crate::providers::push::{PushPolicy, Pushed, Pusher};
@@ -83,6 +86,8 @@ pub struct Parts {
     pub pushers: Arc<dyn Pushers>,
     /// How long deleting what was pushed is retried before the finalizer is released anyway.
     pub cleanup_timeout: Duration,
+    /// Where templates are evaluated (tenant CPU, off the async workers, with a time limit).
+    pub compute: Arc<Pool>,
 }
 
 /// Why a reconcile did not finish; it is retried.
@@ -264,7 +269,20 @@ impl PushController {
             .await
         {
             Ok(data) => {
-                plan::plan(&object.spec, secret, &data).map_err(|e| ("MissingKey", e.to_string()))
+                let t = object.spec.template.as_ref();
+                match template::apply(&self.parts.compute, &namespace, &name, t, data).await {
+                    // The fingerprints are of what the template computed: a changed template
+                    // over an unchanged Secret is pushed again, an unchanged one is not.
+                    Ok(data) => plan::plan(&object.spec, secret, &data).map_err(|e| {
+                        let after = if t.is_some() {
+                            " after spec.template"
+                        } else {
+                            ""
+                        };
+                        ("MissingKey", format!("{e}{after}"))
+                    }),
+                    Err(e) => Err(("TemplateFailed", e.to_string())),
+                }
             }
             Err(e) => Err(("SourceUnavailable", e.to_string())),
         };
@@ -285,21 +303,20 @@ impl PushController {
         };
         let if_not_exists = object.spec.update_policy == PushUpdatePolicy::IfNotExists;
         let mut synced = BTreeMap::new();
-        let mut failures: Vec<(&'static str, String)> = Vec::new();
+        let selection = self.select_stores(object, &namespace).await;
+        let mut failures: Vec<(&'static str, String)> = selection.failures.clone();
         let mut wrote = false;
-        for store_ref in &object.spec.secret_store_refs {
-            let key = store_ref.status_key();
+        for (kind, store) in &selection.stores {
+            let (kind, store) = (*kind, store.as_str());
+            let key = PushSecretStoreRef::status_key_of(kind, store);
             let before = previous
                 .synced_push_secrets
                 .get(&key)
                 .cloned()
                 .unwrap_or_default();
-            let id = fake_store_id(store_ref.kind, &namespace, &store_ref.name);
+            let id = fake_store_id(kind, &namespace, store);
             let mut now = BTreeMap::new();
-            match self
-                .pusher(object, &namespace, store_ref.kind, &store_ref.name)
-                .await
-            {
+            match self.pusher(object, &namespace, kind, store).await {
                 Err((reason, why)) => {
                     failures.push((reason, format!("{who}, {key}: {why}")));
                     now = before;
@@ -335,6 +352,13 @@ impl PushController {
             }
             if !now.is_empty() {
                 synced.insert(key, now);
+            }
+        }
+        // A selector that could not be expanded says nothing of which stores stopped matching:
+        // what was pushed to stores of its kind stays listed (and is not pruned).
+        for (key, remotes) in &previous.synced_push_secrets {
+            if !synced.contains_key(key) && selection.keeps(key) {
+                synced.insert(key.clone(), remotes.clone());
             }
         }
         if object.spec.deletion_policy == PushDeletionPolicy::Delete {
