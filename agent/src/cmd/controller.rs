@@ -87,7 +87,7 @@ pub struct ControllerArgs {
     /// Most bytes of values the shared cache holds.
     #[arg(long, default_value = "64Mi", value_parser = super::parse_size)]
     pub cache_max_bytes: u64,
-    /// Longest one ExternalSecret may spend rendering its values.
+    /// Longest one ExternalSecret (or PushSecret template) may spend rendering its values.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub compute_timeout: Duration,
     /// Directory of secret-store plugin sockets: a `plugin` store's `unix://` endpoint must
