@@ -259,15 +259,6 @@ impl PushSecret {
 }
 
 impl PushSecretStoreRef {
-    /// A ref to the store `kind/name`.
-    pub fn named(kind: StoreKind, name: impl Into<String>) -> Self {
-        Self {
-            name: Some(name.into()),
-            kind,
-            label_selector: None,
-        }
-    }
-
     /// The key of a store in `status.syncedPushSecrets`.
     pub fn status_key_of(kind: StoreKind, name: &str) -> String {
         format!("{kind}/{name}")

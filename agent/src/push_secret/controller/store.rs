@@ -37,12 +37,14 @@ pub(super) struct Selection {
 }
 
 impl Selection {
-    fn add(&mut self, kind: StoreKind, name: &str) -> bool {
-        let new = !self.stores.iter().any(|(k, n)| *k == kind && n == name);
-        if new {
+    fn has(&self, kind: StoreKind, name: &str) -> bool {
+        self.stores.iter().any(|(k, n)| *k == kind && n == name)
+    }
+
+    fn add(&mut self, kind: StoreKind, name: &str) {
+        if !self.has(kind, name) {
             self.stores.push((kind, name.to_string()));
         }
-        new
     }
 
     /// Whether what was pushed to the store `status_key` must be kept although it is not
@@ -88,15 +90,7 @@ impl PushController {
                 ));
                 continue;
             }
-            let new = matched
-                .iter()
-                .filter(|n| {
-                    !selection
-                        .stores
-                        .iter()
-                        .any(|(k, m)| *k == r.kind && m == *n)
-                })
-                .count();
+            let new = matched.iter().filter(|n| !selection.has(r.kind, n)).count();
             if selection.stores.len() + new > MAX_PUSH_SELECTED_STORES {
                 selection.failures.push((
                     "TooManyStores",
