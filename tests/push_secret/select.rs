@@ -151,13 +151,14 @@ async fn a_label_selector_pushes_to_every_labelled_store_and_follows_the_labels(
         );
     }
     let by_label = |kind: &str, labels: &Value| json!({"kind": kind, "labelSelector": {"matchLabels": labels}});
+    // Refreshed hourly: only the store watch can make it follow a relabelling in the test.
     s.apply(push_secret(
         "fanout",
         json!([
             by_label("SecretStore", &yes),
             by_label("ClusterSecretStore", &yes)
         ]),
-        json!({}),
+        json!({"refreshInterval": "1h"}),
     ));
     s.apply(push_secret(
         "too-many",
@@ -206,8 +207,11 @@ async fn a_label_selector_pushes_to_every_labelled_store_and_follows_the_labels(
     .await;
     assert_eq!(condition["reason"], "NoStoreSelected", "{condition}");
 
-    // A store that gains the label is written at the next refresh (5 s here); one that loses
-    // it is treated as a ref removed from the spec: with Delete, what was pushed there goes.
+    // A store that gains the label is written within seconds (the controller watches the
+    // stores' labels); one that loses it is treated as a ref removed from the spec: with
+    // Delete, what was pushed there goes.
+    // Past the reconcile its own status write starts, so that only the watch can notice.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let labelled = Instant::now();
     fake_store(&s, "SecretStore", "c", yes.clone(), Value::Null);
     fake_store(&s, "SecretStore", "a", json!({}), Value::Null);

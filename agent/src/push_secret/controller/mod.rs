@@ -29,6 +29,7 @@ mod store;
 mod tests;
 
 use helpers::{bounded, describe, describe_targets, refresh};
+use store::{StoreLabels, selecting};
 
 use super::plan::{self, Recorded, RemoteWrite};
 use super::pushers::{Pushers, fake_store_id};
@@ -38,7 +39,7 @@ use crate::api::push_secret::{
     PushDeletionPolicy, PushSecret, PushSecretStatus, PushSecretStoreRef, PushUpdatePolicy,
     SyncedPush,
 };
-use crate::api::validate;
+use crate::api::{ClusterSecretStore, SecretStore, StoreKind, validate};
 use crate::catalog::{Catalog, Lenient};
 use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, WARNING};
@@ -157,12 +158,18 @@ impl PushController {
 
     async fn run_in(self: Arc<Self>, namespace: Option<String>, stop: Stop) {
         let client = self.parts.client.clone();
-        let (pushes, secrets) = match &namespace {
+        let cluster_stores = Api::<PartialObjectMeta<ClusterSecretStore>>::all(client.clone());
+        let (pushes, secrets, stores) = match &namespace {
             Some(ns) => (
                 Api::<Lenient<PushSecret>>::namespaced(client.clone(), ns),
-                Api::<PartialObjectMeta<Secret>>::namespaced(client, ns),
+                Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns),
+                Api::<PartialObjectMeta<SecretStore>>::namespaced(client, ns),
             ),
-            None => (Api::all(client.clone()), Api::all(client)),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client),
+            ),
         };
         let controller = Controller::new(pushes, watcher::Config::default())
             .with_config(ControllerConfig::default().concurrency(CONCURRENCY));
@@ -170,6 +177,19 @@ impl PushController {
         // Metadata only, and no cache of them: each event is mapped to the PushSecrets of its
         // namespace that name it, and the value is read as their account.
         let secret_events = watcher(secrets, watcher::Config::default())
+            .default_backoff()
+            .touched_objects();
+        // Stores by metadata too: a store whose labels change (or a new one) starts the pushes
+        // of the PushSecrets that select stores of its kind, so a store that gains a label is
+        // written within seconds rather than at the next refresh. Best effort: the selection
+        // reads the catalog's own watch, which may see the change a moment later; the next
+        // refresh catches up then.
+        let (seen_stores, store_labels) = (controller.store(), StoreLabels::default());
+        let store_events = watcher(stores, watcher::Config::default())
+            .default_backoff()
+            .touched_objects();
+        let (seen_cluster, cluster_labels) = (controller.store(), StoreLabels::default());
+        let cluster_events = watcher(cluster_stores, watcher::Config::default())
             .default_backoff()
             .touched_objects();
         controller
@@ -186,6 +206,27 @@ impl PushController {
                     .map(|p| ObjectRef::from_obj(p.as_ref()))
                     .collect::<Vec<_>>()
             })
+            .watches_stream(store_events, move |s: PartialObjectMeta<SecretStore>| {
+                let namespace = s.namespace();
+                let key = format!(
+                    "{}/{}",
+                    namespace.as_deref().unwrap_or_default(),
+                    s.name_any()
+                );
+                if !store_labels.changed(key, s.labels()) {
+                    return Vec::new();
+                }
+                selecting(&seen_stores, StoreKind::SecretStore, namespace.as_deref())
+            })
+            .watches_stream(
+                cluster_events,
+                move |s: PartialObjectMeta<ClusterSecretStore>| {
+                    if !cluster_labels.changed(s.name_any(), s.labels()) {
+                        return Vec::new();
+                    }
+                    selecting(&seen_cluster, StoreKind::ClusterSecretStore, None)
+                },
+            )
             .graceful_shutdown_on(stop)
             .run(
                 |ps, me: Arc<PushController>| async move { me.reconcile(&ps).await },

@@ -4,10 +4,11 @@
 //! its provider inline or by `providerRef` (resolved and checked as a publish does), and the
 //! writer for it as the PushSecret's service account.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::PushController;
 use crate::api::push_secret::{PushSecret, PushSecretStoreRef};
@@ -16,7 +17,7 @@ use crate::api::{StoreKind, validate};
 use crate::catalog::binding::{
     BoundStore, ProviderResolution, admits, provider_spec, resolve_provider,
 };
-use crate::catalog::{Catalog, CatalogError};
+use crate::catalog::{Catalog, CatalogError, Lenient};
 use crate::providers::push::Pusher;
 use crate::push_secret::pushers::StoreTarget;
 
@@ -54,6 +55,53 @@ impl Selection {
             .iter()
             .any(|kind| status_key.starts_with(&format!("{kind}/")))
     }
+}
+
+/// Most stores whose labels are remembered per watch; past it the record starts over (every
+/// store then counts as changed once: a push of unchanged data costs no write).
+const MAX_REMEMBERED_STORES: usize = 100_000;
+
+/// The labels last seen per store, so that a store watch starts pushes only when a store's
+/// labels change (or a store appears), not on every change of its spec or status.
+#[derive(Debug, Default)]
+pub(super) struct StoreLabels(Mutex<HashMap<String, BTreeMap<String, String>>>);
+
+impl StoreLabels {
+    /// Whether `labels` differ from what was last seen for the store `key`; remembers them.
+    pub fn changed(&self, key: String, labels: &BTreeMap<String, String>) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.get(&key) == Some(labels) {
+            return false;
+        }
+        if seen.len() >= MAX_REMEMBERED_STORES && !seen.contains_key(&key) {
+            seen.clear();
+        }
+        seen.insert(key, labels.clone());
+        true
+    }
+}
+
+/// The PushSecrets that select stores of `kind` by label (for a SecretStore, those of its
+/// `namespace`): the ones a change of that store's labels may concern.
+pub(super) fn selecting(
+    seen: &Store<Lenient<PushSecret>>,
+    kind: StoreKind,
+    namespace: Option<&str>,
+) -> Vec<ObjectRef<Lenient<PushSecret>>> {
+    seen.state()
+        .iter()
+        .filter(|p| match p.as_ref() {
+            Lenient::Usable(o) => {
+                (kind == StoreKind::ClusterSecretStore || o.namespace().as_deref() == namespace)
+                    && o.spec
+                        .secret_store_refs
+                        .iter()
+                        .any(|r| r.kind == kind && r.label_selector.is_some())
+            }
+            Lenient::Unusable { .. } => false,
+        })
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
 }
 
 impl PushController {

@@ -87,3 +87,19 @@ fn a_selector_that_could_not_be_expanded_keeps_only_its_kind() {
     selection.unresolved.clear();
     assert!(!selection.keeps("SecretStore/a"));
 }
+
+#[test]
+fn only_a_change_of_a_stores_labels_starts_pushes() {
+    let seen = store::StoreLabels::default();
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(seen.changed("shop/a".into(), &labels(&[("push", "yes")])));
+    // A spec or status change of the store: the same labels.
+    assert!(!seen.changed("shop/a".into(), &labels(&[("push", "yes")])));
+    assert!(seen.changed("shop/a".into(), &labels(&[])));
+    assert!(seen.changed("shop/b".into(), &labels(&[])));
+}
