@@ -128,6 +128,7 @@ async fn start(s: &FakeApiServer) -> Running {
             allow_agent_identity: false,
         }),
         cleanup_timeout: Duration::from_secs(30),
+        compute: Arc::new(latchkey::compute::Pool::new(1, Duration::from_secs(5)).unwrap()),
         generators: PushGenerators {
             env,
             minter,

@@ -6,6 +6,10 @@
 
 mod support;
 
+// Stores by `labelSelector` and `spec.template`, in a file of their own.
+#[path = "push_secret/select.rs"]
+mod select;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

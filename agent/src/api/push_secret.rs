@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::external_secret::{Condition, GeneratorRef, StoreKind};
+use super::external_secret::{Condition, GeneratorRef, StoreKind, Template};
 use super::store::LabelSelector;
 
 // The `x-kubernetes-validations` rules below come from `super::rules`, which documents them; the
@@ -35,7 +35,6 @@ use super::store::LabelSelector;
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = &crate::api::rules::PUSH_STORES_AND_DATA)]
-#[x_kube(validation = &crate::api::rules::PUSH_NO_TEMPLATE)]
 #[serde(rename_all = "camelCase")]
 pub struct PushSecretSpec {
     /// The stores written to, each one with every entry of `data`.
@@ -73,9 +72,32 @@ pub struct PushSecretSpec {
         regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
     )]
     pub service_account_name: Option<String>,
-    /// ESO's template: not supported yet, refused when set.
+    /// CEL templates over the source Secret's keys (`secret`), computing the keys that
+    /// `data[].match.secretKey` then picks, as an ExternalSecret's `target.template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template: Option<NotSupported>,
+    pub template: Option<PushSecretTemplate>,
+}
+
+/// A PushSecret's `template`: the ExternalSecret's CEL template (`data`, `mergePolicy`), plus
+/// ESO's Go-template fields, declared only so that the rules refuse them instead of the API
+/// server pruning them (which would push something else than the author meant).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = &crate::api::rules::PUSH_TEMPLATE_CEL)]
+#[x_kube(validation = &crate::api::rules::PUSH_TEMPLATE_NO_SECRET_FIELDS)]
+#[serde(rename_all = "camelCase")]
+pub struct PushSecretTemplate {
+    /// Output key -> CEL expression over `secret` (the source Secret's keys); `mergePolicy`
+    /// `Replace` (default: only these keys) or `Merge` (the Secret's keys plus these). `type`
+    /// and `metadata` shape a Secret, which a push does not write: refused when set.
+    #[serde(flatten)]
+    pub template: Template,
+    /// ESO's Go template engine version: refused (Latchkey templates are CEL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::api::rules::MAX_NAME_LEN))]
+    pub engine_version: Option<String>,
+    /// ESO's templates read from ConfigMaps or Secrets: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_from: Option<Vec<NotSupported>>,
 }
 
 /// A field of ESO's PushSecret that Latchkey does not implement yet. Declared (as an object with
@@ -84,22 +106,25 @@ pub struct PushSecretSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct NotSupported {}
 
-/// One store a PushSecret writes to.
+/// One store a PushSecret writes to, by name, or every store of `kind` its `labelSelector`
+/// matches (exactly one of the two).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = &crate::api::rules::PUSH_STORE_BY_NAME)]
 #[serde(rename_all = "camelCase")]
 pub struct PushSecretStoreRef {
-    /// Name of the store.
+    /// Name of the store (unset: the ref selects stores by `labelSelector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = crate::api::rules::MAX_NAME_LEN),
         regex(pattern = crate::api::rules::DNS_SUBDOMAIN.regex)
     )]
     #[x_kube(validation = &crate::api::rules::NOT_EMPTY)]
-    pub name: String,
+    pub name: Option<String>,
     /// `SecretStore` (default) or `ClusterSecretStore`.
     #[serde(default)]
     pub kind: StoreKind,
-    /// ESO's store selection by label: not supported yet, refused when set.
+    /// Every store of `kind` whose labels match (SecretStores of the PushSecret's namespace;
+    /// ClusterSecretStores that admit it); a PushSecret writes at most 16 stores in all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<LabelSelector>,
 }
@@ -236,8 +261,35 @@ impl PushSecret {
 }
 
 impl PushSecretStoreRef {
-    /// The key of this store in `status.syncedPushSecrets`.
-    pub fn status_key(&self) -> String {
-        format!("{}/{}", self.kind, self.name)
+    /// The key of a store in `status.syncedPushSecrets`.
+    pub fn status_key_of(kind: StoreKind, name: &str) -> String {
+        format!("{kind}/{name}")
     }
+
+    /// The ref for messages: `SecretStore/name` (its key in `status.syncedPushSecrets`), or
+    /// the kind and the selector (`SecretStore{push=yes}`).
+    pub fn describe(&self) -> String {
+        match (&self.name, &self.label_selector) {
+            (Some(name), _) => Self::status_key_of(self.kind, name),
+            (None, Some(selector)) => format!("{}{{{}}}", self.kind, describe_selector(selector)),
+            (None, None) => format!("{}{{}}", self.kind),
+        }
+    }
+}
+
+/// A label selector as `kubectl` writes one: `a=b,c in (d,e),!f`.
+pub fn describe_selector(selector: &LabelSelector) -> String {
+    let labels = selector
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"));
+    let expressions = selector
+        .match_expressions
+        .iter()
+        .map(|e| match e.operator.as_str() {
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            op => format!("{} {} ({})", e.key, op.to_lowercase(), e.values.join(",")),
+        });
+    labels.chain(expressions).collect::<Vec<_>>().join(",")
 }

@@ -279,12 +279,23 @@ pub const PUSH_STORES_AND_DATA: CelRule = CelRule {
     message: "secretStoreRefs and data must each have at least one entry",
 };
 
-/// On a PushSecret's `spec`: templates are not implemented yet; refused rather than pruned or
-/// ignored, so a manifest written for ESO does not push the raw value where a rendered one was
-/// meant.
-pub const PUSH_NO_TEMPLATE: CelRule = CelRule {
-    rule: "!has(self.template)",
-    message: "template is not supported yet",
+/// On a PushSecret's `spec.template`: Latchkey templates are CEL expressions under `data`;
+/// ESO's Go-template options would be pruned by the API server and the raw value pushed where a
+/// rendered one was meant, so they are refused.
+pub const PUSH_TEMPLATE_CEL: CelRule = CelRule {
+    rule: "!has(self.engineVersion) && !has(self.templateFrom)",
+    message: "engineVersion and templateFrom are not supported: templates are CEL expressions \
+              under data (latchkey convert turns simple Go templates into CEL)",
+};
+
+/// On a PushSecret's `spec.template`: `type`, `labels` and `annotations` shape a Secret, and a
+/// push writes none; refused rather than ignored (empty maps, as ESO's examples carry, pass).
+pub const PUSH_TEMPLATE_NO_SECRET_FIELDS: CelRule = CelRule {
+    rule: "!has(self.type) && (!has(self.metadata) || \
+           ((!has(self.metadata.labels) || size(self.metadata.labels) == 0) && \
+            (!has(self.metadata.annotations) || size(self.metadata.annotations) == 0)))",
+    message: "type and metadata are not supported on a PushSecret's template: a push writes no \
+              Secret",
 };
 
 /// On a PushSecret's `spec.selector`: one source, a Secret of the namespace or a generator
@@ -294,12 +305,20 @@ pub const PUSH_ONE_SOURCE: CelRule = CelRule {
     message: "must set exactly one of secret or generatorRef",
 };
 
-/// On a PushSecret's `spec.secretStoreRefs[]`: stores are named; selecting them by label is
-/// not implemented yet.
+/// On a PushSecret's `spec.secretStoreRefs[]`: a store is named, or selected by label, not both
+/// (ESO: a `labelSelector` ref ignores `name`; here the author says which is meant).
 pub const PUSH_STORE_BY_NAME: CelRule = CelRule {
-    rule: "!has(self.labelSelector)",
-    message: "labelSelector is not supported yet; name the store",
+    rule: "has(self.name) != has(self.labelSelector)",
+    message: "must set exactly one of name and labelSelector",
 };
+
+/// Most stores one PushSecret writes: named ones and those its selectors match together.
+pub const MAX_PUSH_SELECTED_STORES: usize = MAX_PUSH_STORES;
+
+/// Most terms (`matchLabels` entries plus `matchExpressions`) and values per expression of a
+/// PushSecret's store `labelSelector`; agent-only (the selector type is shared with stores'
+/// `namespaceSelector`), it bounds the cost of matching it against every store.
+pub const MAX_PUSH_SELECTOR_TERMS: usize = 16;
 
 // ---- SecretStore / ClusterSecretStore -------------------------------------------------------
 

@@ -32,7 +32,8 @@ use super::lenient::Lenient;
 use super::{Catalog, CatalogError};
 use crate::api::generator::GeneratorObject;
 use crate::api::provider_kinds::{ProviderKind, ProviderObject};
-use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+use crate::api::store::LabelSelector;
+use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::KindLabel;
 
@@ -451,4 +452,48 @@ impl Catalog for KubernetesCatalog {
     fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire) >= self.reflectors && self.providers.is_synced()
     }
+
+    async fn stores_matching(
+        &self,
+        kind: StoreKind,
+        namespace: &str,
+        selector: &LabelSelector,
+    ) -> Result<Vec<String>, CatalogError> {
+        // Before the first list the caches hold only some stores: a selection from them would
+        // be partial (and a store that stopped matching would look deleted).
+        if self.synced.load(Ordering::Acquire) < self.reflectors {
+            return Err(CatalogError::Unavailable(
+                "the stores are not all listed yet".into(),
+            ));
+        }
+        let mut names = match kind {
+            StoreKind::SecretStore => matching(&self.secret_stores, Some(namespace), selector),
+            StoreKind::ClusterSecretStore => matching(&self.cluster_secret_stores, None, selector),
+        };
+        names.sort_unstable();
+        Ok(names)
+    }
+}
+
+/// The names of the cached objects (of `namespace`, if given) whose labels `selector` matches.
+fn matching<K>(
+    store: &Store<Lenient<K>>,
+    namespace: Option<&str>,
+    selector: &LabelSelector,
+) -> Vec<String>
+where
+    K: Resource + Clone,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let empty = BTreeMap::new();
+    store
+        .state()
+        .iter()
+        .filter(|o| namespace.is_none() || o.meta().namespace.as_deref() == namespace)
+        .filter(|o| {
+            let labels = o.meta().labels.as_ref().unwrap_or(&empty);
+            super::binding::selector_matches(selector, labels).is_ok()
+        })
+        .filter_map(|o| o.meta().name.clone())
+        .collect()
 }

@@ -18,7 +18,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::api::generator::GeneratorObject;
 use crate::api::provider_kinds::{ProviderKind, ProviderObject};
-use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore};
+use crate::api::store::LabelSelector;
+use crate::api::{ClusterSecretStore, ExternalSecret, SecretStore, StoreKind};
 
 pub use binding::{Binding, BindingError, BoundStore, bind};
 pub use generators::bind_generator;
@@ -144,4 +145,18 @@ pub trait Catalog: Send + Sync {
     ) -> Result<BTreeMap<String, String>, CatalogError>;
     /// True once the catalog holds a complete view (always true for manifests).
     fn is_synced(&self) -> bool;
+    /// The names of the stores of `kind` whose labels `selector` matches: SecretStores of
+    /// `namespace`, or ClusterSecretStores (whatever their conditions), unusable ones included
+    /// (a lookup by name reports them). An error rather than a partial list while the stores
+    /// are not all listed yet (a PushSecret's `labelSelector`).
+    async fn stores_matching(
+        &self,
+        _kind: StoreKind,
+        _namespace: &str,
+        _selector: &LabelSelector,
+    ) -> Result<Vec<String>, CatalogError> {
+        Err(CatalogError::Unavailable(
+            "this catalog cannot select stores by label".into(),
+        ))
+    }
 }

@@ -89,7 +89,7 @@ pub struct ControllerArgs {
     /// Most bytes of values the shared cache holds.
     #[arg(long, default_value = "64Mi", value_parser = super::parse_size)]
     pub cache_max_bytes: u64,
-    /// Longest one ExternalSecret may spend rendering its values.
+    /// Longest one ExternalSecret (or PushSecret template) may spend rendering its values.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub compute_timeout: Duration,
     /// Directory of secret-store plugin sockets: a `plugin` store's `unix://` endpoint must
@@ -304,6 +304,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             stopped().boxed().shared(),
         ))
     });
+    // Apart from the mirror's: PushSecret templates are another tenant-driven load.
+    let push_compute = Arc::new(
+        crate::compute::Pool::new(2, args.compute_timeout)
+            .context("starting the PushSecret template threads")?,
+    );
     let pushing = args.push_secrets.then(|| {
         let leading = leadership.clone();
         let minter = Arc::new(TokenMinter::new(client.clone()));
@@ -331,6 +336,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                     finalizer: args.generator_gc,
                 },
             },
+            compute: push_compute,
         }));
         tokio::spawn(run_while_leading(
             move |ended| Arc::clone(&controller).run(ended).boxed(),

@@ -1,21 +1,27 @@
 //! External Secrets Operator `PushSecret` (v1alpha1) -> Latchkey PushSecret. The fields are
-//! ESO's; a `generatorRef` of a kind Latchkey has too (those of [`super::eso_generator`]) is
-//! carried over to `generators.latchkey.dev`. What Latchkey does not implement (store
-//! `labelSelector`, another generator kind, a Secret selected by labels, `template`, `dataTo`,
-//! a `conversionStrategy` other than `None`) fails the object rather than pushing something
-//! else than the author meant. Provider `metadata` is noted and dropped. Every PushSecret gets
-//! the note of who now reads and writes.
+//! ESO's; store `labelSelector`s carry over, and so does a `template` whose Go templates are the
+//! trivial ones [`super::template`] turns into CEL, and a `generatorRef` of a kind Latchkey has
+//! (those of [`super::eso_generator`], to `generators.latchkey.dev`). What Latchkey does not
+//! implement (another generator kind, a Secret selected by labels, any other template,
+//! `dataTo`, a `conversionStrategy` other than `None`) fails the object rather than pushing
+//! something else than the author meant. Provider `metadata` is noted and dropped. Every
+//! PushSecret gets the note of who now reads and writes.
+
+use std::collections::BTreeMap;
 
 use super::fields::Fields;
 use super::mirrored::{ALLOW_CONTROLLER, BEFORE_ESO, DEFAULT_SERVICE_ACCOUNT};
 use super::notes::{Notes, quoted};
 use super::output::{Document, Meta};
+use super::template::go_to_cel;
 use crate::api::StoreKind;
-use crate::api::external_secret::GeneratorRef;
+use crate::api::external_secret::{GeneratorRef, Template, TemplateMergePolicy};
 use crate::api::push_secret::{
     PushDeletionPolicy, PushRemoteRef, PushSecret, PushSecretData, PushSecretMatch,
-    PushSecretSelector, PushSecretSource, PushSecretSpec, PushSecretStoreRef, PushUpdatePolicy,
+    PushSecretSelector, PushSecretSource, PushSecretSpec, PushSecretStoreRef, PushSecretTemplate,
+    PushUpdatePolicy,
 };
+use crate::api::store::{LabelSelector, LabelSelectorRequirement};
 
 /// Fields Latchkey refuses rather than drops: each changes what is pushed, or where.
 const NOT_YET: &str = "is not supported by Latchkey yet \
@@ -30,11 +36,10 @@ pub fn push_secret(
     let mut spec = top
         .object("spec", notes)
         .ok_or("spec is missing or not an object")?;
-    for key in ["template", "dataTo"] {
-        if spec.has(key) {
-            return Err(format!("{} {NOT_YET}", spec.at(key)));
-        }
+    if spec.has("dataTo") {
+        return Err(format!("{} {NOT_YET}", spec.at("dataTo")));
     }
+    let template = template(&mut spec, notes)?;
     let refresh_interval = spec.duration(
         "refreshInterval",
         notes,
@@ -65,12 +70,27 @@ pub fn push_secret(
     let mut secret_store_refs = Vec::new();
     for (path, item) in spec.list("secretStoreRefs", notes) {
         let mut r = Fields::of(item, &path, notes).ok_or(format!("{path} is not an object"))?;
-        if r.has("labelSelector") {
-            return Err(format!("{} {NOT_YET}", r.at("labelSelector")));
-        }
-        let name = r
-            .string("name", notes)
-            .ok_or(format!("{path}.name is missing"))?;
+        let label_selector = match r.object("labelSelector", notes) {
+            Some(mut l) => Some(label_selector(&mut l, notes)?),
+            None => None,
+        };
+        // As ESO: a ref with a selector selects by it, whatever its name says.
+        let name = match label_selector {
+            Some(_) => {
+                if r.has("name") {
+                    let _ = r.string("name", notes);
+                    notes.warn(
+                        r.at("name"),
+                        "ESO ignores the name of a ref with a labelSelector; not carried over",
+                    );
+                }
+                None
+            }
+            None => Some(
+                r.string("name", notes)
+                    .ok_or(format!("{path}.name is missing"))?,
+            ),
+        };
         let kind = match r.string("kind", notes).as_deref() {
             None | Some("SecretStore") => StoreKind::SecretStore,
             Some("ClusterSecretStore") => StoreKind::ClusterSecretStore,
@@ -86,7 +106,7 @@ pub fn push_secret(
         secret_store_refs.push(PushSecretStoreRef {
             name,
             kind,
-            label_selector: None,
+            label_selector,
         });
     }
     let source = selector(&mut spec, notes)?;
@@ -153,11 +173,115 @@ pub fn push_secret(
             update_policy,
             deletion_policy,
             service_account_name: None,
-            template: None,
+            template,
         },
     );
     ps.metadata = meta.object_meta(&meta.name, true);
     Ok(vec![Document::PushSecret(Box::new(ps))])
+}
+
+/// A store `labelSelector`; a requirement it cannot read fails the object (without it the
+/// selector would select more stores).
+fn label_selector(s: &mut Fields<'_>, notes: &mut Notes) -> Result<LabelSelector, String> {
+    let match_labels = s.strings("matchLabels", notes);
+    let mut match_expressions = Vec::new();
+    for (path, item) in s.list("matchExpressions", notes) {
+        let mut e = Fields::of(item, &path, notes).ok_or(format!("{path} is not an object"))?;
+        let key = e.string("key", notes);
+        let operator = e.string("operator", notes);
+        let values = e.string_list("values", notes);
+        e.finish(notes);
+        let (Some(key), Some(operator)) = (key, operator) else {
+            return Err(format!("{path} needs key and operator"));
+        };
+        match_expressions.push(LabelSelectorRequirement {
+            key,
+            operator,
+            values,
+        });
+    }
+    s.finish(notes);
+    Ok(LabelSelector {
+        match_labels,
+        match_expressions,
+    })
+}
+
+/// `spec.template`: its `data` when every Go template is a trivial one (literal text and key
+/// references, turned into CEL), with `mergePolicy`; anything else fails the object, naming
+/// the field, since Latchkey would refuse it or push another value.
+fn template(
+    spec: &mut Fields<'_>,
+    notes: &mut Notes,
+) -> Result<Option<PushSecretTemplate>, String> {
+    let Some(mut t) = spec.object("template", notes) else {
+        return Ok(None);
+    };
+    match t.string("engineVersion", notes).as_deref() {
+        None | Some("v2") => {}
+        Some(other) => {
+            return Err(format!(
+                "{}: {} templates are not converted (only engine v2's simple ones are)",
+                t.at("engineVersion"),
+                quoted(other)
+            ));
+        }
+    }
+    if t.has("templateFrom") {
+        return Err(format!(
+            "{}: templates read from ConfigMaps or Secrets have no Latchkey equivalent",
+            t.at("templateFrom")
+        ));
+    }
+    if t.has("type") {
+        return Err(format!(
+            "{}: a PushSecret's template writes no Secret; Latchkey refuses type",
+            t.at("type")
+        ));
+    }
+    if let Some(mut m) = t.object("metadata", notes) {
+        let at = m.path().to_string();
+        let labels = m.strings("labels", notes);
+        let annotations = m.strings("annotations", notes);
+        m.finish(notes);
+        if !labels.is_empty() || !annotations.is_empty() {
+            return Err(format!(
+                "{at}: a PushSecret's template writes no Secret; Latchkey refuses labels and \
+                 annotations"
+            ));
+        }
+    }
+    let merge_policy = match t.string("mergePolicy", notes).as_deref() {
+        None => None,
+        Some("Replace") => Some(TemplateMergePolicy::Replace),
+        Some("Merge") => Some(TemplateMergePolicy::Merge),
+        Some(other) => {
+            return Err(format!(
+                "{}: {} is neither Replace nor Merge",
+                t.at("mergePolicy"),
+                quoted(other)
+            ));
+        }
+    };
+    let data_path = t.at("data");
+    let mut data = BTreeMap::new();
+    for (key, tpl) in t.strings("data", notes) {
+        let cel = go_to_cel(&tpl).ok_or(format!(
+            "{data_path}.{key}: Go template {} is not converted (only literal text and {{{{ .key }}}} \
+             references are); write it as a CEL expression over `secret` (docs/push-secret.md)",
+            quoted(&tpl)
+        ))?;
+        data.insert(key, cel);
+    }
+    t.finish(notes);
+    Ok(Some(PushSecretTemplate {
+        template: Template {
+            data,
+            merge_policy,
+            ..Default::default()
+        },
+        ..Default::default()
+    }))
 }
 
 /// What a PushSecret pushes.

@@ -110,7 +110,7 @@ impl GeneratedValues {
         catalog: &dyn Catalog,
         object: &PushSecret,
         reference: &GeneratorRef,
-        previous: &PushSecretStatus,
+        previous: Reached<'_>,
         every: Option<Duration>,
         may_write: bool,
     ) -> Result<Generated, Failed> {
@@ -225,22 +225,18 @@ impl GeneratedValues {
         Ok(made)
     }
 
-    /// After a push of `object`'s held value: `delivered` are the stores that hold it now.
+    /// After a push of `object`'s held value to the stores `wanted` (those written now):
+    /// `delivered` are the stores that hold it now.
     /// Once every store does, its state says so and earlier states retire; a value no store
     /// took is cleaned up.
     pub async fn settle(
         &self,
         gens: &PushGenerators,
         object: &PushSecret,
+        wanted: &BTreeSet<String>,
         delivered: BTreeSet<String>,
     ) {
         let uid = object.uid().unwrap_or_default();
-        let wanted: BTreeSet<String> = object
-            .spec
-            .secret_store_refs
-            .iter()
-            .map(|s| s.status_key())
-            .collect();
         enum Next {
             Wait,
             Discard(Option<Made>),
@@ -255,7 +251,7 @@ impl GeneratedValues {
                     h.stores.extend(delivered);
                     if h.stores.is_empty() {
                         Next::Discard(held.remove(&uid).and_then(|h| h.made))
-                    } else if h.stores.is_superset(&wanted) {
+                    } else if h.stores.is_superset(wanted) {
                         h.complete = true;
                         let state = h.made.as_ref().map(Made::state);
                         Next::Complete(state.map(|(ns, name)| (ns.to_string(), name.to_string())))
@@ -315,7 +311,7 @@ async fn last_generation(
     gens: &PushGenerators,
     object: &PushSecret,
     reference: &GeneratorRef,
-    previous: &PushSecretStatus,
+    previous: Reached<'_>,
     every: Option<Duration>,
     now: SystemTime,
 ) -> Result<Option<Option<Duration>>, Failed> {
@@ -339,7 +335,7 @@ fn newest_due(
     namespace: &str,
     reference: &GeneratorRef,
     object: &PushSecret,
-    previous: &PushSecretStatus,
+    previous: Reached<'_>,
     every: Option<Duration>,
     now: SystemTime,
 ) -> Option<Option<Duration>> {
@@ -362,12 +358,23 @@ fn newest_due(
     Some(due_in(SystemTime::from(created), every, now))
 }
 
-/// Whether the status lists every remote key of the spec in every store.
-fn covered(object: &PushSecret, previous: &PushSecretStatus) -> bool {
-    object.spec.secret_store_refs.iter().all(|store| {
+/// What earlier pushes reached: the status, and the stores the PushSecret writes now (its
+/// named stores and those its selectors pick).
+#[derive(Clone, Copy)]
+pub struct Reached<'a> {
+    /// The PushSecret's status before this reconcile.
+    pub status: &'a PushSecretStatus,
+    /// `Kind/name` of every store written now (their keys in `syncedPushSecrets`).
+    pub stores: &'a BTreeSet<String>,
+}
+
+/// Whether the status lists every remote key of the spec in every store written now.
+fn covered(object: &PushSecret, previous: Reached<'_>) -> bool {
+    previous.stores.iter().all(|store| {
         previous
+            .status
             .synced_push_secrets
-            .get(&store.status_key())
+            .get(store)
             .is_some_and(|remotes| {
                 object
                     .spec

@@ -31,6 +31,11 @@ fn synced() -> PushSecretStatus {
     .unwrap()
 }
 
+/// The stores the PushSecret of [`object`] writes.
+fn stores() -> std::collections::BTreeSet<String> {
+    ["SecretStore/a".to_string(), "SecretStore/b".to_string()].into()
+}
+
 fn state(name: &str, created: &str, pushed: bool, deadline: bool) -> GeneratorState {
     let mut annotations = serde_json::Map::new();
     if pushed {
@@ -62,7 +67,10 @@ fn the_newest_state_pushed_everywhere_tells_when_the_next_value_is_due() {
             "shop",
             &reference(),
             &o,
-            status,
+            Reached {
+                status,
+                stores: &stores(),
+            },
             Some(HOUR),
             at(now),
         )
@@ -107,7 +115,10 @@ fn the_newest_state_pushed_everywhere_tells_when_the_next_value_is_due() {
             "shop",
             &reference(),
             &o,
-            &synced(),
+            Reached {
+                status: &synced(),
+                stores: &stores(),
+            },
             None,
             at("2030-01-01T00:00:00Z")
         ),

@@ -1,5 +1,5 @@
-//! PushSecrets: every rule of the kind broken by a sample, the fields not supported yet refused
-//! by both the CRD and the agent, and the clashes only the agent sees.
+//! PushSecrets: every rule of the kind broken by a sample, the fields not supported refused by
+//! both the CRD and the agent, and the clashes only the agent sees.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -42,6 +42,12 @@ pub(super) fn check_every_sample(
         .map(|i| entry("k", "prod/db", Some(&format!("p{i}"))))
         .collect();
     let long = "k".repeat(rules::MAX_REMOTE_KEY_LEN + 1);
+    let template_keys: serde_json::Map<String, Value> = (0..=rules::MAX_TEMPLATE_KEYS)
+        .map(|i| (format!("k{i}"), json!("secret.password")))
+        .collect();
+    let big_selector: serde_json::Map<String, Value> = (0..=rules::MAX_PUSH_SELECTOR_TERMS)
+        .map(|i| (format!("l{i}"), json!("x")))
+        .collect();
     let samples = [
         (
             "every field set",
@@ -64,8 +70,44 @@ pub(super) fn check_every_sample(
         ),
         (
             "a template",
-            json!({"spec": {"template": {"data": {"x": "{{ .password }}"}}}}),
-            rule("spec", &rules::PUSH_NO_TEMPLATE),
+            json!({"spec": {"template": {"mergePolicy": "Merge",
+                                         "metadata": {"labels": {}, "annotations": {}},
+                                         "data": {"url": "'db://%s'.format([secret.password])"}},
+                            "data": [entry("url", "prod/db", Some("url"))]}}),
+            Expect::Valid,
+        ),
+        (
+            "a Go template engine",
+            json!({"spec": {"template": {"engineVersion": "v2", "data": {"x": "{{ .p }}"}}}}),
+            rule("spec.template", &rules::PUSH_TEMPLATE_CEL),
+        ),
+        (
+            "templates from a ConfigMap",
+            json!({"spec": {"template": {"templateFrom": [{"configMap": {"name": "t"}}]}}}),
+            rule("spec.template", &rules::PUSH_TEMPLATE_CEL),
+        ),
+        (
+            "a template with a Secret type",
+            json!({"spec": {"template": {"type": "kubernetes.io/tls"}}}),
+            rule("spec.template", &rules::PUSH_TEMPLATE_NO_SECRET_FIELDS),
+        ),
+        (
+            "a template with labels",
+            json!({"spec": {"template": {"metadata": {"labels": {"a": "b"}}}}}),
+            rule("spec.template", &rules::PUSH_TEMPLATE_NO_SECRET_FIELDS),
+        ),
+        (
+            "a template with annotations",
+            json!({"spec": {"template": {"metadata": {"annotations": {"a": "b"}}}}}),
+            rule("spec.template", &rules::PUSH_TEMPLATE_NO_SECRET_FIELDS),
+        ),
+        (
+            "too many template keys",
+            json!({"spec": {"template": {"data": template_keys}}}),
+            rejected(format!(
+                "spec.template.data: {}",
+                rules::too_many_properties(rules::MAX_TEMPLATE_KEYS)
+            )),
         ),
         (
             "a generator source",
@@ -108,8 +150,47 @@ pub(super) fn check_every_sample(
         (
             "stores by label",
             json!({"spec": {"secretStoreRefs": [
+                {"name": "a"},
+                {"labelSelector": {"matchLabels": {"push": "yes"}}},
+                {"kind": "ClusterSecretStore", "labelSelector": {"matchExpressions": [
+                    {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                    {"key": "old", "operator": "DoesNotExist"}]}},
+                {"kind": "ClusterSecretStore", "labelSelector": {}}]}}),
+            Expect::Valid,
+        ),
+        (
+            "a store by name and label",
+            json!({"spec": {"secretStoreRefs": [
                 {"name": "a", "labelSelector": {"matchLabels": {"push": "yes"}}}]}}),
             rule("spec.secretStoreRefs[0]", &rules::PUSH_STORE_BY_NAME),
+        ),
+        (
+            "a store ref with neither name nor label",
+            json!({"spec": {"secretStoreRefs": [{"kind": "SecretStore"}]}}),
+            rule("spec.secretStoreRefs[0]", &rules::PUSH_STORE_BY_NAME),
+        ),
+        (
+            "a selector with an unknown operator",
+            json!({"spec": {"secretStoreRefs": [{"labelSelector": {"matchExpressions": [
+                {"key": "tier", "operator": "Matches", "values": ["a"]}]}}]}}),
+            Expect::AgentOnly(
+                "spec.secretStoreRefs[0].labelSelector.matchExpressions[0].operator: must be"
+                    .into(),
+            ),
+        ),
+        (
+            "a selector requirement without values",
+            json!({"spec": {"secretStoreRefs": [{"labelSelector": {"matchExpressions": [
+                {"key": "tier", "operator": "NotIn"}]}}]}}),
+            Expect::AgentOnly(
+                "spec.secretStoreRefs[0].labelSelector.matchExpressions[0]: In and NotIn need"
+                    .into(),
+            ),
+        ),
+        (
+            "a selector too large to match cheaply",
+            json!({"spec": {"secretStoreRefs": [{"labelSelector": {"matchLabels": big_selector}}]}}),
+            Expect::AgentOnly("spec.secretStoreRefs[0].labelSelector: more than".into()),
         ),
         (
             "an empty store name",

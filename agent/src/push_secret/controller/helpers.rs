@@ -23,7 +23,7 @@ pub(super) fn describe_targets(object: &PushSecret) -> String {
         .spec
         .secret_store_refs
         .iter()
-        .map(|s| s.status_key())
+        .map(|s| s.describe())
         .collect();
     let mut remotes: Vec<&str> = object
         .spec

@@ -30,16 +30,20 @@ mod store;
 mod tests;
 
 use helpers::{bounded, describe, describe_targets, refresh};
+use store::{StoreLabels, selecting};
 
 use super::generated::{self, Generated, GeneratedValues, PushGenerators};
 use super::plan::{self, Recorded, RemoteWrite};
 use super::pushers::{Pushers, fake_store_id};
 use super::source::SourceReader;
+use super::template;
 use crate::api::push_secret::{
-    PushDeletionPolicy, PushSecret, PushSecretStatus, PushUpdatePolicy, SyncedPush,
+    PushDeletionPolicy, PushSecret, PushSecretStatus, PushSecretStoreRef, PushUpdatePolicy,
+    SyncedPush,
 };
-use crate::api::validate;
+use crate::api::{ClusterSecretStore, SecretStore, StoreKind, validate};
 use crate::catalog::{Catalog, Lenient};
+use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, WARNING};
 use crate::mirror::status::with_ready;
 use crate::providers::push::{PushPolicy, Pushed, Pusher};
@@ -87,6 +91,8 @@ pub struct Parts {
     pub cleanup_timeout: Duration,
     /// Runs the generators PushSecrets name.
     pub generators: PushGenerators,
+    /// Where templates are evaluated (tenant CPU, off the async workers, with a time limit).
+    pub compute: Arc<Pool>,
 }
 
 /// Why a reconcile did not finish; it is retried.
@@ -159,12 +165,18 @@ impl PushController {
 
     async fn run_in(self: Arc<Self>, namespace: Option<String>, stop: Stop) {
         let client = self.parts.client.clone();
-        let (pushes, secrets) = match &namespace {
+        let cluster_stores = Api::<PartialObjectMeta<ClusterSecretStore>>::all(client.clone());
+        let (pushes, secrets, stores) = match &namespace {
             Some(ns) => (
                 Api::<Lenient<PushSecret>>::namespaced(client.clone(), ns),
-                Api::<PartialObjectMeta<Secret>>::namespaced(client, ns),
+                Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns),
+                Api::<PartialObjectMeta<SecretStore>>::namespaced(client, ns),
             ),
-            None => (Api::all(client.clone()), Api::all(client)),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client),
+            ),
         };
         let controller = Controller::new(pushes, watcher::Config::default())
             .with_config(ControllerConfig::default().concurrency(CONCURRENCY));
@@ -172,6 +184,19 @@ impl PushController {
         // Metadata only, and no cache of them: each event is mapped to the PushSecrets of its
         // namespace that name it, and the value is read as their account.
         let secret_events = watcher(secrets, watcher::Config::default())
+            .default_backoff()
+            .touched_objects();
+        // Stores by metadata too: a store whose labels change (or a new one) starts the pushes
+        // of the PushSecrets that select stores of its kind, so a store that gains a label is
+        // written within seconds rather than at the next refresh. Best effort: the selection
+        // reads the catalog's own watch, which may see the change a moment later; the next
+        // refresh catches up then.
+        let (seen_stores, store_labels) = (controller.store(), StoreLabels::default());
+        let store_events = watcher(stores, watcher::Config::default())
+            .default_backoff()
+            .touched_objects();
+        let (seen_cluster, cluster_labels) = (controller.store(), StoreLabels::default());
+        let cluster_events = watcher(cluster_stores, watcher::Config::default())
             .default_backoff()
             .touched_objects();
         controller
@@ -188,6 +213,27 @@ impl PushController {
                     .map(|p| ObjectRef::from_obj(p.as_ref()))
                     .collect::<Vec<_>>()
             })
+            .watches_stream(store_events, move |s: PartialObjectMeta<SecretStore>| {
+                let namespace = s.namespace();
+                let key = format!(
+                    "{}/{}",
+                    namespace.as_deref().unwrap_or_default(),
+                    s.name_any()
+                );
+                if !store_labels.changed(key, s.labels()) {
+                    return Vec::new();
+                }
+                selecting(&seen_stores, StoreKind::SecretStore, namespace.as_deref())
+            })
+            .watches_stream(
+                cluster_events,
+                move |s: PartialObjectMeta<ClusterSecretStore>| {
+                    if !cluster_labels.changed(s.name_any(), s.labels()) {
+                        return Vec::new();
+                    }
+                    selecting(&seen_cluster, StoreKind::ClusterSecretStore, None)
+                },
+            )
             .graceful_shutdown_on(stop)
             .run(
                 |ps, me: Arc<PushController>| async move { me.reconcile(&ps).await },
@@ -264,6 +310,13 @@ impl PushController {
         let secret = object.source_secret();
         let service_account = object.service_account();
         let targets = describe_targets(object);
+        // The stores are selected first: a generated value is replaced only once all have it.
+        let selection = self.select_stores(object, &namespace).await;
+        let wanted: BTreeSet<String> = selection
+            .stores
+            .iter()
+            .map(|(kind, store)| PushSecretStoreRef::status_key_of(*kind, store))
+            .collect();
         // The values live only while the writes are planned (a generator's: until replaced).
         let generator = object.spec.selector.generator_ref.as_ref();
         let source = match generator {
@@ -275,7 +328,10 @@ impl PushController {
                         &*self.parts.catalog,
                         object,
                         reference,
-                        &previous,
+                        generated::Reached {
+                            status: &previous,
+                            stores: &wanted,
+                        },
                         generated::interval(object, DEFAULT_REFRESH, MIN_REFRESH),
                         may_write,
                     )
@@ -297,9 +353,25 @@ impl PushController {
             }
             Err(e) => (Err(e), None),
         };
-        let planned = data.and_then(|data| {
-            plan::plan(&object.spec, secret, &data).map_err(|e| ("MissingKey", e.to_string()))
-        });
+        let t = object.spec.template.as_ref();
+        let planned = match data {
+            Err(e) => Err(e),
+            Ok(data) => {
+                match template::apply(&self.parts.compute, &namespace, &name, t, data).await {
+                    // The fingerprints are of what the template computed: a changed template over
+                    // unchanged data is pushed again, an unchanged one is not.
+                    Ok(data) => plan::plan(&object.spec, secret, &data).map_err(|e| {
+                        let after = if t.is_some() {
+                            " after spec.template"
+                        } else {
+                            ""
+                        };
+                        ("MissingKey", format!("{e}{after}"))
+                    }),
+                    Err(e) => Err(("TemplateFailed", e.to_string())),
+                }
+            }
+        };
         let writes = match planned {
             Ok(writes) => writes,
             Err((reason, e)) => {
@@ -321,23 +393,21 @@ impl PushController {
         };
         let if_not_exists = object.spec.update_policy == PushUpdatePolicy::IfNotExists;
         let mut synced = BTreeMap::new();
-        let mut failures: Vec<(&'static str, String)> = Vec::new();
+        let mut failures: Vec<(&'static str, String)> = selection.failures.clone();
         let mut wrote = false;
         // Stores that took every write: a generated value is replaced only once all have it.
         let mut delivered = BTreeSet::new();
-        for store_ref in &object.spec.secret_store_refs {
-            let key = store_ref.status_key();
+        for (kind, store) in &selection.stores {
+            let (kind, store) = (*kind, store.as_str());
+            let key = PushSecretStoreRef::status_key_of(kind, store);
             let before = previous
                 .synced_push_secrets
                 .get(&key)
                 .cloned()
                 .unwrap_or_default();
-            let id = fake_store_id(store_ref.kind, &namespace, &store_ref.name);
+            let id = fake_store_id(kind, &namespace, store);
             let mut now = BTreeMap::new();
-            match self
-                .pusher(object, &namespace, store_ref.kind, &store_ref.name)
-                .await
-            {
+            match self.pusher(object, &namespace, kind, store).await {
                 Err((reason, why)) => {
                     failures.push((reason, format!("{who}, {key}: {why}")));
                     now = before;
@@ -379,6 +449,13 @@ impl PushController {
                 synced.insert(key, now);
             }
         }
+        // A selector that could not be expanded says nothing of which stores stopped matching:
+        // what was pushed to stores of its kind stays listed (and is not pruned).
+        for (key, remotes) in &previous.synced_push_secrets {
+            if !synced.contains_key(key) && selection.keeps(key) {
+                synced.insert(key.clone(), remotes.clone());
+            }
+        }
         if object.spec.deletion_policy == PushDeletionPolicy::Delete {
             self.prune(
                 object,
@@ -391,7 +468,9 @@ impl PushController {
         }
         if generator.is_some() && !self.parts.dry_run && self.leading() {
             let gens = &self.parts.generators;
-            self.generated.settle(gens, object, delivered).await;
+            self.generated
+                .settle(gens, object, &wanted, delivered)
+                .await;
         }
         if !self.leading() {
             return Ok(Action::requeue(RETRY));

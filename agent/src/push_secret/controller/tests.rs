@@ -55,3 +55,51 @@ fn a_tenant_cannot_make_the_controller_spin() {
     assert_eq!(refresh(&object(Some("0"))), Duration::from_secs(24 * 3600));
     assert_eq!(refresh(&object(Some("not a duration"))), DEFAULT_REFRESH);
 }
+
+#[test]
+fn selector_refs_are_named_by_their_selector() {
+    let mut ps = object(None);
+    ps.spec.secret_store_refs = serde_json::from_value(json!([
+        {"name": "fake"},
+        {"labelSelector": {"matchLabels": {"push": "yes"},
+                           "matchExpressions": [
+                               {"key": "tier", "operator": "NotIn", "values": ["dev", "test"]},
+                               {"key": "old", "operator": "DoesNotExist"},
+                               {"key": "team", "operator": "Exists"}]}},
+        {"kind": "ClusterSecretStore", "labelSelector": {}},
+    ]))
+    .unwrap();
+    assert_eq!(
+        describe_targets(&ps),
+        "SecretStore/fake, SecretStore{push=yes,tier notin (dev,test),!old,team}, \
+         ClusterSecretStore{} (remote keys prod/cert, prod/db)"
+    );
+}
+
+#[test]
+fn a_selector_that_could_not_be_expanded_keeps_only_its_kind() {
+    let mut selection = store::Selection::default();
+    selection
+        .unresolved
+        .insert(StoreKind::SecretStore.to_string());
+    assert!(selection.keeps("SecretStore/a"));
+    assert!(!selection.keeps("ClusterSecretStore/a"));
+    selection.unresolved.clear();
+    assert!(!selection.keeps("SecretStore/a"));
+}
+
+#[test]
+fn only_a_change_of_a_stores_labels_starts_pushes() {
+    let seen = store::StoreLabels::default();
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(seen.changed("shop/a".into(), &labels(&[("push", "yes")])));
+    // A spec or status change of the store: the same labels.
+    assert!(!seen.changed("shop/a".into(), &labels(&[("push", "yes")])));
+    assert!(seen.changed("shop/a".into(), &labels(&[])));
+    assert!(seen.changed("shop/b".into(), &labels(&[])));
+}
