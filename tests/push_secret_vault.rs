@@ -1,7 +1,7 @@
 //! PushSecret writes to Vault / OpenBao KV v2 against a real OpenBao dev server: created with
 //! the custom metadata `managed-by: latchkey`, each write a check-and-set against the version
-//! just read, nothing written over or deleted that Latchkey did not mark, KV v1 refused, and
-//! no value or token in any error. Then the real controller pushing as the PushSecret's
+//! just read, nothing written over or deleted that Latchkey did not mark, KV v1 with the mark
+//! in the secret (as ESO writes it), and no value or token in any error. Then the real controller pushing as the PushSecret's
 //! service account (kubernetes login checked by the fake API server's TokenReview).
 
 mod support;
@@ -17,7 +17,6 @@ use latchkey::catalog::{Catalog, ManifestCatalog};
 use latchkey::identity::PodInfo;
 use latchkey::identity::tokens::{PodTokens, ServiceAccountToken};
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
-use latchkey::providers::vault::push::VaultPush;
 use latchkey::providers::{BuildContext, Env, ProviderError};
 use latchkey::secret::{SecretBytes, SecretString};
 use latchkey::telemetry::Metrics;
@@ -97,7 +96,7 @@ async fn pusher(
     role: &str,
     mount: &str,
     version: &str,
-) -> Result<VaultPush, ProviderError> {
+) -> Result<Box<dyn Pusher>, ProviderError> {
     pusher_at(&bao.url, issuer, role, mount, version).await
 }
 
@@ -107,7 +106,7 @@ async fn pusher_at(
     role: &str,
     mount: &str,
     version: &str,
-) -> Result<VaultPush, ProviderError> {
+) -> Result<Box<dyn Pusher>, ProviderError> {
     let spec = VaultProvider {
         server: server.to_string(),
         path: Some(mount.into()),
@@ -140,7 +139,7 @@ async fn pusher_at(
         scope: StoreKind::SecretStore.into(),
         max_age: None,
     };
-    VaultPush::new(&spec, &ctx).await
+    latchkey::providers::vault::pusher::pusher(&spec, &ctx).await
 }
 
 /// `secret/<key>`'s current data, or Null when it has none.
@@ -392,29 +391,85 @@ async fn a_policy_without_write_is_permission_denied_naming_the_path() {
     assert_eq!(metadata(&bao, "prod/db").await, Value::Null);
 }
 
+/// `kv1/<key>` as OpenBao holds it, Null when it does not exist.
+async fn v1_data(bao: &OpenBao, key: &str) -> Value {
+    let (code, v) = bao.request("GET", &format!("kv1/{key}"), None).await;
+    if code == 404 {
+        return Value::Null;
+    }
+    assert_eq!(code, 200, "{v}");
+    v["data"].clone()
+}
+
+/// KV v1 keeps no metadata: the mark is the secret's `custom_metadata` key, as ESO writes it;
+/// someone else's secret (ESO's included) is a conflict, and deletes remove only what was
+/// pushed.
 #[tokio::test]
-async fn kv_v1_is_refused_and_nothing_written() {
+async fn kv_v1_carries_the_mark_in_the_secret_as_eso_does() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
     bao.enable_kv("kv1", 1).await;
-    // A store that says v1.
     let push = pusher(&bao, &issuer, "push", "kv1", "v1").await.unwrap();
-    let value = props(&[("password", PASSWORD)]);
-    let err = push.push("prod/db", &value, REPLACE).await.unwrap_err();
-    assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("KV v1") && text.contains("KV v2 mount"),
-        "{text}"
+    let mark = json!({"managed-by": "latchkey"});
+    let pushed = push
+        .push("prod/db", &props(&[("password", PASSWORD)]), REPLACE)
+        .await
+        .unwrap();
+    assert!(matches!(pushed, Pushed::Written { .. }));
+    assert_eq!(
+        v1_data(&bao, "prod/db").await,
+        json!({"password": PASSWORD, "custom_metadata": mark})
     );
-    let err = push.delete("prod/db", &[]).await.unwrap_err();
-    assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
+    // A second property goes into the same secret.
+    push.push("prod/db", &props(&[("user", "shop")]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(
+        v1_data(&bao, "prod/db").await,
+        json!({"password": PASSWORD, "user": "shop", "custom_metadata": mark})
+    );
+
+    // Someone else's secrets, ESO's among them: a conflict, nothing written or deleted.
+    for (key, theirs) in [
+        ("theirs", json!({"owner": THEIRS})),
+        (
+            "esos",
+            json!({"owner": THEIRS, "custom_metadata": {"managed-by": "external-secrets"}}),
+        ),
+    ] {
+        bao.request("POST", &format!("kv1/{key}"), Some(theirs.clone()))
+            .await;
+        let err = push
+            .push(key, &props(&[("password", PASSWORD)]), REPLACE)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PushError::Conflict { .. }), "{err}");
+        assert_no_secret(&err, &bao);
+        let err = push.delete(key, &[]).await.unwrap_err();
+        assert!(matches!(err, PushError::Conflict { .. }), "{err}");
+        push.delete(key, &["owner".into()]).await.unwrap();
+        assert_eq!(v1_data(&bao, key).await, theirs, "{key}");
+    }
+
+    // Deleting the pushed properties: the rest stays, the last one takes the secret with it.
+    push.delete("prod/db", &["password".into()]).await.unwrap();
+    assert_eq!(
+        v1_data(&bao, "prod/db").await,
+        json!({"user": "shop", "custom_metadata": mark})
+    );
+    push.delete("prod/db", &["user".into()]).await.unwrap();
+    assert_eq!(v1_data(&bao, "prod/db").await, Value::Null);
+
     // A store that says v2 for what is a v1 mount: refused before anything is written.
     let push = pusher(&bao, &issuer, "push", "kv1", "v2").await.unwrap();
-    let err = push.push("prod/db", &value, REPLACE).await.unwrap_err();
+    let err = push
+        .push("other", &props(&[("password", PASSWORD)]), REPLACE)
+        .await
+        .unwrap_err();
     assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
-    let (code, listed) = bao.request("LIST", "kv1", None).await;
-    assert_eq!(code, 404, "something was written: {listed}");
+    assert!(err.to_string().contains("vault.version: v1"), "{err}");
+    assert_eq!(v1_data(&bao, "data/other").await, Value::Null);
+    assert_eq!(v1_data(&bao, "other").await, Value::Null);
 }
 
 /// A proxy to OpenBao that first writes `secret/<key>` itself (root token) when Latchkey's

@@ -18,7 +18,7 @@ use crate::providers::fake_push::FakePush;
 use crate::providers::kubernetes::push::KubernetesPush;
 use crate::providers::plugin::push::PluginPush;
 use crate::providers::push::{PushError, Pusher, unimplemented};
-use crate::providers::vault::push::VaultPush;
+use crate::providers::vault::pusher::pusher as vault_pusher;
 use crate::providers::{BuildContext, Env, ProviderError};
 
 /// The store a push goes to, as resolved for one PushSecret.
@@ -111,7 +111,7 @@ impl Pushers for StorePushers {
             ProviderSpec::Vault(vault) => {
                 let pod = self.account(target).await?;
                 let ctx = self.context(target, &pod);
-                Ok(Arc::new(VaultPush::new(vault, &ctx).await?))
+                Ok(Arc::from(vault_pusher(vault, &ctx).await?))
             }
             ProviderSpec::Kubernetes(kubernetes) => {
                 let pod = self.account(target).await?;

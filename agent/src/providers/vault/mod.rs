@@ -23,6 +23,8 @@ mod auth;
 pub(crate) mod errors;
 pub mod iam;
 pub mod push;
+pub mod push_v1;
+pub mod pusher;
 mod secret_auth;
 pub mod tokens;
 pub(crate) mod transport;

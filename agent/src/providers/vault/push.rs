@@ -6,8 +6,7 @@
 //! - Every data write is a check-and-set against the version read just before (0: create only),
 //!   so a secret written by someone else between the read and the write fails the push
 //!   ([`PushError::Changed`]) instead of being overwritten; the next push reads it again.
-//! - KV v1 is refused: it has no metadata to hold the mark, so nothing written there could be
-//!   told apart from what others wrote, and an update or delete could not be made safe.
+//! - KV v1 mounts are written by [`super::push_v1`], which keeps the mark in the secret itself.
 //!
 //! Errors name the path and the remote key, never a token or a value.
 
@@ -24,20 +23,14 @@ use super::super::push::{
 use super::super::{BuildContext, ProviderError};
 use super::errors::{reason, server_error};
 use super::transport::{Call, Transport};
-use super::{Kv, logged_in, mount_and_kv};
+use super::{logged_in, mount_and_kv};
 use crate::api::store::VaultProvider;
 use crate::secret::SecretBytes;
-
-/// Why a KV v1 store is not written.
-const V1_REFUSED: &str = "the store's Vault mount is KV v1, which has no metadata to hold \
-    Latchkey's managed-by mark, so a push could neither tell its own secrets from others' nor \
-    update or delete them safely; push to a KV v2 mount (vault.version: v2)";
 
 /// Writes one store's KV v2 mount as one identity.
 pub struct VaultPush {
     mount: String,
-    /// `None` for a KV v1 store, refused before any login.
-    client: Option<Transport>,
+    client: Transport,
 }
 
 /// What `metadata/<key>` says of an existing secret.
@@ -56,36 +49,16 @@ impl Metadata {
 
 impl VaultPush {
     /// Logs in as the store says, exactly as a store read does (same auth methods, same shared
-    /// token cache); a KV v1 store is not logged in to, every call to it is refused.
+    /// token cache). For a KV v2 store ([`super::pusher`] picks).
     pub async fn new(spec: &VaultProvider, ctx: &BuildContext<'_>) -> Result<Self, ProviderError> {
-        let (mount, kv) = mount_and_kv(spec)?;
-        let client = match kv {
-            Kv::V1 => None,
-            Kv::V2 => Some(logged_in(spec, ctx).await?),
-        };
+        let (mount, _) = mount_and_kv(spec)?;
+        let client = logged_in(spec, ctx).await?;
         Ok(Self { mount, client })
     }
 
-    /// The client, and `remote_key` as a path below the mount; refused for KV v1 and for keys
-    /// that do not name one secret.
+    /// The client, and `remote_key` as a path below the mount.
     fn target<'k>(&self, remote_key: &'k str) -> Result<(&Transport, &'k str), PushError> {
-        let cannot = |why: &str| PushError::CannotPush {
-            remote_key: remote_key.to_string(),
-            why: why.to_string(),
-        };
-        let client = self.client.as_ref().ok_or_else(|| cannot(V1_REFUSED))?;
-        // As the read side: a leading slash is not part of the name.
-        let key = remote_key.trim_start_matches('/');
-        if key.is_empty()
-            || key
-                .split('/')
-                .any(|s| s.is_empty() || s == "." || s == ".." || s.chars().any(char::is_control))
-        {
-            return Err(cannot(
-                "a Vault secret path needs non-empty segments, without `.` or `..`",
-            ));
-        }
-        Ok((client, key))
+        Ok((&self.client, valid_key(remote_key)?))
     }
 
     fn path(&self, part: &str, key: &str) -> String {
@@ -243,8 +216,8 @@ impl VaultPush {
             return Err(PushError::CannotPush {
                 remote_key: remote_key.to_string(),
                 why: format!(
-                    "the store says KV v2, but Vault describes mount {:?} as KV v1, which has \
-                     no metadata to hold Latchkey's managed-by mark; push to a KV v2 mount",
+                    "the store says KV v2, but Vault describes mount {:?} as KV v1: set \
+                     vault.version: v1 in the store",
                     self.mount
                 ),
             });
@@ -346,11 +319,28 @@ impl Pusher for VaultPush {
     }
 }
 
+/// `remote_key` as a path below the mount (a leading slash is not part of the name, as on the
+/// read side); refused when it does not name one secret.
+pub(super) fn valid_key(remote_key: &str) -> Result<&str, PushError> {
+    let key = remote_key.trim_start_matches('/');
+    if key.is_empty()
+        || key
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == ".." || s.chars().any(char::is_control))
+    {
+        return Err(PushError::CannotPush {
+            remote_key: remote_key.to_string(),
+            why: "a Vault secret path needs non-empty segments, without `.` or `..`".into(),
+        });
+    }
+    Ok(key)
+}
+
 /// A whole value as a KV data map. As ESO's Vault provider (which unmarshals a pushed whole
 /// Secret key into the secret's data map and fails otherwise), only a JSON object is stored:
 /// KV holds a map of keys, and wrapping any other value under an invented key would make a
 /// secret ESO users do not expect. `remoteRef.property` pushes a value as one key instead.
-fn whole(remote_key: &str, bytes: &SecretBytes) -> Result<SecretBytes, PushError> {
+pub(super) fn whole(remote_key: &str, bytes: &SecretBytes) -> Result<SecretBytes, PushError> {
     let bytes = fits(remote_key, bytes.clone())?;
     match serde_json::from_slice::<Value>(bytes.expose()) {
         Ok(Value::Object(_)) => Ok(bytes),
@@ -363,7 +353,12 @@ fn whole(remote_key: &str, bytes: &SecretBytes) -> Result<SecretBytes, PushError
     }
 }
 
-fn call(method: RequestMethod, path: &str, query: Option<String>, body: Option<Vec<u8>>) -> Call {
+pub(super) fn call(
+    method: RequestMethod,
+    path: &str,
+    query: Option<String>,
+    body: Option<Vec<u8>>,
+) -> Call {
     Call {
         method,
         path: path.to_string(),
@@ -373,7 +368,7 @@ fn call(method: RequestMethod, path: &str, query: Option<String>, body: Option<V
 }
 
 /// The HTTP status Vault answered with, if it answered.
-fn status(e: &ClientError) -> Option<u16> {
+pub(super) fn status(e: &ClientError) -> Option<u16> {
     match e {
         ClientError::APIError { code, .. } => Some(*code),
         // An error answer without Vault's `errors` list (a deleted version's 404 carries its

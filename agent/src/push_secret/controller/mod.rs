@@ -520,7 +520,8 @@ impl PushController {
                 debug!(store = %store_id, remote_key = %write.remote_key, %version, "pushed");
                 let entry = SyncedPush {
                     properties: write.properties(),
-                    version: Some(version),
+                    // Vault KV v1 and plugins over ESS answer none.
+                    version: (!version.is_empty()).then_some(version),
                 };
                 let mut entries = self.entries();
                 if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
