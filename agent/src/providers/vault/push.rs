@@ -381,7 +381,7 @@ pub(super) fn status(e: &ClientError) -> Option<u16> {
 }
 
 /// A failed `op` on `path` as a push error: a failed check-and-set (`cas`) is
-/// [`PushError::Changed`], a refusal names the path, the rest reads as for a store read.
+/// [`PushError::Changed`], the rest as [`refused`] says.
 fn failed(e: ClientError, op: &str, path: &str, remote_key: &str, cas: Option<u64>) -> PushError {
     match (&e, cas) {
         (ClientError::APIError { code: 400, errors }, Some(version))
@@ -392,19 +392,36 @@ fn failed(e: ClientError, op: &str, path: &str, remote_key: &str, cas: Option<u6
                 version: version.to_string(),
             }
         }
-        (
-            ClientError::APIError {
-                code: 401 | 403,
-                errors,
-            },
-            _,
-        ) => PushError::Backend(ProviderError::PermissionDenied(format!(
+        _ => refused(
+            e,
+            op,
+            path,
+            "<mount>/data/* and <mount>/metadata/*",
+            "KV v2",
+        ),
+    }
+}
+
+/// A failed `op` on `path`: a refusal names the path and the paths the policy needs (`needs`),
+/// a 404 says no `engine` is mounted, the rest reads as for a store read.
+pub(super) fn refused(
+    e: ClientError,
+    op: &str,
+    path: &str,
+    needs: &str,
+    engine: &str,
+) -> PushError {
+    match &e {
+        ClientError::APIError {
+            code: 401 | 403,
+            errors,
+        } => PushError::Backend(ProviderError::PermissionDenied(format!(
             "Vault denied {op} on {path:?}{}: its policy needs create, read, update and \
-                 delete on <mount>/data/* and <mount>/metadata/*",
+             delete on {needs}",
             reason(errors)
         ))),
         _ if status(&e) == Some(404) => PushError::Backend(ProviderError::Config(format!(
-            "Vault answered 404 to {op} on {path:?}: no KV v2 engine is mounted there"
+            "Vault answered 404 to {op} on {path:?}: no {engine} engine is mounted there"
         ))),
         _ => PushError::Backend(server_error(e)),
     }

@@ -21,8 +21,7 @@ use super::super::push::{
     remove_properties,
 };
 use super::super::{BuildContext, ProviderError};
-use super::errors::{reason, server_error};
-use super::push::{call, status, valid_key, whole};
+use super::push::{call, refused, status, valid_key, whole};
 use super::transport::Transport;
 use super::{logged_in, mount_and_kv};
 use crate::api::store::VaultProvider;
@@ -50,11 +49,7 @@ impl VaultV1Push {
     }
 
     /// The secret's data map, `None` when it does not exist.
-    async fn read(
-        &self,
-        remote_key: &str,
-        key: &str,
-    ) -> Result<Option<Map<String, Value>>, PushError> {
+    async fn read(&self, key: &str) -> Result<Option<Map<String, Value>>, PushError> {
         let path = self.path(key);
         match self
             .client
@@ -66,17 +61,12 @@ impl VaultV1Push {
                 _ => Err(not_kv1(&self.mount, &path)),
             },
             Err(e) if status(&e) == Some(404) => Ok(None),
-            Err(e) => Err(failed(e, "read", &path, remote_key)),
+            Err(e) => Err(failed(e, "read", &path)),
         }
     }
 
     /// Writes `data` (a JSON object, the mark included) as the whole secret.
-    async fn write(
-        &self,
-        remote_key: &str,
-        key: &str,
-        data: &SecretBytes,
-    ) -> Result<(), PushError> {
+    async fn write(&self, key: &str, data: &SecretBytes) -> Result<(), PushError> {
         let path = self.path(key);
         self.client
             .json(call(
@@ -87,10 +77,10 @@ impl VaultV1Push {
             ))
             .await
             .map(|_| ())
-            .map_err(|e| failed(e, "update", &path, remote_key))
+            .map_err(|e| failed(e, "update", &path))
     }
 
-    async fn destroy(&self, remote_key: &str, key: &str) -> Result<(), PushError> {
+    async fn destroy(&self, key: &str) -> Result<(), PushError> {
         let path = self.path(key);
         match self
             .client
@@ -99,7 +89,7 @@ impl VaultV1Push {
         {
             Ok(_) => Ok(()),
             Err(e) if status(&e) == Some(404) => Ok(()),
-            Err(e) => Err(failed(e, "delete", &path, remote_key)),
+            Err(e) => Err(failed(e, "delete", &path)),
         }
     }
 }
@@ -113,7 +103,7 @@ impl Pusher for VaultV1Push {
         policy: PushPolicy,
     ) -> Result<Pushed, PushError> {
         let key = valid_key(remote_key)?;
-        let current = self.read(remote_key, key).await?;
+        let current = self.read(key).await?;
         if current.is_some() && policy.if_not_exists {
             return Ok(Pushed::Kept);
         }
@@ -135,7 +125,7 @@ impl Pusher for VaultV1Push {
                 merge_properties(remote_key, current.as_ref(), properties)?
             }
         };
-        self.write(remote_key, key, &with_mark(&data)?).await?;
+        self.write(key, &with_mark(&data)?).await?;
         // KV v1 keeps no versions: the status lists none.
         Ok(Pushed::Written {
             version: String::new(),
@@ -144,7 +134,7 @@ impl Pusher for VaultV1Push {
 
     async fn delete(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {
         let key = valid_key(remote_key)?;
-        let Some(current) = self.read(remote_key, key).await? else {
+        let Some(current) = self.read(key).await? else {
             return Ok(());
         };
         if !marked(&current) {
@@ -157,7 +147,7 @@ impl Pusher for VaultV1Push {
             };
         }
         if properties.is_empty() {
-            return self.destroy(remote_key, key).await;
+            return self.destroy(key).await;
         }
         let mut rest = current;
         rest.remove(MARK_FIELD);
@@ -166,9 +156,9 @@ impl Pusher for VaultV1Push {
                 .map_err(|_| not_kv1(&self.mount, &self.path(key)))?,
         );
         match remove_properties(remote_key, &rest, properties)? {
-            Some(left) => self.write(remote_key, key, &with_mark(&left)?).await,
+            Some(left) => self.write(key, &with_mark(&left)?).await,
             // Only the mark would be left: the secret was all Latchkey's.
-            None => self.destroy(remote_key, key).await,
+            None => self.destroy(key).await,
         }
     }
 }
@@ -193,23 +183,9 @@ fn with_mark(data: &SecretBytes) -> Result<SecretBytes, PushError> {
         .map_err(|_| PushError::Backend(ProviderError::Config("not a JSON object".into())))
 }
 
-/// A failed `op` on `path`: a refusal names the path and the policy needed.
-fn failed(e: vaultrs::error::ClientError, op: &str, path: &str, remote_key: &str) -> PushError {
-    use vaultrs::error::ClientError;
-    match &e {
-        ClientError::APIError {
-            code: 401 | 403,
-            errors,
-        } => PushError::Backend(ProviderError::PermissionDenied(format!(
-            "Vault denied {op} on {path:?} (remote key {remote_key:?}){}: its policy needs \
-             create, read, update and delete on <mount>/*",
-            reason(errors)
-        ))),
-        _ if status(&e) == Some(404) => PushError::Backend(ProviderError::Config(format!(
-            "Vault answered 404 to {op} on {path:?}: no KV engine is mounted there"
-        ))),
-        _ => PushError::Backend(server_error(e)),
-    }
+/// A failed `op` on `path`, as for KV v2 but for v1's paths.
+fn failed(e: vaultrs::error::ClientError, op: &str, path: &str) -> PushError {
+    refused(e, op, path, "<mount>/*", "KV")
 }
 
 fn not_kv1(mount: &str, path: &str) -> PushError {
