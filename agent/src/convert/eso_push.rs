@@ -244,10 +244,15 @@ fn template(
         let labels = m.strings("labels", notes);
         let annotations = m.strings("annotations", notes);
         m.finish(notes);
-        if !labels.is_empty() || !annotations.is_empty() {
+        // Named by the first key, so the message says which entry to remove.
+        let first = [("labels", &labels), ("annotations", &annotations)]
+            .into_iter()
+            .find_map(|(field, map)| map.keys().next().map(|k| (field, k)));
+        if let Some((field, key)) = first {
             return Err(format!(
-                "{at}: a PushSecret's template writes no Secret; Latchkey refuses labels and \
-                 annotations"
+                "{at}.{field}.{}: a PushSecret's template writes no Secret; Latchkey refuses \
+                 labels and annotations",
+                super::notes::segment(key)
             ));
         }
     }
