@@ -1,10 +1,12 @@
 //! Messages and durations of the PushSecret loop: bounded, naming stores and remote keys only.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DEFAULT_REFRESH, MAX_MESSAGE, MIN_REFRESH};
 use crate::api::StoreKind;
 use crate::api::push_secret::PushSecret;
+use crate::catalog::Lenient;
 
 /// `SecretStore/name` back into its parts.
 pub(super) fn parse_store_key(key: &str) -> Option<(StoreKind, &str)> {
@@ -70,5 +72,23 @@ pub(super) fn describe(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
         other => other.to_string(),
+    }
+}
+
+/// kubectl's copy of the last applied object: the whole object again.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A PushSecret as the loop keeps it: without managedFields (an entry per writer, the
+/// controller's own status writes among them, each a tree of JSON maps) and kubectl's last
+/// applied configuration, which no reconcile reads.
+pub(super) fn compact(object: &mut Lenient<PushSecret>) {
+    let metadata = match object {
+        // Just deserialized, so not shared: `make_mut` does not copy.
+        Lenient::Usable(push) => &mut Arc::make_mut(push).metadata,
+        Lenient::Unusable { metadata, .. } => &mut **metadata,
+    };
+    metadata.managed_fields = None;
+    if let Some(annotations) = metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
     }
 }

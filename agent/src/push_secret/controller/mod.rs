@@ -17,7 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -29,7 +29,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-use helpers::{bounded, describe, describe_targets, refresh};
+use helpers::{bounded, compact, describe, describe_targets, refresh};
 use store::{StoreLabels, selecting};
 
 use super::generated::{self, Generated, GeneratedValues, PushGenerators};
@@ -178,7 +178,15 @@ impl PushController {
                 Api::all(client),
             ),
         };
-        let controller = Controller::new(pushes, watcher::Config::default())
+        // The store keeps every PushSecret for as long as it exists: without what no reconcile
+        // reads (see `compact`).
+        let (reader, writer) = reflector::store();
+        let watched = watcher(pushes, watcher::Config::default())
+            .default_backoff()
+            .modify(compact)
+            .reflect(writer)
+            .applied_objects();
+        let controller = Controller::for_stream(watched, reader)
             .with_config(ControllerConfig::default().concurrency(CONCURRENCY));
         let seen = controller.store();
         // Metadata only, and no cache of them: each event is mapped to the PushSecrets of its
