@@ -39,3 +39,6 @@ pub const GENERATOR_GROUP: &str = "generators.latchkey.dev";
 pub const GENERATOR_API_VERSION: &str = "generators.latchkey.dev/v1alpha1";
 /// The finalizer on a GeneratorState: its credential is cleaned up before the object goes.
 pub const CLEANUP_FINALIZER: &str = "generators.latchkey.dev/cleanup";
+/// kubectl's copy of the last applied object, an annotation holding the whole object again:
+/// never carried over by `convert`, never kept in a controller's cache.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";

@@ -131,6 +131,14 @@ impl CesController {
             watcher::Config::default(),
         )
         .default_backoff()
+        // Kept for as long as each ExternalSecret exists: without managedFields (an entry per
+        // writer, the mirror's status writes among them) and kubectl's last applied copy.
+        .modify(|es| {
+            es.metadata.managed_fields = None;
+            if let Some(annotations) = es.metadata.annotations.as_mut() {
+                annotations.remove(crate::api::LAST_APPLIED_ANNOTATION);
+            }
+        })
         .reflect(es_writer)
         .touched_objects();
         let api: Api<Lenient<ClusterExternalSecret>> = Api::all(client);

@@ -38,7 +38,7 @@ use input::Object;
 use notes::Notes;
 use output::{Meta, Outcome};
 
-use crate::api::StoreKind;
+use crate::api::{LAST_APPLIED_ANNOTATION, StoreKind};
 
 /// What a conversion produced.
 #[derive(Debug)]
@@ -272,9 +272,6 @@ const SERVER_SET: &[&str] = &[
     "selfLink",
 ];
 
-/// kubectl's copy of the last applied object: stale, and it may hold values.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// Metadata fields an object may have that are not carried over, and why.
 const NOT_CARRIED: &[(&str, &str)] = &[
     (
@@ -304,9 +301,9 @@ fn meta(top: &mut Fields<'_>) -> Result<(Meta, Notes), String> {
     let namespace = m.string("namespace", &mut notes);
     let labels = m.strings("labels", &mut notes);
     let mut annotations = m.strings("annotations", &mut notes);
-    if annotations.remove(LAST_APPLIED).is_some() {
+    if annotations.remove(LAST_APPLIED_ANNOTATION).is_some() {
         notes.warn(
-            format!("metadata.annotations.{LAST_APPLIED}"),
+            format!("metadata.annotations.{LAST_APPLIED_ANNOTATION}"),
             "kubectl's record of the old object; not carried over",
         );
     }

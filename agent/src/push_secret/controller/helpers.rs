@@ -75,9 +75,6 @@ pub(super) fn describe(e: &kube::Error) -> String {
     }
 }
 
-/// kubectl's copy of the last applied object: the whole object again.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// A PushSecret as the loop keeps it: without managedFields (an entry per writer, the
 /// controller's own status writes among them, each a tree of JSON maps) and kubectl's last
 /// applied configuration, which no reconcile reads.
@@ -89,6 +86,6 @@ pub(super) fn compact(object: &mut Lenient<PushSecret>) {
     };
     metadata.managed_fields = None;
     if let Some(annotations) = metadata.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
+        annotations.remove(crate::api::LAST_APPLIED_ANNOTATION);
     }
 }
