@@ -432,21 +432,10 @@ impl FakeApiServer {
     /// The agent's part of [`Self::allow_defaults`] only: no service account may read a Secret
     /// unless the test grants it.
     pub fn allow_agent_defaults(&self) {
+        self.allow_agent_provider_reads();
         for verb in ["get", "list", "watch"] {
             for resource in ["externalsecrets", "secretstores", "clustersecretstores"] {
                 self.allow(Identity::Agent, verb, "latchkey.dev", resource, None);
-            }
-            for group in ["providers.latchkey.dev", "cluster.providers.latchkey.dev"] {
-                for resource in [
-                    "aws",
-                    "vaults",
-                    "kubernetes",
-                    "fakes",
-                    "plugins",
-                    "secretsstorecsiproviders",
-                ] {
-                    self.allow(Identity::Agent, verb, group, resource, None);
-                }
             }
             self.allow(Identity::Agent, verb, "", "namespaces", None);
         }
@@ -460,6 +449,25 @@ impl FakeApiServer {
             "configmaps",
             Some(AGENT_NAMESPACE),
         );
+    }
+
+    /// The agent's get/list/watch of every provider kind in both groups, as
+    /// `daemonset/base/rbac.yaml` grants them.
+    pub fn allow_agent_provider_reads(&self) {
+        for verb in ["get", "list", "watch"] {
+            for group in ["providers.latchkey.dev", "cluster.providers.latchkey.dev"] {
+                for resource in [
+                    "aws",
+                    "vaults",
+                    "kubernetes",
+                    "fakes",
+                    "plugins",
+                    "secretsstorecsiproviders",
+                ] {
+                    self.allow(Identity::Agent, verb, group, resource, None);
+                }
+            }
+        }
     }
 
     /// Installs the CRD of a provider kind (none is installed at start).

@@ -58,20 +58,14 @@ impl Form {
     /// fake API server installs none by default, as a cluster installs only those it uses) and
     /// lets the agent read them, as daemonset/base/rbac.yaml does.
     pub fn prepare(self, api: &super::apiserver::FakeApiServer) {
-        use super::apiserver::Identity;
-        use latchkey::api::provider_kinds::{CLUSTER_PROVIDER_GROUP, PROVIDER_GROUP};
         if self == Form::Inline {
             return;
         }
         for kind in ProviderKind::ALL {
             api.install(PROVIDER_API_VERSION, kind.name());
             api.install(CLUSTER_PROVIDER_API_VERSION, kind.name());
-            for group in [PROVIDER_GROUP, CLUSTER_PROVIDER_GROUP] {
-                for verb in ["get", "list", "watch"] {
-                    api.allow(Identity::Agent, verb, group, kind.plural(), None);
-                }
-            }
         }
+        api.allow_agent_provider_reads();
     }
 
     /// Waits until the agent has watched every provider kind [`Self::prepare`] installed: its
