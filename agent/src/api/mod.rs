@@ -13,6 +13,7 @@ pub mod generator;
 pub mod mode;
 pub mod provider_kind;
 pub mod provider_kinds;
+pub mod push_metadata;
 pub mod push_secret;
 pub mod rules;
 #[cfg(test)]

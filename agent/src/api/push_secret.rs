@@ -8,6 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::external_secret::{Condition, GeneratorRef, StoreKind, Template};
+pub use super::push_metadata::NotSupported;
+use super::push_metadata::PushSecretMetadata;
 use super::store::LabelSelector;
 
 // The `x-kubernetes-validations` rules below come from `super::rules`, which documents them; the
@@ -100,12 +102,6 @@ pub struct PushSecretTemplate {
     pub template_from: Option<Vec<NotSupported>>,
 }
 
-/// A field of ESO's PushSecret that Latchkey does not implement yet. Declared (as an object with
-/// no known fields) so that the API server keeps it and the rules can refuse it, instead of
-/// pruning it and pushing something else than the author meant.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-pub struct NotSupported {}
-
 /// One store a PushSecret writes to, by name, or every store of `kind` its `labelSelector`
 /// matches (exactly one of the two).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -161,6 +157,11 @@ pub struct PushSecretData {
     /// The key and its destination (ESO's `match`).
     #[serde(rename = "match")]
     pub match_: PushSecretMatch,
+    /// Provider settings of the remote secret written (AWS tags and description, Vault custom
+    /// metadata, labels of a Secret), in ESO's `PushSecretMetadata` envelope; entries writing
+    /// one remote secret carry the same, or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<PushSecretMetadata>,
 }
 
 /// A key of the source Secret and the remote place it is written to.

@@ -4,7 +4,8 @@
 //! (those of [`super::eso_generator`], to `generators.latchkey.dev`). What Latchkey does not
 //! implement (another generator kind, a Secret selected by labels, any other template,
 //! `dataTo`, a `conversionStrategy` other than `None`) fails the object rather than pushing
-//! something else than the author meant. Provider `metadata` is noted and dropped. Every
+//! something else than the author meant. Provider `metadata` carries over (see
+//! [`super::eso_push_metadata`]). Every
 //! PushSecret gets the note of who now reads and writes.
 
 use std::collections::BTreeMap;
@@ -122,12 +123,7 @@ pub fn push_secret(
                 quoted(&strategy)
             ));
         }
-        d.drop_field(
-            "metadata",
-            notes,
-            "provider-specific push metadata has no Latchkey equivalent yet; not carried over \
-             (Latchkey marks what it writes with managed-by: latchkey)",
-        );
+        let metadata = super::eso_push_metadata::metadata(&mut d, notes)?;
         let mut m = d
             .object("match", notes)
             .ok_or(format!("{path}.match is missing"))?;
@@ -152,6 +148,7 @@ pub fn push_secret(
                     property,
                 },
             },
+            metadata,
         });
     }
     spec.finish(notes);

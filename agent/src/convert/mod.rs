@@ -11,6 +11,7 @@ mod eso;
 mod eso_cluster;
 mod eso_generator;
 mod eso_push;
+mod eso_push_metadata;
 mod eso_refs;
 mod eso_store;
 mod eso_vault;

@@ -11,6 +11,7 @@ use super::ProviderError;
 use super::push::{
     PushError, PushPolicy, PushValue, Pushed, Pusher, fits, merge_properties, remove_properties,
 };
+use crate::api::push_metadata::{ALL_FIELDS, PushMetadataSpec};
 use crate::api::store::FakeProvider;
 use crate::secret::SecretBytes;
 
@@ -27,6 +28,8 @@ struct Remote {
     marked: bool,
     /// Bumped on every write.
     version: u64,
+    /// The provider settings of the last push (the fake takes every field and keeps it).
+    metadata: PushMetadataSpec,
 }
 
 /// Every fake store's remote secrets, by store id then remote key.
@@ -67,6 +70,7 @@ impl FakePush {
                         value: SecretBytes::from(e.value.as_str()),
                         marked: false,
                         version: 1,
+                        metadata: PushMetadataSpec::default(),
                     };
                     (e.key.clone(), remote)
                 })
@@ -83,15 +87,27 @@ impl FakePush {
         let r = all.get(store)?.get(remote_key)?;
         Some((r.value.clone(), r.marked, r.version))
     }
+
+    /// The provider settings `remote_key` of `store` was last pushed with; for tests.
+    pub fn metadata(store: &str, remote_key: &str) -> Option<PushMetadataSpec> {
+        let all = stores();
+        Some(all.get(store)?.get(remote_key)?.metadata.clone())
+    }
 }
 
 #[async_trait]
 impl Pusher for FakePush {
-    async fn push(
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        // A test double: it keeps whatever it is given, for tests to look at.
+        &ALL_FIELDS
+    }
+
+    async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         let mut all = stores();
         let store = all.entry(self.store.clone()).or_default();
@@ -125,6 +141,7 @@ impl Pusher for FakePush {
                 value: bytes,
                 marked: true,
                 version,
+                metadata: metadata.clone(),
             },
         );
         Ok(Pushed::Written {
@@ -148,13 +165,14 @@ impl Pusher for FakePush {
         match left {
             Some(value) => {
                 let version = current.version + 1;
-                let marked = current.marked;
+                let (marked, metadata) = (current.marked, current.metadata.clone());
                 store.insert(
                     remote_key.to_string(),
                     Remote {
                         value,
                         marked,
                         version,
+                        metadata,
                     },
                 );
             }
@@ -168,13 +186,14 @@ impl Pusher for FakePush {
                 });
             }
             None => {
-                let version = current.version + 1;
+                let (version, metadata) = (current.version + 1, current.metadata.clone());
                 store.insert(
                     remote_key.to_string(),
                     Remote {
                         value: SecretBytes::from("{}"),
                         marked: false,
                         version,
+                        metadata,
                     },
                 );
             }

@@ -10,13 +10,10 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use super::ProviderError;
+use crate::api::push_metadata::PushMetadataSpec;
 use crate::secret::SecretBytes;
 
-/// The tag (AWS), custom metadata (Vault) or ESS plugin metadata key Latchkey marks what it
-/// created with.
-pub const MARK_KEY: &str = "managed-by";
-/// The value of [`MARK_KEY`].
-pub const MARK_VALUE: &str = "latchkey";
+pub use crate::api::push_metadata::{MARK_KEY, MARK_VALUE};
 
 /// Largest remote secret written, in bytes: AWS Secrets Manager's limit (64 KiB), which no
 /// other backend Latchkey writes goes below; a tenant's Secret is bounded by the API server at
@@ -115,6 +112,20 @@ pub enum PushError {
         /// Why, and what to do instead.
         why: String,
     },
+    /// An entry's `metadata` sets fields that none of the stores written uses; nothing was
+    /// written.
+    #[error(
+        "spec.data[].metadata.spec of remote key {remote_key:?} sets {fields}, which none of \
+         the stores written uses (they use {used})"
+    )]
+    Metadata {
+        /// The remote secret.
+        remote_key: String,
+        /// The fields set that no store uses.
+        fields: String,
+        /// Those they use.
+        used: String,
+    },
     /// The store's provider cannot be written to (yet).
     #[error("the {provider} provider cannot be pushed to")]
     Unimplemented {
@@ -147,7 +158,7 @@ impl PushError {
             PushError::NotAnObject { .. } | PushError::NotText { .. } => "InvalidRemote",
             PushError::TooLarge { .. } => "TooLarge",
             PushError::Changed { .. } => "ConcurrentWrite",
-            PushError::CannotPush { .. } => "Unsupported",
+            PushError::CannotPush { .. } | PushError::Metadata { .. } => "Unsupported",
             PushError::Unimplemented { .. } | PushError::ReadOnly { .. } => "Unimplemented",
             PushError::Backend(_) => "BackendError",
         }
@@ -157,13 +168,38 @@ impl PushError {
 /// Writes and removes remote secrets of one store, as the identity it was made with.
 #[async_trait]
 pub trait Pusher: Send + Sync {
-    /// Writes `value` into `remote_key`, creating it (marked) when it does not exist.
+    /// Writes `value` into `remote_key`, creating it (marked) when it does not exist, with the
+    /// provider settings of `metadata` (checked by [`Pusher::check_metadata`] first).
+    async fn push_with(
+        &self,
+        remote_key: &str,
+        value: &PushValue,
+        policy: PushPolicy,
+        metadata: &PushMetadataSpec,
+    ) -> Result<Pushed, PushError>;
+
+    /// [`Pusher::push_with`] without provider settings.
     async fn push(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
-    ) -> Result<Pushed, PushError>;
+    ) -> Result<Pushed, PushError> {
+        self.push_with(remote_key, value, policy, &PushMetadataSpec::default())
+            .await
+    }
+
+    /// The fields of `spec.data[].metadata.spec` this store uses; those of other providers it
+    /// ignores (a PushSecret may write stores of several providers with one entry).
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Whether the values of the fields it uses can be written here; checked for every remote
+    /// secret before the first write to the store.
+    fn check_metadata(&self, _metadata: &PushMetadataSpec) -> Result<(), PushError> {
+        Ok(())
+    }
 
     /// Removes what a push wrote: these `properties`, or (empty) the whole remote secret, which
     /// goes only if it carries the mark. A remote secret left an empty object by removing

@@ -2,13 +2,14 @@
 //! secret go in one write), each with a fingerprint of what it holds, and the record of the
 //! fingerprints last written per store, so a push of unchanged data is skipped.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{LazyLock, Mutex};
 
 use ring::hmac;
 
+use crate::api::push_metadata::PushMetadataSpec;
 use crate::api::push_secret::PushSecretSpec;
-use crate::providers::push::PushValue;
+use crate::providers::push::{PushError, PushValue};
 use crate::secret::SecretBytes;
 
 /// Most fingerprints remembered; past it the record starts over, which costs one write per
@@ -52,7 +53,9 @@ pub struct RemoteWrite {
     pub remote_key: String,
     /// What is written into it.
     pub value: PushValue,
-    /// Digest of `remote_key` and `value`.
+    /// The provider settings of its entries (validation keeps them equal; none: default).
+    pub metadata: PushMetadataSpec,
+    /// Digest of `remote_key`, `value` and `metadata`.
     pub fingerprint: Fingerprint,
 }
 
@@ -74,6 +77,7 @@ pub fn plan(
     data: &BTreeMap<String, SecretBytes>,
 ) -> Result<Vec<RemoteWrite>, PlanError> {
     let mut grouped: BTreeMap<&str, PushValue> = BTreeMap::new();
+    let mut settings: BTreeMap<&str, &PushMetadataSpec> = BTreeMap::new();
     for (index, entry) in spec.data.iter().enumerate() {
         let m = &entry.match_;
         let value = data
@@ -85,6 +89,9 @@ pub fn plan(
             })?
             .clone();
         let remote = m.remote_ref.remote_key.as_str();
+        if let Some(metadata) = &entry.metadata {
+            settings.insert(remote, &metadata.spec);
+        }
         match &m.remote_ref.property {
             None => {
                 grouped.insert(remote, PushValue::Whole(value));
@@ -101,16 +108,22 @@ pub fn plan(
     }
     Ok(grouped
         .into_iter()
-        .map(|(remote_key, value)| RemoteWrite {
-            fingerprint: fingerprint(remote_key, &value),
-            remote_key: remote_key.to_string(),
-            value,
+        .map(|(remote_key, value)| {
+            let metadata = settings
+                .get(remote_key)
+                .map_or_else(Default::default, |m| (*m).clone());
+            RemoteWrite {
+                fingerprint: fingerprint(remote_key, &value, &metadata),
+                remote_key: remote_key.to_string(),
+                value,
+                metadata,
+            }
         })
         .collect())
 }
 
 /// Length-prefixed parts, so that no two different writes give the same input.
-fn fingerprint(remote_key: &str, value: &PushValue) -> Fingerprint {
+fn fingerprint(remote_key: &str, value: &PushValue, metadata: &PushMetadataSpec) -> Fingerprint {
     let Some(key) = KEY.as_ref() else {
         // No randomness for a key: an empty fingerprint never matches a recorded one (those
         // are never empty), so every push writes.
@@ -135,7 +148,32 @@ fn fingerprint(remote_key: &str, value: &PushValue) -> Fingerprint {
             }
         }
     }
+    // Maps are ordered, so the same settings always give the same text; a change of them
+    // alone is a change to write.
+    part(&serde_json::to_vec(metadata).unwrap_or_default());
     Fingerprint(ctx.sign().as_ref().to_vec())
+}
+
+/// The first write whose metadata sets a field that no store in `used` (the fields each store
+/// written uses) takes: an error naming them, before anything is written.
+pub fn unused_metadata(writes: &[RemoteWrite], used: &BTreeSet<&str>) -> Option<PushError> {
+    writes.iter().find_map(|write| {
+        let unused: Vec<&str> = write
+            .metadata
+            .fields()
+            .into_iter()
+            .filter(|f| !used.contains(f))
+            .collect();
+        (!unused.is_empty()).then(|| PushError::Metadata {
+            remote_key: write.remote_key.clone(),
+            fields: unused.join(", "),
+            used: if used.is_empty() {
+                "no field".to_string()
+            } else {
+                used.iter().copied().collect::<Vec<_>>().join(", ")
+            },
+        })
+    })
 }
 
 /// What was last written per (store, remote key), to skip writes of unchanged data.
@@ -247,6 +285,39 @@ mod tests {
         assert!(!recorded.unchanged("SecretStore/fake", &moved[0]));
         recorded.forget("SecretStore/fake", "prod/db");
         assert!(!recorded.unchanged("SecretStore/fake", &again[0]));
+    }
+
+    #[test]
+    fn settings_go_with_their_remote_secret_and_count_as_a_change() {
+        let meta = |tags: serde_json::Value| {
+            serde_json::json!({"apiVersion": "kubernetes.external-secrets.io/v1alpha1",
+                               "kind": "PushSecretMetadata", "spec": {"tags": tags}})
+        };
+        let with = |tags| {
+            let mut first = entry("user", "prod/db", Some("user"));
+            first["metadata"] = meta(tags);
+            spec(serde_json::json!([
+                first,
+                entry("password", "prod/db", Some("password")),
+                entry("cert", "prod/cert", None),
+            ]))
+        };
+        let d = data(&[("user", "app"), ("password", "pw"), ("cert", "C")]);
+        let writes = plan(&with(serde_json::json!({"team": "a"})), "db", &d).unwrap();
+        assert!(writes[0].metadata.is_empty(), "prod/cert has none");
+        assert_eq!(writes[1].metadata.fields(), ["tags"]);
+        let recorded = Recorded::default();
+        recorded.written("SecretStore/s", &writes[1]);
+        let retagged = plan(&with(serde_json::json!({"team": "b"})), "db", &d).unwrap();
+        assert!(!recorded.unchanged("SecretStore/s", &retagged[1]));
+        let used: BTreeSet<&str> = ["tags", "description"].into();
+        assert!(unused_metadata(&writes, &used).is_none());
+        let err = unused_metadata(&writes, &["customMetadata"].into()).unwrap();
+        assert_eq!(
+            err.to_string(),
+            "spec.data[].metadata.spec of remote key \"prod/db\" sets tags, which none of the \
+             stores written uses (they use customMetadata)"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde_json::{Value, json};
 
 use super::{Expect, agree, merge, rejected};
+use crate::api::push_metadata::MAX_TAGS;
 use crate::api::push_secret::PushSecret;
 use crate::api::rules::{self, DNS_SUBDOMAIN, DURATION};
 use crate::api::validate;
@@ -47,6 +48,15 @@ pub(super) fn check_every_sample(
         .collect();
     let big_selector: serde_json::Map<String, Value> = (0..=rules::MAX_PUSH_SELECTOR_TERMS)
         .map(|i| (format!("l{i}"), json!("x")))
+        .collect();
+    let with_meta_at = |key: &str, remote: &str, spec: Value| {
+        json!({"match": {"secretKey": key, "remoteRef": {"remoteKey": remote, "property": key}},
+               "metadata": {"apiVersion": "kubernetes.external-secrets.io/v1alpha1",
+                            "kind": "PushSecretMetadata", "spec": spec}})
+    };
+    let with_meta = |spec: Value| with_meta_at("password", "prod/db", spec);
+    let many_tags: serde_json::Map<String, Value> = (0..=MAX_TAGS)
+        .map(|i| (format!("t{i}"), json!("x")))
         .collect();
     let samples = [
         (
@@ -277,6 +287,58 @@ pub(super) fn check_every_sample(
             json!({"spec": {"data": [entry("a", "prod/db", Some("p")),
                                      entry("b", "prod/db", None)]}}),
             Expect::AgentOnly("spec.data[1].match.remoteRef: writes the same remote key".into()),
+        ),
+        (
+            "metadata for every provider",
+            json!({"spec": {"data": [with_meta(json!({
+                "tags": {"team": "shop"}, "description": "d", "kmsKeyId": "alias/k",
+                "secretPushFormat": "string", "customMetadata": {"owner": "shop"},
+                "mergePolicy": "Replace", "labels": {"app": "shop"}, "annotations": {"a": "b"},
+                "sourceMergePolicy": "Replace", "targetMergePolicy": "Ignore",
+                "remoteNamespace": "shop"}))]}}),
+            Expect::Valid,
+        ),
+        (
+            "too many tags",
+            json!({"spec": {"data": [with_meta(json!({"tags": many_tags}))]}}),
+            rejected(format!(
+                "spec.data[0].metadata.spec.tags: {}",
+                rules::too_many_properties(MAX_TAGS)
+            )),
+        ),
+        (
+            "a tag that is Latchkey's mark",
+            json!({"spec": {"data": [with_meta(json!({"tags": {"managed-by": "me"}}))]}}),
+            Expect::AgentOnly("spec.data[0].metadata.spec.tags: \"managed-by\" is Latchkey's mark".into()),
+        ),
+        (
+            "a label that is Latchkey's mark",
+            json!({"spec": {"data": [with_meta(json!({"labels": {"app.kubernetes.io/managed-by": "me"}}))]}}),
+            Expect::AgentOnly("spec.data[0].metadata.spec.labels: \"app.kubernetes.io/managed-by\" is Latchkey's mark".into()),
+        ),
+        (
+            "a resource policy",
+            json!({"spec": {"data": [with_meta(json!({"resourcePolicy": {}}))]}}),
+            Expect::AgentOnly("spec.data[0].metadata.spec: resourcePolicy and replicationLocations are not supported".into()),
+        ),
+        (
+            "copying the source Secret's labels",
+            json!({"spec": {"data": [with_meta(json!({"sourceMergePolicy": "Merge"}))]}}),
+            Expect::AgentOnly("spec.data[0].metadata.spec.sourceMergePolicy: Merge".into()),
+        ),
+        (
+            "two settings for one remote secret",
+            json!({"spec": {"data": [
+                with_meta_at("a", "prod/db", json!({"tags": {"t": "1"}})),
+                with_meta_at("b", "prod/db", json!({"tags": {"t": "2"}}))]}}),
+            Expect::AgentOnly("spec.data[1].metadata: differs from spec.data[0].metadata".into()),
+        ),
+        (
+            "settings on one entry of a remote secret",
+            json!({"spec": {"data": [
+                with_meta_at("a", "prod/db", json!({"tags": {"t": "1"}})),
+                entry("b", "prod/db", Some("b"))]}}),
+            Expect::Valid,
         ),
     ];
     for (name, patch, expect) in &samples {

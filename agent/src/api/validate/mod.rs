@@ -15,6 +15,7 @@ mod fields;
 pub mod generator;
 mod kubernetes;
 pub mod plugin;
+mod push_metadata;
 pub mod push_secret;
 
 pub use cluster_external_secret::cluster_external_secret;

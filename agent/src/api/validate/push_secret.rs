@@ -49,6 +49,7 @@ pub fn push_secret(spec: &PushSecretSpec) -> Result<(), Invalid> {
     }
     max_items("spec.data", spec.data.len(), rules::MAX_PUSH_DATA)?;
     let mut places = BTreeMap::new();
+    let mut settings = BTreeMap::new();
     for (i, data) in spec.data.iter().enumerate() {
         let path = format!("spec.data[{i}].match");
         let m = &data.match_;
@@ -81,6 +82,22 @@ pub fn push_secret(spec: &PushSecretSpec) -> Result<(), Invalid> {
             )));
         }
         written.push((here, i));
+        if let Some(meta) = &data.metadata {
+            let at = format!("spec.data[{i}]");
+            super::push_metadata::metadata(&at, meta)?;
+            // One remote secret is one write: its entries cannot ask for two different settings.
+            let first = *settings.entry(remote.remote_key.as_str()).or_insert(i);
+            if spec.data[first]
+                .metadata
+                .as_ref()
+                .is_some_and(|m| m != meta)
+            {
+                return Err(Invalid(format!(
+                    "{at}.metadata: differs from spec.data[{first}].metadata, which writes the \
+                     same remote key; give them the same metadata, or set it on one of them"
+                )));
+            }
+        }
     }
     if let Some(text) = &spec.refresh_interval {
         super::refresh_interval(text)?;

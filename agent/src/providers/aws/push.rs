@@ -2,6 +2,7 @@
 //! with one `PutSecretValue` per remote secret (every pushed property at once), and never written
 //! over or deleted without that tag unless the store allows adopting it.
 
+use crate::api::push_metadata::PushMetadataSpec;
 use async_trait::async_trait;
 use aws_sdk_secretsmanager::Client;
 use aws_sdk_secretsmanager::error::{ProvideErrorMetadata, SdkError};
@@ -103,11 +104,12 @@ fn mark() -> Tag {
 
 #[async_trait]
 impl Pusher for AwsPush {
-    async fn push(
+    async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        _metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         let conflict = || PushError::Conflict {
             remote_key: remote_key.to_string(),

@@ -10,6 +10,7 @@
 //! is an update with the resourceVersion read, so a Secret changed in between is not written
 //! over: the push fails and is made again from what is there then.
 
+use crate::api::push_metadata::PushMetadataSpec;
 use std::collections::BTreeMap;
 use std::future::Future;
 
@@ -29,8 +30,7 @@ use crate::providers::push::{
 use crate::providers::{BuildContext, ProviderError};
 use crate::secret::SecretBytes;
 
-/// The label marking a Secret Latchkey created (Kubernetes' recommended `managed-by` label).
-pub const MARK_LABEL: &str = "app.kubernetes.io/managed-by";
+pub use crate::api::push_metadata::MARK_LABEL;
 
 /// Writes Secrets of one namespace with one service account's token.
 pub struct KubernetesPush {
@@ -202,11 +202,12 @@ fn version(secret: &Secret) -> String {
 
 #[async_trait]
 impl Pusher for KubernetesPush {
-    async fn push(
+    async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        _metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         // The name goes into the request path: anything but a Kubernetes name is refused here.
         crate::api::validate::object_name("remoteRef.remoteKey (a Secret name)", remote_key)

@@ -15,6 +15,7 @@
 //! next reconcile pushes again from what is there then); the handshake and the ESS read before
 //! a write are retried as reads are. UNIMPLEMENTED from the plugin is [`PushError::ReadOnly`].
 
+use crate::api::push_metadata::PushMetadataSpec;
 use std::collections::HashMap;
 use std::future::Future;
 
@@ -372,11 +373,12 @@ fn whole_entries(
 
 #[async_trait]
 impl Pusher for PluginPush {
-    async fn push(
+    async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        _metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         let size = match value {
             PushValue::Whole(bytes) => bytes.len(),

@@ -10,6 +10,7 @@
 //!
 //! Errors name the path and the remote key, never a token or a value.
 
+use crate::api::push_metadata::PushMetadataSpec;
 use async_trait::async_trait;
 use rustify::enums::RequestMethod;
 use rustify::errors::ClientError as RestError;
@@ -228,11 +229,12 @@ impl VaultPush {
 
 #[async_trait]
 impl Pusher for VaultPush {
-    async fn push(
+    async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        _metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         let (client, key) = self.target(remote_key)?;
         let Some(meta) = self.metadata(client, remote_key, key).await? else {

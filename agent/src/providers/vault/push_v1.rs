@@ -12,6 +12,7 @@
 //!
 //! Errors name the path and the remote key, never a token or a value.
 
+use crate::api::push_metadata::PushMetadataSpec;
 use async_trait::async_trait;
 use rustify::enums::RequestMethod;
 use serde_json::{Map, Value};
@@ -96,11 +97,12 @@ impl VaultV1Push {
 
 #[async_trait]
 impl Pusher for VaultV1Push {
-    async fn push(
+    async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        _metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         let key = valid_key(remote_key)?;
         let current = self.read(key).await?;

@@ -405,7 +405,30 @@ impl PushController {
         let mut wrote = false;
         // Stores that took every write: a generated value is replaced only once all have it.
         let mut delivered = BTreeSet::new();
+        let mut pushers = Vec::new();
         for (kind, store) in &selection.stores {
+            pushers.push(self.pusher(object, &namespace, *kind, store).await);
+        }
+        // Each store uses its provider's fields of the entries' metadata and ignores the
+        // others; a field no store uses is a mistake, refused before anything is written (a
+        // store that could not be made may be the one using it: then nothing is refused).
+        let used: BTreeSet<&str> = pushers
+            .iter()
+            .flatten()
+            .flat_map(|(p, _)| p.metadata_fields().iter().copied())
+            .collect();
+        let unused = pushers
+            .iter()
+            .all(Result::is_ok)
+            .then(|| plan::unused_metadata(&writes, &used))
+            .flatten();
+        if let Some(e) = &unused {
+            failures.push((
+                e.reason(),
+                format!("{who}: nothing pushed to {targets}: {e}"),
+            ));
+        }
+        for ((kind, store), made) in selection.stores.iter().zip(pushers) {
             let (kind, store) = (*kind, store.as_str());
             let key = PushSecretStoreRef::status_key_of(kind, store);
             let before = previous
@@ -415,7 +438,8 @@ impl PushController {
                 .unwrap_or_default();
             let id = fake_store_id(kind, &namespace, store);
             let mut now = BTreeMap::new();
-            match self.pusher(object, &namespace, kind, store).await {
+            match made {
+                _ if unused.is_some() => now = before,
                 Err((reason, why)) => {
                     failures.push((reason, format!("{who}, {key}: {why}")));
                     now = before;
@@ -428,7 +452,21 @@ impl PushController {
                         adopt: adopt && !if_not_exists,
                     };
                     let failed_before = failures.len();
-                    for write in &writes {
+                    // Settings the store does not take fail it before any write: it gets all
+                    // of the PushSecret, or nothing.
+                    let refused: Vec<_> = writes
+                        .iter()
+                        .filter_map(|w| pusher.check_metadata(&w.metadata).err().map(|e| (w, e)))
+                        .collect();
+                    for (write, e) in &refused {
+                        let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
+                        failures.push((e.reason(), format!("{at}: {e}")));
+                    }
+                    let writes = if refused.is_empty() { &writes[..] } else { &[] };
+                    if !refused.is_empty() {
+                        now = before.clone();
+                    }
+                    for write in writes {
                         let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
                         match self
                             .push_one(&*pusher, &id, write, policy, before.get(&write.remote_key))
@@ -522,7 +560,8 @@ impl PushController {
         if !self.leading() {
             return Err(("NotLeading", "this replica stopped leading".into()));
         }
-        match pusher.push(&write.remote_key, &write.value, policy).await {
+        let pushed = pusher.push_with(&write.remote_key, &write.value, policy, &write.metadata);
+        match pushed.await {
             Ok(Pushed::Written { version }) => {
                 self.recorded.written(store_id, write);
                 debug!(store = %store_id, remote_key = %write.remote_key, %version, "pushed");
