@@ -8,6 +8,10 @@
 
 mod support;
 
+// Provider settings (`spec.data[].metadata`), in a file of their own.
+#[path = "push_plugin/metadata.rs"]
+mod metadata;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -427,40 +431,8 @@ async fn the_controller_pushes_through_a_plugin_as_the_service_account() {
         .unwrap();
     let _read_only = KillOnDrop(read_only);
 
-    let s = FakeApiServer::start().await;
-    let controller = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(CONTROLLER_TOKEN, controller.clone());
-    assert!(s.allow_roles_of(controller, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["shop", "latchkey"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "writer", "namespace": "shop",
-                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
-    // The account reads the source Secret with its own rights (and the plugin writes as it).
-    s.allow(
-        Identity::service_account("shop", "writer"),
-        "get",
-        "",
-        "secrets",
-        Some("shop"),
-    );
-    let b64 = |t: &str| {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD.encode(t)
-    };
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "db", "namespace": "shop"},
-        "data": {"password": b64(PASSWORD)}}));
-    let store = |name: &str, socket: &str| {
-        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
-            "metadata": {"name": name, "namespace": "shop"},
-            "spec": {"provider": {"plugin": {
-                "endpoint": format!("unix://{}", plugin.socket_dir.join(socket).display()),
-                "audiences": [AUDIENCE], "timeout": "3s"}}}})
-    };
-    s.apply(store("files", "files.sock"));
-    s.apply(store("read-only", "ro.sock"));
+    let s = plugin_cluster(&plugin).await;
+    s.apply(plugin_store(&plugin, "read-only", "ro.sock"));
     let push_secret = |name: &str, store: &str, remote: &str| {
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
             "metadata": {"name": name, "namespace": "shop"},
@@ -566,6 +538,48 @@ async fn the_controller_pushes_through_a_plugin_as_the_service_account() {
             assert!(!text.contains(&value), "a value leaked");
         }
     }
+}
+
+/// A fake API server for the controller: its RBAC, the account `shop/writer` (opted in, allowed
+/// to get Secrets of `shop`), the Secret `shop/db` and the SecretStore `files` on `plugin`.
+async fn plugin_cluster(plugin: &Plugin) -> FakeApiServer {
+    let s = FakeApiServer::start().await;
+    let controller = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(CONTROLLER_TOKEN, controller.clone());
+    assert!(s.allow_roles_of(controller, "daemonset/components/mirror/rbac.yaml") > 10);
+    for ns in ["shop", "latchkey"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "writer", "namespace": "shop",
+                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+    // The account reads the source Secret with its own rights (and the plugin writes as it).
+    s.allow(
+        Identity::service_account("shop", "writer"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(PASSWORD)}}));
+    s.apply(plugin_store(plugin, "files", "files.sock"));
+    s
+}
+
+/// The SecretStore `name` of `shop` on the plugin listening at `socket` in `plugin`'s directory.
+fn plugin_store(plugin: &Plugin, name: &str, socket: &str) -> Value {
+    json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"provider": {"plugin": {
+            "endpoint": format!("unix://{}", plugin.socket_dir.join(socket).display()),
+            "audiences": [AUDIENCE], "timeout": "3s"}}}})
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
 }
 
 /// Kills a child process when dropped.

@@ -223,6 +223,8 @@ impl fmt::Debug for lk::PushSecretRequest {
             value,
             if_not_exists,
             adopt,
+            metadata,
+            replace_metadata,
         } = self;
         f.debug_struct("PushSecretRequest")
             .field("config", config)
@@ -232,6 +234,9 @@ impl fmt::Debug for lk::PushSecretRequest {
             .field("value_len", &value.as_ref().map(Vec::len))
             .field("if_not_exists", if_not_exists)
             .field("adopt", adopt)
+            // Settings the PushSecret's author wrote in the manifest, not secret values.
+            .field("metadata", metadata)
+            .field("replace_metadata", replace_metadata)
             .finish()
     }
 }

@@ -468,7 +468,12 @@ impl SecretStorePlugin for LatchkeyService {
         }
         let (version, kept) = self
             .0
-            .push(&r.name, r.data, r.value, r.if_not_exists, r.adopt)
+            .push(
+                &r.name,
+                (r.data, r.value),
+                (r.if_not_exists, r.adopt),
+                (r.metadata, r.replace_metadata),
+            )
             .await?;
         Ok(Response::new(lk::PushSecretResponse { version, kept }))
     }

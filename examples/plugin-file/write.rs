@@ -45,14 +45,14 @@ impl Files {
     }
 
     /// latchkey.plugin.v1 PushSecret: `value` replaces the secret, else `data` is merged into
-    /// it. Answers the version written (or the existing one, and true, when kept).
+    /// it; `settings` are added to its metadata (or, `replace`, become all of it but the mark).
+    /// Answers the version written (or the existing one, and true, when kept).
     pub async fn push(
         &self,
         name: &str,
-        data: Data,
-        value: Option<Vec<u8>>,
-        if_not_exists: bool,
-        adopt: bool,
+        (data, value): (Data, Option<Vec<u8>>),
+        (if_not_exists, adopt): (bool, bool),
+        (settings, replace): (Metadata, bool),
     ) -> Result<(String, bool), Status> {
         let _one_at_a_time = self.writes.lock().await;
         let path = self.path(name)?;
@@ -76,7 +76,12 @@ impl Files {
                 encode(current)?
             }
         };
-        let mut metadata = self.metadata(name);
+        let mut metadata = if replace {
+            Metadata::new()
+        } else {
+            self.metadata(name)
+        };
+        metadata.extend(settings);
         metadata.insert(MARK.0.into(), MARK.1.into());
         self.store(name, &bytes, &metadata)?;
         Ok((modified(&path), false))

@@ -5,6 +5,9 @@
 //! contract written in latchkey_plugin.proto (marks what it creates, answers ALREADY_EXISTS for a
 //! secret it did not mark unless `adopt`, writes all entries or none).
 //!
+//! An entry's `metadata.spec.customMetadata` (and `mergePolicy`) go with the push: to the plugin
+//! in the request, or into the ESS secret's metadata beside the mark.
+//!
 //! An ESS-only plugin has no such RPCs and carries no identity: Latchkey reads the secret
 //! (`GetSecret`), checks the mark in its `metadata` itself, then writes it whole (`ApplySecret`,
 //! the entries kept plus those pushed, the mark added to the metadata) or removes keys
@@ -15,7 +18,6 @@
 //! next reconcile pushes again from what is there then); the handshake and the ESS read before
 //! a write are retried as reads are. UNIMPLEMENTED from the plugin is [`PushError::ReadOnly`].
 
-use crate::api::push_metadata::PushMetadataSpec;
 use std::collections::HashMap;
 use std::future::Future;
 
@@ -29,6 +31,7 @@ use tonic::{Code, Status};
 use super::socket::Protocol;
 use super::status::{self, Failure};
 use super::{ESS_GET, ESS_GET_RPC, Plugin, grpc_answer};
+use crate::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
 use crate::api::store::PluginProvider;
 use crate::providers::push::{
     MARK_KEY, MARK_VALUE, MAX_PUSH_BYTES, PushError, PushPolicy, PushValue, Pushed, Pusher, fits,
@@ -114,6 +117,7 @@ impl PluginPush {
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        metadata: &PushMetadataSpec,
     ) -> Written<Pushed> {
         let (data, whole) = match value {
             PushValue::Whole(bytes) => (HashMap::new(), Some(bytes.expose().to_vec())),
@@ -133,6 +137,8 @@ impl PluginPush {
             value: whole,
             if_not_exists: policy.if_not_exists,
             adopt: policy.adopt,
+            metadata: metadata.custom_metadata.clone().into_iter().collect(),
+            replace_metadata: replaces(metadata),
         });
         let timeout = self.plugin.timeout();
         request.set_timeout(timeout);
@@ -265,6 +271,7 @@ impl PluginPush {
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
+        settings: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         self.plugin.ess_has_no_identity().map_err(|f| f.error)?;
         let current = self.ess_current(remote_key).await?;
@@ -279,7 +286,9 @@ impl PluginPush {
                     remote_key: remote_key.to_string(),
                 });
             }
-            metadata = current.metadata;
+            if !replaces(settings) {
+                metadata = current.metadata;
+            }
             if matches!(value, PushValue::Properties(_)) {
                 data = current.data;
             }
@@ -300,6 +309,7 @@ impl PluginPush {
                 max: MAX_PUSH_BYTES,
             });
         }
+        metadata.extend(settings.custom_metadata.clone());
         metadata.insert(MARK_KEY.to_string(), MARK_VALUE.to_string());
         let secret = ess::Secret {
             scoped_name: remote_key.to_string(),
@@ -348,6 +358,11 @@ impl PluginPush {
     }
 }
 
+/// Whether the secret's metadata becomes exactly the entry's (and the mark).
+fn replaces(settings: &PushMetadataSpec) -> bool {
+    settings.merge_policy == Some(MetadataMergePolicy::Replace)
+}
+
 /// Whether an ESS secret carries Latchkey's mark in its metadata.
 fn marked(secret: &ess::Secret) -> bool {
     secret.metadata.get(MARK_KEY).map(String::as_str) == Some(MARK_VALUE)
@@ -373,12 +388,16 @@ fn whole_entries(
 
 #[async_trait]
 impl Pusher for PluginPush {
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        &["customMetadata", "mergePolicy"]
+    }
+
     async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
-        _metadata: &PushMetadataSpec,
+        metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         let size = match value {
             PushValue::Whole(bytes) => bytes.len(),
@@ -393,10 +412,10 @@ impl Pusher for PluginPush {
         }
         match self.protocol().await? {
             Protocol::Latchkey => {
-                self.once(|| self.push_latchkey(remote_key, value, policy))
+                self.once(|| self.push_latchkey(remote_key, value, policy, metadata))
                     .await
             }
-            Protocol::Ess => self.push_ess(remote_key, value, policy).await,
+            Protocol::Ess => self.push_ess(remote_key, value, policy, metadata).await,
         }
     }
 
