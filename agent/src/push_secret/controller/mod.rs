@@ -21,32 +21,32 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 mod finalize;
 mod helpers;
 mod store;
 #[cfg(test)]
 mod tests;
+mod write;
 
 use helpers::{bounded, compact, describe, describe_targets, refresh};
 use store::{StoreLabels, selecting};
+use write::Written;
 
 use super::generated::{self, Generated, GeneratedValues, PushGenerators};
-use super::plan::{self, Recorded, RemoteWrite};
-use super::pushers::{Pushers, fake_store_id};
+use super::plan::{self, Recorded};
+use super::pushers::Pushers;
 use super::source::SourceReader;
 use super::template;
 use crate::api::push_secret::{
-    PushDeletionPolicy, PushSecret, PushSecretStatus, PushSecretStoreRef, PushUpdatePolicy,
-    SyncedPush,
+    PushDeletionPolicy, PushSecret, PushSecretStatus, PushSecretStoreRef, SyncedPush,
 };
 use crate::api::{ClusterSecretStore, SecretStore, StoreKind, validate};
 use crate::catalog::{Catalog, Lenient};
 use crate::compute::Pool;
 use crate::events::{EventTarget, KubeEvents, WARNING};
 use crate::mirror::status::with_ready;
-use crate::providers::push::{PushPolicy, Pushed, Pusher};
 
 /// The finalizer that holds a PushSecret with `deletionPolicy: Delete`.
 pub const FINALIZER: &str = "latchkey.dev/push-secret";
@@ -399,102 +399,14 @@ impl PushController {
                 }));
             }
         };
-        let if_not_exists = object.spec.update_policy == PushUpdatePolicy::IfNotExists;
-        let mut synced = BTreeMap::new();
         let mut failures: Vec<(&'static str, String)> = selection.failures.clone();
-        let mut wrote = false;
-        // Stores that took every write: a generated value is replaced only once all have it.
-        let mut delivered = BTreeSet::new();
-        let mut pushers = Vec::new();
-        for (kind, store) in &selection.stores {
-            pushers.push(self.pusher(object, &namespace, *kind, store).await);
-        }
-        // Each store uses its provider's fields of the entries' metadata and ignores the
-        // others; a field no store uses is a mistake, refused before anything is written (a
-        // store that could not be made may be the one using it: then nothing is refused).
-        let used: BTreeSet<&str> = pushers
-            .iter()
-            .flatten()
-            .flat_map(|(p, _)| p.metadata_fields().iter().copied())
-            .collect();
-        let unused = pushers
-            .iter()
-            .all(Result::is_ok)
-            .then(|| plan::unused_metadata(&writes, &used))
-            .flatten();
-        if let Some(e) = &unused {
-            failures.push((
-                e.reason(),
-                format!("{who}: nothing pushed to {targets}: {e}"),
-            ));
-        }
-        for ((kind, store), made) in selection.stores.iter().zip(pushers) {
-            let (kind, store) = (*kind, store.as_str());
-            let key = PushSecretStoreRef::status_key_of(kind, store);
-            let before = previous
-                .synced_push_secrets
-                .get(&key)
-                .cloned()
-                .unwrap_or_default();
-            let id = fake_store_id(kind, &namespace, store);
-            let mut now = BTreeMap::new();
-            match made {
-                _ if unused.is_some() => now = before,
-                Err((reason, why)) => {
-                    failures.push((reason, format!("{who}, {key}: {why}")));
-                    now = before;
-                }
-                Ok((pusher, adopt)) => {
-                    // Over what Latchkey did not create only with `Replace` and the store's
-                    // consent (`spec.push.adoptExisting`).
-                    let policy = PushPolicy {
-                        if_not_exists,
-                        adopt: adopt && !if_not_exists,
-                    };
-                    let failed_before = failures.len();
-                    // Settings the store does not take fail it before any write: it gets all
-                    // of the PushSecret, or nothing.
-                    let refused: Vec<_> = writes
-                        .iter()
-                        .filter_map(|w| pusher.check_metadata(&w.metadata).err().map(|e| (w, e)))
-                        .collect();
-                    for (write, e) in &refused {
-                        let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
-                        failures.push((e.reason(), format!("{at}: {e}")));
-                    }
-                    let writes = if refused.is_empty() { &writes[..] } else { &[] };
-                    if !refused.is_empty() {
-                        now = before.clone();
-                    }
-                    for write in writes {
-                        let at = format!("{who}, {key}, remote key {:?}", write.remote_key);
-                        match self
-                            .push_one(&*pusher, &id, write, policy, before.get(&write.remote_key))
-                            .await
-                        {
-                            Ok((entry, written)) => {
-                                wrote |= written;
-                                if let Some(entry) = entry {
-                                    now.insert(write.remote_key.clone(), entry);
-                                }
-                            }
-                            Err((reason, why)) => {
-                                failures.push((reason, format!("{at}: {why}")));
-                                if let Some(entry) = before.get(&write.remote_key) {
-                                    now.insert(write.remote_key.clone(), entry.clone());
-                                }
-                            }
-                        }
-                    }
-                    if failures.len() == failed_before {
-                        delivered.insert(key.clone());
-                    }
-                }
-            }
-            if !now.is_empty() {
-                synced.insert(key, now);
-            }
-        }
+        let Written {
+            mut synced,
+            wrote,
+            delivered,
+        } = self
+            .write_stores(object, &selection.stores, &writes, &previous, &mut failures)
+            .await;
         // A selector that could not be expanded says nothing of which stores stopped matching:
         // what was pushed to stores of its kind stays listed (and is not pruned).
         for (key, remotes) in &previous.synced_push_secrets {
@@ -534,58 +446,6 @@ impl PushController {
         } else {
             due.map_or(refresh(object), |d| d.clamp(MIN_REFRESH, refresh(object)))
         }))
-    }
-
-    /// Pushes one remote secret unless unchanged: the status entry to keep and whether a
-    /// write happened.
-    async fn push_one(
-        &self,
-        pusher: &dyn Pusher,
-        store_id: &str,
-        write: &RemoteWrite,
-        policy: PushPolicy,
-        before: Option<&SyncedPush>,
-    ) -> Result<(Option<SyncedPush>, bool), (&'static str, String)> {
-        let key = (store_id.to_string(), write.remote_key.clone());
-        if self.recorded.unchanged(store_id, write) {
-            let last = self.entries().get(&key).cloned();
-            if let Some(entry) = last.or_else(|| before.cloned()) {
-                return Ok((Some(entry), false));
-            }
-        }
-        if self.parts.dry_run {
-            info!(store = %store_id, remote_key = %write.remote_key, "dry run: would push");
-            return Ok((before.cloned(), false));
-        }
-        if !self.leading() {
-            return Err(("NotLeading", "this replica stopped leading".into()));
-        }
-        let pushed = pusher.push_with(&write.remote_key, &write.value, policy, &write.metadata);
-        match pushed.await {
-            Ok(Pushed::Written { version }) => {
-                self.recorded.written(store_id, write);
-                debug!(store = %store_id, remote_key = %write.remote_key, %version, "pushed");
-                let entry = SyncedPush {
-                    properties: write.properties(),
-                    // Vault KV v1 and plugins over ESS answer none.
-                    version: (!version.is_empty()).then_some(version),
-                };
-                let mut entries = self.entries();
-                if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
-                    // As the fingerprints: starting over costs a write each, never a change.
-                    entries.clear();
-                }
-                entries.insert(key, entry.clone());
-                Ok((Some(entry), true))
-            }
-            // Not written by this push: only what an earlier push of ours wrote is listed
-            // (and would be deleted).
-            Ok(Pushed::Kept) => Ok((before.cloned(), false)),
-            Err(e) => {
-                self.forget(store_id, &write.remote_key);
-                Err((e.reason(), e.to_string()))
-            }
-        }
     }
 
     fn entries(&self) -> MutexGuard<'_, HashMap<(String, String), SyncedPush>> {
