@@ -204,6 +204,7 @@ fn version(pushed: Pushed) -> String {
     match pushed {
         Pushed::Written { version } => version,
         Pushed::Kept => panic!("kept, not written"),
+        Pushed::Unchanged { .. } => panic!("unchanged, not written"),
     }
 }
 

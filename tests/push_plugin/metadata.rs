@@ -1,12 +1,13 @@
 //! `spec.data[].metadata` on plugin stores: `customMetadata` set on the secret's metadata beside
 //! the mark, merged into what is there or (`mergePolicy: Replace`) replacing it, through
-//! latchkey.plugin.v1 PushSecret and through ESS ApplySecret alike.
+//! latchkey.plugin.v1 PushSecret and through ESS ApplySecret alike; and a push that would change
+//! nothing writes nothing, even from a restarted controller.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use latchkey::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
-use latchkey::providers::push::Pusher;
+use latchkey::providers::push::{Pushed, Pusher};
 use serde_json::json;
 
 use super::support::{self, controller::ControllerProcess};
@@ -51,6 +52,18 @@ async fn custom_metadata_is_merged_or_replaced_beside_the_mark_over_both_protoco
         // No settings: the metadata is left as it is.
         push.push("db", &value, REPLACE).await.unwrap();
         assert_eq!(plugin.metadata("db").unwrap()["tier"], "gold", "{flags:?}");
+        // The same again: nothing written (ESS: the read shows it; latchkey.plugin.v1: the
+        // plugin's call).
+        let again = push
+            .push_with("db", &value, REPLACE, &merged)
+            .await
+            .unwrap();
+        if flags.contains(&"--ess-only") {
+            assert!(matches!(again, Pushed::Unchanged { .. }), "{again:?}");
+            // Two writes: the first push and the merge; the push without settings changed
+            // nothing either.
+            assert_eq!(plugin.calls().matches("ApplySecret db").count(), 2);
+        }
         // Replace: exactly these, and the mark.
         let replaced = custom(&[("owner", "shop")], Some(MetadataMergePolicy::Replace));
         push.push_with("db", &value, REPLACE, &replaced)
@@ -141,5 +154,55 @@ async fn the_controller_pushes_the_settings_and_refuses_those_no_store_uses() {
     }
     assert!(plugin.file("tagged").is_none(), "nothing written");
     assert!(!plugin.calls().contains("PushSecret tagged"));
+    assert_clean(&c.log_text());
+}
+
+/// A restarted controller has no fingerprints: it reads the ESS secret, finds it as it would
+/// write it, and writes nothing (no new version for whoever consumes it elsewhere).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_controller_writes_nothing_that_is_already_there() {
+    let plugin = Plugin::start(&["--ess-only", "--writable"]).await;
+    let s = plugin_cluster(&plugin).await;
+    // ESS carries no identity: a store without audiences.
+    let mut store = super::plugin_store(&plugin, "ess", "files.sock");
+    store["spec"]["provider"]["plugin"]
+        .as_object_mut()
+        .unwrap()
+        .remove("audiences");
+    s.apply(store);
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
+        "metadata": {"name": "to-ess", "namespace": "shop"},
+        "spec": {"serviceAccountName": "writer", "secretStoreRefs": [{"name": "ess"}],
+                 "selector": {"secret": {"name": "db"}},
+                 "data": [{"match": {"secretKey": "password",
+                                     "remoteRef": {"remoteKey": "db", "property": "password"}}}]}}),
+    );
+    let socket_dir = plugin.socket_dir.display().to_string();
+    let args = ["--plugin-socket-dir", socket_dir.as_str()];
+    let kubeconfig = s.kubeconfig_yaml(CONTROLLER_TOKEN);
+    let within = Duration::from_secs(15);
+    let mut c = ControllerProcess::start(&kubeconfig, "plugin-push-restart", &args).await;
+    support::eventually(within, "pushed", || async {
+        plugin
+            .entries("db")
+            .is_some_and(|e| e["password"] == PASSWORD)
+    })
+    .await;
+    c.stop();
+    let applies = |calls: &str| calls.matches("ApplySecret db").count();
+    let reads = |calls: &str| calls.matches("GetSecret db").count();
+    let before = plugin.calls();
+    assert_eq!(applies(&before), 1, "{before}");
+
+    let c = ControllerProcess::start(&kubeconfig, "plugin-push-restart-2", &args).await;
+    support::eventually(within, "read again", || async {
+        reads(&plugin.calls()) > reads(&before)
+    })
+    .await;
+    // Time for a write, had one been made.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = plugin.calls();
+    assert_eq!(applies(&after), 1, "{after}");
     assert_clean(&c.log_text());
 }

@@ -134,6 +134,12 @@ impl Pusher for FakePush {
                 merge_properties(remote_key, current.map(|r| &r.value), properties)?
             }
         };
+        if let Some(r) = current.filter(|r| r.marked && r.value == bytes && r.metadata == *metadata)
+        {
+            return Ok(Pushed::Unchanged {
+                version: r.version.to_string(),
+            });
+        }
         let version = current.map_or(1, |r| r.version + 1);
         store.insert(
             remote_key.to_string(),
@@ -263,6 +269,22 @@ mod tests {
             }
         );
         assert_eq!(held("create", "app/cert"), ("v2".into(), true, 2));
+        // The same again (a restarted controller): nothing written.
+        let got = s.push("app/cert", &whole, REPLACE).await.unwrap();
+        assert_eq!(
+            got,
+            Pushed::Unchanged {
+                version: "2".into()
+            }
+        );
+        // New settings alone are a write.
+        let tagged = PushMetadataSpec {
+            tags: [("team".to_string(), "shop".to_string())].into(),
+            ..Default::default()
+        };
+        let got = s.push_with("app/cert", &whole, REPLACE, &tagged).await;
+        assert!(matches!(got, Ok(Pushed::Written { .. })));
+        assert_eq!(FakePush::metadata("test/create", "app/cert"), Some(tagged));
     }
 
     #[tokio::test]

@@ -49,6 +49,13 @@ pub enum Pushed {
     },
     /// The remote secret exists and `IfNotExists` kept it as it was.
     Kept,
+    /// The remote secret already held exactly what would be written (value and settings):
+    /// nothing was written, so a restarted controller costs a read, not a new version; its
+    /// version.
+    Unchanged {
+        /// As for [`Pushed::Written`].
+        version: String,
+    },
 }
 
 /// Why a push or delete did not happen. Names the remote key, never a value.

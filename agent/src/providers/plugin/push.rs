@@ -277,20 +277,20 @@ impl PluginPush {
         let current = self.ess_current(remote_key).await?;
         let mut metadata = HashMap::new();
         let mut data = HashMap::new();
-        if let Some(current) = current {
+        if let Some(current) = &current {
             if policy.if_not_exists {
                 return Ok(Pushed::Kept);
             }
-            if !marked(&current) && !policy.adopt {
+            if !marked(current) && !policy.adopt {
                 return Err(PushError::Conflict {
                     remote_key: remote_key.to_string(),
                 });
             }
             if !replaces(settings) {
-                metadata = current.metadata;
+                metadata = current.metadata.clone();
             }
             if matches!(value, PushValue::Properties(_)) {
-                data = current.data;
+                data = current.data.clone();
             }
         }
         match value {
@@ -311,13 +311,18 @@ impl PluginPush {
         }
         metadata.extend(settings.custom_metadata.clone());
         metadata.insert(MARK_KEY.to_string(), MARK_VALUE.to_string());
+        // ESS answers no version.
+        if current.is_some_and(|c| c.data == data && c.metadata == metadata) {
+            return Ok(Pushed::Unchanged {
+                version: String::new(),
+            });
+        }
         let secret = ess::Secret {
             scoped_name: remote_key.to_string(),
             metadata,
             data,
         };
         self.ess_write(&secret, false).await?;
-        // ESS answers no version.
         Ok(Pushed::Written {
             version: String::new(),
         })

@@ -168,30 +168,31 @@ impl PushController {
             return Err(("NotLeading", "this replica stopped leading".into()));
         }
         let pushed = pusher.push_with(&write.remote_key, &write.value, policy, &write.metadata);
-        match pushed.await {
-            Ok(Pushed::Written { version }) => {
-                self.recorded.written(store_id, write);
-                debug!(store = %store_id, remote_key = %write.remote_key, %version, "pushed");
-                let entry = SyncedPush {
-                    properties: write.properties(),
-                    // Vault KV v1 and plugins over ESS answer none.
-                    version: (!version.is_empty()).then_some(version),
-                };
-                let mut entries = self.entries();
-                if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
-                    // As the fingerprints: starting over costs a write each, never a change.
-                    entries.clear();
-                }
-                entries.insert(key, entry.clone());
-                Ok((Some(entry), true))
-            }
+        let (version, written) = match pushed.await {
+            Ok(Pushed::Written { version }) => (version, true),
+            // Ours and already as it should be (after a restart, say): listed like a write.
+            Ok(Pushed::Unchanged { version }) => (version, false),
             // Not written by this push: only what an earlier push of ours wrote is listed
             // (and would be deleted).
-            Ok(Pushed::Kept) => Ok((before.cloned(), false)),
+            Ok(Pushed::Kept) => return Ok((before.cloned(), false)),
             Err(e) => {
                 self.forget(store_id, &write.remote_key);
-                Err((e.reason(), e.to_string()))
+                return Err((e.reason(), e.to_string()));
             }
+        };
+        self.recorded.written(store_id, write);
+        debug!(store = %store_id, remote_key = %write.remote_key, %version, written, "pushed");
+        let entry = SyncedPush {
+            properties: write.properties(),
+            // Vault KV v1 and plugins over ESS answer none.
+            version: (!version.is_empty()).then_some(version),
+        };
+        let mut entries = self.entries();
+        if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
+            // As the fingerprints: starting over costs a write each, never a change.
+            entries.clear();
         }
+        entries.insert(key, entry.clone());
+        Ok((Some(entry), written))
     }
 }
