@@ -93,8 +93,9 @@ impl PushController {
                         adopt: adopt && !if_not_exists,
                     };
                     let failed_before = failures.len();
-                    // Settings the store does not take fail it before any write: it gets all
-                    // of the PushSecret, or nothing.
+                    // Settings this store cannot write (a label that is no label, another
+                    // namespace) fail it before any write: it gets all of the PushSecret, or
+                    // nothing.
                     let refused: Vec<_> = writes
                         .iter()
                         .filter_map(|w| pusher.check_metadata(&w.metadata).err().map(|e| (w, e)))
