@@ -297,16 +297,28 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
     };
     let long_key = custom(&[(&"k".repeat(129), "x")], None);
     for (settings, says) in [
-        (&too_many, "64 keys and Latchkey's \"managed-by\" mark are over Vault's limit of 64"),
-        (&long_value_key, "the value of key \"cert\" is not a Vault custom metadata value"),
+        (
+            &too_many,
+            "64 keys and Latchkey's \"managed-by\" mark are over Vault's limit of 64",
+        ),
+        (
+            &long_value_key,
+            "the value of key \"cert\" is not a Vault custom metadata value",
+        ),
         (&unprintable, "the value of key \"note\""),
-        (&long_key, "is not a Vault custom metadata key (at most 128 bytes"),
+        (
+            &long_key,
+            "is not a Vault custom metadata key (at most 128 bytes",
+        ),
     ] {
         let err = push.check_metadata(settings).unwrap_err();
         assert!(matches!(err, PushError::BadMetadata { .. }), "{err}");
         assert_eq!(err.reason(), "Unsupported");
         let text = format!("{err} {err:?}");
-        assert!(text.contains("spec.data[].metadata.spec.customMetadata: "), "{text}");
+        assert!(
+            text.contains("spec.data[].metadata.spec.customMetadata: "),
+            "{text}"
+        );
         assert!(text.contains(says), "{says}: {text}");
         assert_no_secret(&text, &bao);
         // The push checks too: nothing written.
@@ -326,7 +338,9 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
         .unwrap_err();
     let text = format!("{err} {err:?}");
     assert!(
-        text.contains("remote key \"prod/full\" cannot be pushed: its custom metadata would hold 65 keys"),
+        text.contains(
+            "remote key \"prod/full\" cannot be pushed: its custom metadata would hold 65 keys"
+        ),
         "{text}"
     );
     assert!(text.contains("mergePolicy: Replace"), "{text}");
@@ -453,15 +467,11 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
 
     eventually(&c, "the KV v2 push", || async {
         let meta = metadata(&bao, "prod/meta").await;
-        (meta["custom_metadata"] == json!({"team": "shop", "managed-by": "latchkey"}))
-            .then_some(())
+        (meta["custom_metadata"] == json!({"team": "shop", "managed-by": "latchkey"})).then_some(())
     })
     .await;
 
-    let failed = eventually(&c, "the KV v1 refusal", || async {
-        condition(&s, "v1")
-    })
-    .await;
+    let failed = eventually(&c, "the KV v1 refusal", || async { condition(&s, "v1") }).await;
     assert_eq!(failed["reason"], "Unsupported", "{failed}");
     let message = failed["message"].as_str().unwrap();
     for part in [
@@ -477,7 +487,11 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
 
     let mut shown = c.log_text();
     for name in ["v1", "v2"] {
-        shown.push_str(&s.get(API, "PushSecret", Some("shop"), name).unwrap().to_string());
+        shown.push_str(
+            &s.get(API, "PushSecret", Some("shop"), name)
+                .unwrap()
+                .to_string(),
+        );
     }
     for event in s.events() {
         shown.push_str(&event.to_string());
