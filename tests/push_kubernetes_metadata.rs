@@ -292,3 +292,112 @@ async fn what_kubernetes_would_refuse_is_refused_before_any_request() {
     push.push_with("db", &value, REPLACE, &good).await.unwrap();
     assert_eq!(meta(&s, "db").0["app.kubernetes.io/name"], "db");
 }
+
+const CONTROLLER_TOKEN: &str = "k8s-meta-controller-token";
+
+/// The real controller: an entry's labels and annotations reach the Secret; another
+/// `remoteNamespace` or a label Kubernetes would refuse fails the PushSecret naming the field
+/// and remote key, with nothing created.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_controller_sets_labels_and_refuses_what_the_store_cannot_take() {
+    let s = cluster().await;
+    let controller = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(CONTROLLER_TOKEN, controller.clone());
+    assert!(s.allow_roles_of(controller, "daemonset/components/mirror/rbac.yaml") > 10);
+    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "latchkey"}}));
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "writer", "namespace": "shop",
+                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(PASSWORD)}}));
+    s.apply(
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
+        "metadata": {"name": "cluster", "namespace": "shop"},
+        "spec": {"provider": {"kubernetes": {}}}}),
+    );
+    let push_secret = |remote: &str, meta: Value| {
+        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
+            "metadata": {"name": format!("to-{remote}"), "namespace": "shop"},
+            "spec": {"serviceAccountName": "writer", "deletionPolicy": "None",
+                     "secretStoreRefs": [{"name": "cluster"}],
+                     "selector": {"secret": {"name": "db"}},
+                     "data": [{"match": {"secretKey": "password",
+                               "remoteRef": {"remoteKey": remote, "property": "password"}},
+                               "metadata": {
+                                   "apiVersion": "kubernetes.external-secrets.io/v1alpha1",
+                                   "kind": "PushSecretMetadata", "spec": meta}}]}})
+    };
+    s.apply(push_secret(
+        "labelled",
+        json!({"labels": {"team": "shop"}, "annotations": {"example.com/owner": "ops"},
+               "remoteNamespace": "shop", "sourceMergePolicy": "Replace",
+               "targetMergePolicy": "Replace"}),
+    ));
+    s.apply(push_secret("elsewhere", json!({"remoteNamespace": "prod"})));
+    s.apply(push_secret(
+        "badlabel",
+        json!({"labels": {"bad key!": PASSWORD}}),
+    ));
+    let c = support::controller::ControllerProcess::start(
+        &s.kubeconfig_yaml(CONTROLLER_TOKEN),
+        "k8s-meta",
+        &[],
+    )
+    .await;
+    let within = std::time::Duration::from_secs(15);
+    let failed = |name: &str| {
+        let ps = s.get("latchkey.dev/v1alpha1", "PushSecret", Some("shop"), name)?;
+        let conditions = ps["status"]["conditions"].as_array()?.clone();
+        conditions
+            .into_iter()
+            .find(|c| c["type"] == "Ready" && c["status"] == "False")
+    };
+    support::eventually(within, "pushed with labels", || async {
+        s.get("v1", "Secret", Some("shop"), "labelled").is_some()
+    })
+    .await;
+    assert_eq!(
+        meta(&s, "labelled"),
+        (
+            json!({"team": "shop", MARK_LABEL: "latchkey"}),
+            json!({"example.com/owner": "ops"})
+        )
+    );
+    for (name, says) in [
+        (
+            "to-elsewhere",
+            "remote key \"elsewhere\": spec.data[].metadata.spec.remoteNamespace: this store \
+             writes namespace \"shop\", not \"prod\"",
+        ),
+        (
+            "to-badlabel",
+            "remote key \"badlabel\": spec.data[].metadata.spec.labels: \"bad key!\" is not a \
+             Kubernetes label key",
+        ),
+    ] {
+        support::eventually(within, name, || async { failed(name).is_some() }).await;
+        let condition = failed(name).unwrap();
+        assert_eq!(condition["reason"], "Unsupported", "{condition}");
+        let message = condition["message"].as_str().unwrap();
+        assert!(message.contains("SecretStore/cluster"), "{message}");
+        assert!(message.contains(says), "{says}: {message}");
+    }
+    for name in ["elsewhere", "badlabel"] {
+        assert!(s.get("v1", "Secret", Some("shop"), name).is_none());
+    }
+    let log = c.log_text();
+    let events = serde_json::to_string(&s.events()).unwrap();
+    assert!(!log.contains(PASSWORD) && !log.contains(&b64(PASSWORD)));
+    // The label value (the password here) is the PushSecret's own spec, which is shown as
+    // written; what Latchkey reports (status and Events) never repeats it.
+    let status_only = s
+        .objects("latchkey.dev/v1alpha1", "PushSecret")
+        .iter()
+        .map(|p| p["status"].to_string())
+        .collect::<String>();
+    for text in [&status_only, &events] {
+        assert!(!text.contains(PASSWORD), "a value leaked: {text}");
+        assert!(!text.contains(&b64(PASSWORD)), "a value leaked");
+    }
+}
