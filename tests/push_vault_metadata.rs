@@ -330,6 +330,35 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
         assert_eq!(metadata(&bao, "prod/refused").await, Value::Null);
     }
 
+    // Printable text beyond ASCII is taken by both; what Latchkey refuses as unprintable,
+    // OpenBao refuses too (so it is never found out after the data was written).
+    let unicode = custom(&[("note", "café 日本 🔑 a-b_c.d:e/f \"q\"")], None);
+    push.check_metadata(&unicode).unwrap();
+    push.push_with("prod/unicode", &value, REPLACE, &unicode)
+        .await
+        .unwrap();
+    assert_eq!(
+        metadata(&bao, "prod/unicode").await["custom_metadata"]["note"],
+        "café 日本 🔑 a-b_c.d:e/f \"q\""
+    );
+    for odd in [
+        "zero\u{200b}width",
+        "private\u{e000}",
+        "tab\there",
+        "nbsp\u{a0}",
+    ] {
+        let settings = custom(&[("note", odd)], None);
+        assert!(push.check_metadata(&settings).is_err(), "{odd:?}");
+        let (code, answer) = bao
+            .request(
+                "POST",
+                "secret/metadata/prod/unicode",
+                Some(json!({"custom_metadata": {"note": odd}})),
+            )
+            .await;
+        assert_eq!(code, 400, "OpenBao took {odd:?}: {answer}");
+    }
+
     // Merge would make 65 with the keys already there: refused naming the remote key, and the
     // data is not written either (still version 1).
     let err = push

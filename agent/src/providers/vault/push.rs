@@ -377,14 +377,21 @@ fn check_custom(metadata: &PushMetadataSpec) -> Result<(), PushError> {
     Ok(())
 }
 
-/// Whether Vault takes `text` as custom metadata (Go's `unicode.IsPrint`: no control, format
-/// or separator characters but the ASCII space).
+/// Whether Vault takes `text` as custom metadata (Go's `unicode.IsPrint`: no control, format,
+/// private-use or separator characters but the ASCII space). Erring towards refusing matters:
+/// metadata Vault refuses on a new secret would leave it written but unmarked.
 fn printable(text: &str) -> bool {
     text.chars().all(|c| {
         c == ' '
             || !(c.is_control()
                 || c.is_whitespace()
-                || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}'))
+                || matches!(c,
+                    '\u{ad}' | '\u{600}'..='\u{605}' | '\u{61c}' | '\u{6dd}' | '\u{70f}'
+                    | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}' | '\u{e000}'..='\u{f8ff}' | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}'
+                    | '\u{f0000}'..)
+                || (c as u32 & 0xfffe) == 0xfffe)
     })
 }
 
