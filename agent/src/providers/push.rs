@@ -133,6 +133,15 @@ pub enum PushError {
         /// Those they use.
         used: String,
     },
+    /// A value of `spec.data[].metadata.spec` that this store's backend cannot hold; checked
+    /// before any write, so nothing was written.
+    #[error("spec.data[].metadata.spec.{field}: {why}")]
+    BadMetadata {
+        /// The field, as named in the manifest.
+        field: &'static str,
+        /// Why, naming the key at fault (never a value: it may be copied from a secret).
+        why: String,
+    },
     /// The store's provider cannot be written to (yet).
     #[error("the {provider} provider cannot be pushed to")]
     Unimplemented {
@@ -165,7 +174,9 @@ impl PushError {
             PushError::NotAnObject { .. } | PushError::NotText { .. } => "InvalidRemote",
             PushError::TooLarge { .. } => "TooLarge",
             PushError::Changed { .. } => "ConcurrentWrite",
-            PushError::CannotPush { .. } | PushError::Metadata { .. } => "Unsupported",
+            PushError::CannotPush { .. }
+            | PushError::Metadata { .. }
+            | PushError::BadMetadata { .. } => "Unsupported",
             PushError::Unimplemented { .. } | PushError::ReadOnly { .. } => "Unimplemented",
             PushError::Backend(_) => "BackendError",
         }

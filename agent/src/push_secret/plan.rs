@@ -168,12 +168,34 @@ pub fn unused_metadata(writes: &[RemoteWrite], used: &BTreeSet<&str>) -> Option<
             remote_key: write.remote_key.clone(),
             fields: unused.join(", "),
             used: if used.is_empty() {
-                "no field".to_string()
+                format!("no metadata field{}", owners(&unused))
             } else {
-                used.iter().copied().collect::<Vec<_>>().join(", ")
+                let used = used.iter().copied().collect::<Vec<_>>().join(", ");
+                format!("{used}{}", owners(&unused))
             },
         })
     })
+}
+
+/// Whose each of `fields` is, so that a field set for a store that does not take it (a KV v1
+/// store has no metadata at all) says which store would.
+fn owners(fields: &[&str]) -> String {
+    let mut by: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for field in fields {
+        let owner = match *field {
+            "customMetadata" | "mergePolicy" => "Vault KV v2's, KV v1 keeps no metadata",
+            "labels" | "annotations" | "sourceMergePolicy" | "targetMergePolicy"
+            | "remoteNamespace" => "the kubernetes provider's",
+            _ => "AWS Secrets Manager's",
+        };
+        by.entry(owner).or_default().push(field);
+    }
+    by.iter()
+        .map(|(owner, fields)| {
+            let verb = if fields.len() == 1 { "is" } else { "are" };
+            format!("; {} {verb} {owner}", fields.join(" and "))
+        })
+        .collect()
 }
 
 /// What was last written per (store, remote key), to skip writes of unchanged data.
@@ -316,7 +338,24 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "spec.data[].metadata.spec of remote key \"prod/db\" sets tags, which none of the \
-             stores written uses (they use customMetadata)"
+             stores written uses (they use customMetadata; tags is AWS Secrets Manager's)"
+        );
+    }
+
+    #[test]
+    fn a_field_no_store_takes_says_whose_it_is() {
+        let mut first = entry("user", "prod/db", Some("user"));
+        first["metadata"] = serde_json::json!({
+            "apiVersion": "kubernetes.external-secrets.io/v1alpha1", "kind": "PushSecretMetadata",
+            "spec": {"customMetadata": {"team": "a"}, "mergePolicy": "Replace"}});
+        let s = spec(serde_json::json!([first]));
+        let writes = plan(&s, "db", &data(&[("user", "app")])).unwrap();
+        let err = unused_metadata(&writes, &BTreeSet::new()).unwrap();
+        assert_eq!(
+            err.to_string(),
+            "spec.data[].metadata.spec of remote key \"prod/db\" sets customMetadata, \
+             mergePolicy, which none of the stores written uses (they use no metadata field; \
+             customMetadata and mergePolicy are Vault KV v2's, KV v1 keeps no metadata)"
         );
     }
 

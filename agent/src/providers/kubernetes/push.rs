@@ -9,8 +9,13 @@
 //! `app.kubernetes.io/managed-by: latchkey`; a Secret without it is someone else's. Every write
 //! is an update with the resourceVersion read, so a Secret changed in between is not written
 //! over: the push fails and is made again from what is there then.
+//!
+//! An entry's `labels` and `annotations` go in that same write (`targetMergePolicy` says what
+//! happens to those the Secret has); the source Secret's are never copied, so neither is
+//! kubectl's last-applied copy of its values.
 
-use crate::api::push_metadata::PushMetadataSpec;
+use crate::api::LAST_APPLIED_ANNOTATION;
+use crate::api::push_metadata::{PushMetadataSpec, TargetMergePolicy};
 use std::collections::BTreeMap;
 use std::future::Future;
 
@@ -196,6 +201,104 @@ fn set_keys(data: &mut BTreeMap<String, ByteString>, properties: &BTreeMap<Strin
     }
 }
 
+/// The labels and annotations `metadata` sets, checked as the API server would (and bounded),
+/// naming the key at fault and never a value.
+fn check_labels(metadata: &PushMetadataSpec) -> Result<(), PushError> {
+    let bad = |field, why| PushError::BadMetadata { field, why };
+    for (key, value) in &metadata.labels {
+        if !qualified_name(key) {
+            return Err(bad("labels", not_a_key("label", key)));
+        }
+        if !(value.is_empty() || name_part(value)) {
+            return Err(bad(
+                "labels",
+                format!(
+                    "the value of label {key:?} is not a Kubernetes label value (empty, or at \
+                     most 63 letters, digits, '-', '_' and '.', beginning and ending with a \
+                     letter or digit)"
+                ),
+            ));
+        }
+    }
+    for key in metadata.annotations.keys() {
+        if !qualified_name(key) {
+            return Err(bad("annotations", not_a_key("annotation", key)));
+        }
+        if key == LAST_APPLIED_ANNOTATION {
+            return Err(bad(
+                "annotations",
+                format!(
+                    "{key:?} is kubectl's copy of what was applied (for a Secret, its values) \
+                     and is never written by Latchkey"
+                ),
+            ));
+        }
+    }
+    let size: usize = metadata
+        .annotations
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if size > MAX_PUSH_BYTES {
+        return Err(bad(
+            "annotations",
+            format!("{size} bytes in all, over the limit of {MAX_PUSH_BYTES} for one push"),
+        ));
+    }
+    Ok(())
+}
+
+fn not_a_key(what: &str, key: &str) -> String {
+    let shown: String = key.chars().take(64).collect();
+    format!(
+        "{shown:?} is not a Kubernetes {what} key (an optional DNS subdomain and '/', then at \
+         most 63 letters, digits, '-', '_' and '.', beginning and ending with a letter or digit)"
+    )
+}
+
+/// A Kubernetes qualified name: label and annotation keys.
+fn qualified_name(key: &str) -> bool {
+    match key.split_once('/') {
+        Some((prefix, name)) => {
+            !prefix.is_empty() && crate::identity::is_dns_subdomain(prefix) && name_part(name)
+        }
+        None => name_part(key),
+    }
+}
+
+/// The name part of a qualified name, and a non-empty label value.
+fn name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Sets the labels and annotations of `meta` (a Secret read, or a new one) as `metadata` and
+/// `policy` say, and the mark in every case.
+fn set_metadata(meta: &mut ObjectMeta, metadata: &PushMetadataSpec, policy: TargetMergePolicy) {
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    match policy {
+        TargetMergePolicy::Merge => {
+            labels.extend(metadata.labels.clone());
+            annotations.extend(metadata.annotations.clone());
+        }
+        TargetMergePolicy::Replace => {
+            labels.clone_from(&metadata.labels);
+            annotations.clone_from(&metadata.annotations);
+        }
+        TargetMergePolicy::Ignore => {}
+    }
+    labels.insert(MARK_LABEL.to_string(), MARK_VALUE.to_string());
+    if annotations.is_empty() {
+        meta.annotations = None;
+    }
+}
+
 fn version(secret: &Secret) -> String {
     secret.metadata.resource_version.clone().unwrap_or_default()
 }
@@ -207,8 +310,9 @@ impl Pusher for KubernetesPush {
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
-        _metadata: &PushMetadataSpec,
+        metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
+        self.check_metadata(metadata)?;
         // The name goes into the request path: anything but a Kubernetes name is refused here.
         crate::api::validate::object_name("remoteRef.remoteKey (a Secret name)", remote_key)
             .map_err(|e| ProviderError::Config(e.to_string()))?;
@@ -216,15 +320,16 @@ impl Pusher for KubernetesPush {
         let Some(mut secret) = self.current(remote_key).await? else {
             let mut data = BTreeMap::new();
             set_keys(&mut data, properties);
-            let secret = Secret {
+            let mut secret = Secret {
                 metadata: ObjectMeta {
                     name: Some(remote_key.to_string()),
-                    labels: Some([(MARK_LABEL.to_string(), MARK_VALUE.to_string())].into()),
                     ..Default::default()
                 },
                 data: Some(bounded(remote_key, data)?),
                 ..Default::default()
             };
+            // A new Secret has nothing to keep or leave: every policy gives it these.
+            set_metadata(&mut secret.metadata, metadata, TargetMergePolicy::Replace);
             let created = self
                 .send(
                     remote_key,
@@ -247,12 +352,10 @@ impl Pusher for KubernetesPush {
         let mut data = secret.data.take().unwrap_or_default();
         set_keys(&mut data, properties);
         secret.data = Some(bounded(remote_key, data)?);
-        // Marked in the same write as the data: one update, all keys and the mark, or nothing.
-        secret
-            .metadata
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(MARK_LABEL.to_string(), MARK_VALUE.to_string());
+        // Marked in the same write as the data, with the labels and annotations: one update,
+        // all of it, or nothing.
+        let target = metadata.target_merge_policy.unwrap_or_default();
+        set_metadata(&mut secret.metadata, metadata, target);
         // `replace` sends the resourceVersion read above: a Secret changed since fails with 409.
         let read = version(&secret);
         let written = self
@@ -266,6 +369,35 @@ impl Pusher for KubernetesPush {
         Ok(Pushed::Written {
             version: version(&written),
         })
+    }
+
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        &[
+            "labels",
+            "annotations",
+            "sourceMergePolicy",
+            "targetMergePolicy",
+            "remoteNamespace",
+        ]
+    }
+
+    /// `sourceMergePolicy` needs no check: validation lets only `Replace` through, which is
+    /// what is done anyway (the source Secret's labels are never copied).
+    fn check_metadata(&self, metadata: &PushMetadataSpec) -> Result<(), PushError> {
+        if let Some(ns) = &metadata.remote_namespace
+            && *ns != self.namespace
+        {
+            return Err(PushError::BadMetadata {
+                field: "remoteNamespace",
+                why: format!(
+                    "this store writes namespace {:?}, not {ns:?}; a store's credential reaches \
+                     only where its author pointed it, so push to {ns:?} with a store whose \
+                     remoteNamespace is {ns:?}",
+                    self.namespace
+                ),
+            });
+        }
+        check_labels(metadata)
     }
 
     async fn delete(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {

@@ -6,11 +6,14 @@
 //! - Every data write is a check-and-set against the version read just before (0: create only),
 //!   so a secret written by someone else between the read and the write fails the push
 //!   ([`PushError::Changed`]) instead of being overwritten; the next push reads it again.
+//! - `customMetadata` of a push goes into the same custom metadata as the mark (`mergePolicy:
+//!   Merge` keeps the keys already there, `Replace` leaves exactly these and the mark), written
+//!   after the data like the mark, and only when it differs from what was read.
 //! - KV v1 mounts are written by [`super::push_v1`], which keeps the mark in the secret itself.
 //!
 //! Errors name the path and the remote key, never a token or a value.
 
-use crate::api::push_metadata::PushMetadataSpec;
+use crate::api::push_metadata::{MAX_CUSTOM_METADATA, MetadataMergePolicy, PushMetadataSpec};
 use async_trait::async_trait;
 use rustify::enums::RequestMethod;
 use rustify::errors::ClientError as RestError;
@@ -27,6 +30,11 @@ use super::transport::{Call, Transport};
 use super::{logged_in, mount_and_kv};
 use crate::api::store::VaultProvider;
 use crate::secret::SecretBytes;
+
+/// Longest custom metadata key Vault takes, in bytes (KV v2 refuses more with a 400).
+const MAX_CUSTOM_KEY_BYTES: usize = 128;
+/// Longest custom metadata value Vault takes, in bytes.
+const MAX_CUSTOM_VALUE_BYTES: usize = 512;
 
 /// Writes one store's KV v2 mount as one identity.
 pub struct VaultPush {
@@ -162,16 +170,16 @@ impl VaultPush {
             .ok_or_else(|| not_kv2(&self.mount, &path))
     }
 
-    /// Sets the mark, keeping the rest of the custom metadata.
+    /// Sets the secret's custom metadata to `custom` (which holds the mark), all of it: a
+    /// write replaces what was there.
     async fn mark(
         &self,
         client: &Transport,
         remote_key: &str,
         key: &str,
-        mut custom: Map<String, Value>,
+        custom: &Map<String, Value>,
     ) -> Result<(), PushError> {
         let path = self.path("metadata", key);
-        custom.insert(MARK_KEY.into(), Value::String(MARK_VALUE.into()));
         let body = json!({ "custom_metadata": custom })
             .to_string()
             .into_bytes();
@@ -229,13 +237,22 @@ impl VaultPush {
 
 #[async_trait]
 impl Pusher for VaultPush {
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        &["customMetadata", "mergePolicy"]
+    }
+
+    fn check_metadata(&self, metadata: &PushMetadataSpec) -> Result<(), PushError> {
+        check_custom(metadata)
+    }
+
     async fn push_with(
         &self,
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
-        _metadata: &PushMetadataSpec,
+        metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
+        check_custom(metadata)?;
         let (client, key) = self.target(remote_key)?;
         let Some(meta) = self.metadata(client, remote_key, key).await? else {
             let data = match value {
@@ -244,11 +261,12 @@ impl Pusher for VaultPush {
                     merge_properties(remote_key, None, properties)?
                 }
             };
+            let custom = wanted(remote_key, &Map::new(), metadata)?;
             self.refuse_v1_mount(client, remote_key).await?;
             // Written first, marked after: marking first would put the mark on a secret
             // someone else created in between (the write then fails its check-and-set).
             let version = self.write(client, remote_key, key, &data, 0).await?;
-            self.mark(client, remote_key, key, Map::new())
+            self.mark(client, remote_key, key, &custom)
                 .await
                 .map_err(|e| unmarked(e, version))?;
             return Ok(Pushed::Written {
@@ -272,13 +290,17 @@ impl Pusher for VaultPush {
                 merge_properties(remote_key, current.as_ref(), properties)?
             }
         };
+        // Known before the data is written, so that metadata Vault would refuse fails the
+        // push with nothing written.
+        let custom = wanted(remote_key, &meta.custom, metadata)?;
         let version = self
             .write(client, remote_key, key, &data, meta.current_version)
             .await?;
         // Marked only once written: a failed write must not leave someone else's secret
-        // looking like Latchkey's (which `deletionPolicy: Delete` would then remove).
-        if !marked {
-            self.mark(client, remote_key, key, meta.custom).await?;
+        // looking like Latchkey's (which `deletionPolicy: Delete` would then remove). Custom
+        // metadata that is already as wanted costs no write.
+        if custom != meta.custom {
+            self.mark(client, remote_key, key, &custom).await?;
         }
         Ok(Pushed::Written {
             version: version.to_string(),
@@ -319,6 +341,93 @@ impl Pusher for VaultPush {
                 .map(|_| ()),
         }
     }
+}
+
+/// Refuses `customMetadata` that Vault would refuse (its own bounds on keys and values), naming
+/// the key, never the value.
+fn check_custom(metadata: &PushMetadataSpec) -> Result<(), PushError> {
+    let bad = |why: String| PushError::BadMetadata {
+        field: "customMetadata",
+        why,
+    };
+    let custom = &metadata.custom_metadata;
+    // The mark takes one of Vault's keys.
+    if custom.len() >= MAX_CUSTOM_METADATA {
+        return Err(bad(format!(
+            "{} keys and Latchkey's {MARK_KEY:?} mark are over Vault's limit of \
+             {MAX_CUSTOM_METADATA} custom metadata keys",
+            custom.len()
+        )));
+    }
+    for (k, v) in custom {
+        if k.len() > MAX_CUSTOM_KEY_BYTES || !printable(k) {
+            return Err(bad(format!(
+                "key {:?} is not a Vault custom metadata key (at most {MAX_CUSTOM_KEY_BYTES} \
+                 bytes, printable characters only)",
+                shown(k)
+            )));
+        }
+        if v.len() > MAX_CUSTOM_VALUE_BYTES || !printable(v) {
+            return Err(bad(format!(
+                "the value of key {k:?} is not a Vault custom metadata value (at most \
+                 {MAX_CUSTOM_VALUE_BYTES} bytes, printable characters only)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether Vault takes `text` as custom metadata (Go's `unicode.IsPrint`: no control, format,
+/// private-use or separator characters but the ASCII space). Erring towards refusing matters:
+/// metadata Vault refuses on a new secret would leave it written but unmarked.
+fn printable(text: &str) -> bool {
+    text.chars().all(|c| {
+        c == ' '
+            || !(c.is_control()
+                || c.is_whitespace()
+                || matches!(c,
+                    '\u{ad}' | '\u{600}'..='\u{605}' | '\u{61c}' | '\u{6dd}' | '\u{70f}'
+                    | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+                    | '\u{2060}'..='\u{206f}' | '\u{e000}'..='\u{f8ff}' | '\u{feff}'
+                    | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}'
+                    | '\u{f0000}'..)
+                || (c as u32 & 0xfffe) == 0xfffe)
+    })
+}
+
+/// At most 64 characters of a key refused, for a bounded message.
+fn shown(key: &str) -> String {
+    key.chars().take(64).collect()
+}
+
+/// The custom metadata the secret holds after a push with `metadata`, given what it holds now
+/// (`current`, nothing for a new secret): refused when over Vault's key limit (before
+/// anything is written; those already there count with `mergePolicy: Merge`).
+fn wanted(
+    remote_key: &str,
+    current: &Map<String, Value>,
+    metadata: &PushMetadataSpec,
+) -> Result<Map<String, Value>, PushError> {
+    let mut custom = match metadata.merge_policy.unwrap_or_default() {
+        MetadataMergePolicy::Merge => current.clone(),
+        MetadataMergePolicy::Replace => Map::new(),
+    };
+    for (k, v) in &metadata.custom_metadata {
+        custom.insert(k.clone(), Value::String(v.clone()));
+    }
+    custom.insert(MARK_KEY.into(), Value::String(MARK_VALUE.into()));
+    if custom.len() > MAX_CUSTOM_METADATA {
+        return Err(PushError::CannotPush {
+            remote_key: remote_key.to_string(),
+            why: format!(
+                "its custom metadata would hold {} keys (with mergePolicy: Merge, those \
+                 already there are kept), over Vault's limit of {MAX_CUSTOM_METADATA}: set \
+                 mergePolicy: Replace, or remove keys in Vault",
+                custom.len()
+            ),
+        });
+    }
+    Ok(custom)
 }
 
 /// `remote_key` as a path below the mount (a leading slash is not part of the name, as on the
@@ -449,65 +558,5 @@ fn unmarked(e: PushError, version: u64) -> PushError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn api(code: u16, message: &str) -> ClientError {
-        ClientError::APIError {
-            code,
-            errors: vec![message.into()],
-        }
-    }
-
-    #[test]
-    fn a_failed_check_and_set_is_a_change_naming_the_key() {
-        let e = api(
-            400,
-            "check-and-set parameter did not match the current version",
-        );
-        let err = failed(e, "update", "secret/data/prod/db", "prod/db", Some(3));
-        assert!(
-            matches!(err, PushError::Changed { ref version, .. } if version == "3"),
-            "{err}"
-        );
-        assert_eq!(err.reason(), "ConcurrentWrite");
-        let text = err.to_string();
-        assert!(text.contains("\"prod/db\""), "{text}");
-        assert!(text.contains("the next push tries again"), "{text}");
-        // Another 400 of the same write is not a race.
-        let err = failed(api(400, "invalid"), "update", "p", "prod/db", Some(3));
-        assert!(matches!(err, PushError::Backend(_)), "{err}");
-    }
-
-    #[test]
-    fn a_refusal_names_the_path_and_the_policy_needed() {
-        let err = failed(
-            api(403, "1 error occurred:\n\t* permission denied\n\n"),
-            "update",
-            "secret/data/prod/db",
-            "prod/db",
-            Some(0),
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("Vault denied update on \"secret/data/prod/db\": 1 error occurred: * permission denied"),
-            "{text}"
-        );
-        assert!(text.contains("metadata/*"), "{text}");
-        let err = unmarked(
-            failed(api(403, "permission denied"), "update", "m", "k", None),
-            1,
-        );
-        assert!(err.to_string().contains("created but not marked"), "{err}");
-    }
-
-    #[test]
-    fn only_a_json_object_is_a_whole_kv_value() {
-        assert!(whole("k", &SecretBytes::from(r#"{"a": {"b": 1}}"#)).is_ok());
-        for bad in ["plain text", "[1]", "\"s\"", "{"] {
-            let err = whole("k", &SecretBytes::from(bad)).unwrap_err();
-            assert!(matches!(err, PushError::CannotPush { .. }), "{err}");
-            assert!(!err.to_string().contains(bad), "{err}");
-        }
-    }
-}
+#[path = "push_tests.rs"]
+mod tests;
