@@ -120,6 +120,16 @@ async fn keys_are_written_into_a_marked_secret_and_only_what_was_pushed_is_remov
     assert_eq!(data(&s, "db").unwrap()["password"], NEW_PASSWORD);
     assert_eq!(data(&s, "db").unwrap()["username"], "app");
 
+    // The same again (a restarted controller): read, and nothing written.
+    let Pushed::Written { version: v2 } = second else {
+        unreachable!()
+    };
+    let again = push
+        .push("db", &props(&[("password", NEW_PASSWORD)]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(again, Pushed::Unchanged { version: v2 });
+
     // IfNotExists keeps what is there.
     let keep = PushPolicy {
         if_not_exists: true,

@@ -209,6 +209,23 @@ async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
         data(&bao, "prod/db").await,
         json!({"username": "app", "password": NEW_PASSWORD})
     );
+    // The same again (a restarted controller): read, no version 3.
+    let again = push
+        .push("prod/db", &props(&[("password", NEW_PASSWORD)]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Pushed::Unchanged {
+            version: "2".into()
+        }
+    );
+    let whole = PushValue::Whole(SecretBytes::from(format!(
+        r#"{{"password":"{NEW_PASSWORD}","username":"app"}}"#
+    )));
+    let again = push.push("prod/db", &whole, REPLACE).await.unwrap();
+    assert!(matches!(again, Pushed::Unchanged { .. }), "{again:?}");
+    assert_eq!(metadata(&bao, "prod/db").await["current_version"], 2);
 
     // One property that cannot be text: nothing of the push is written.
     let bad = PushValue::Properties(BTreeMap::from([
@@ -427,6 +444,17 @@ async fn kv_v1_carries_the_mark_in_the_secret_as_eso_does() {
     assert_eq!(
         v1_data(&bao, "prod/db").await,
         json!({"password": PASSWORD, "user": "shop", "custom_metadata": mark})
+    );
+    // The same again: read, nothing written.
+    let again = push
+        .push("prod/db", &props(&[("user", "shop")]), REPLACE)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Pushed::Unchanged {
+            version: String::new()
+        }
     );
 
     // Someone else's secrets, ESO's among them: a conflict, nothing written or deleted.

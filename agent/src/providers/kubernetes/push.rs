@@ -349,13 +349,25 @@ impl Pusher for KubernetesPush {
                 remote_key: remote_key.to_string(),
             });
         }
-        let mut data = secret.data.take().unwrap_or_default();
+        let read_data = secret.data.take().unwrap_or_default();
+        let mut data = read_data.clone();
         set_keys(&mut data, properties);
         secret.data = Some(bounded(remote_key, data)?);
         // Marked in the same write as the data, with the labels and annotations: one update,
         // all of it, or nothing.
+        let read_meta = (
+            secret.metadata.labels.clone(),
+            secret.metadata.annotations.clone(),
+        );
         let target = metadata.target_merge_policy.unwrap_or_default();
         set_metadata(&mut secret.metadata, metadata, target);
+        let meta_now = (&secret.metadata.labels, &secret.metadata.annotations);
+        if secret.data.as_ref() == Some(&read_data) && (&read_meta.0, &read_meta.1) == meta_now {
+            // Already what would be written (a restarted controller): no new resourceVersion.
+            return Ok(Pushed::Unchanged {
+                version: version(&secret),
+            });
+        }
         // `replace` sends the resourceVersion read above: a Secret changed since fails with 409.
         let read = version(&secret);
         let written = self

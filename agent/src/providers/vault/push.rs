@@ -282,17 +282,24 @@ impl Pusher for VaultPush {
                 remote_key: remote_key.to_string(),
             });
         }
+        // Read for a whole value too: one that is already there is not written again (a
+        // restarted controller would otherwise make a new version of every secret).
+        let current = self.current(client, remote_key, key, &meta).await?;
         // Built whole before the one write: every property goes in, or none.
         let data = match value {
             PushValue::Whole(bytes) => whole(remote_key, bytes)?,
             PushValue::Properties(properties) => {
-                let current = self.current(client, remote_key, key, &meta).await?;
                 merge_properties(remote_key, current.as_ref(), properties)?
             }
         };
         // Known before the data is written, so that metadata Vault would refuse fails the
         // push with nothing written.
         let custom = wanted(remote_key, &meta.custom, metadata)?;
+        if marked && custom == meta.custom && current.is_some_and(|c| same_object(&c, &data)) {
+            return Ok(Pushed::Unchanged {
+                version: meta.current_version.to_string(),
+            });
+        }
         let version = self
             .write(client, remote_key, key, &data, meta.current_version)
             .await?;
@@ -451,6 +458,12 @@ pub(super) fn valid_key(remote_key: &str) -> Result<&str, PushError> {
 /// Secret key into the secret's data map and fails otherwise), only a JSON object is stored:
 /// KV holds a map of keys, and wrapping any other value under an invented key would make a
 /// secret ESO users do not expect. `remoteRef.property` pushes a value as one key instead.
+/// Whether two JSON objects hold the same members (in whatever order).
+fn same_object(a: &SecretBytes, b: &SecretBytes) -> bool {
+    let parse = |s: &SecretBytes| serde_json::from_slice::<Value>(s.expose()).ok();
+    matches!((parse(a), parse(b)), (Some(a), Some(b)) if a == b)
+}
+
 pub(super) fn whole(remote_key: &str, bytes: &SecretBytes) -> Result<SecretBytes, PushError> {
     let bytes = fits(remote_key, bytes.clone())?;
     match serde_json::from_slice::<Value>(bytes.expose()) {

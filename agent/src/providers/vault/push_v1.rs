@@ -120,14 +120,25 @@ impl Pusher for VaultV1Push {
             PushValue::Whole(bytes) => whole(remote_key, bytes)?,
             PushValue::Properties(properties) => {
                 let current = current
-                    .map(|c| serde_json::to_vec(&Value::Object(c)))
+                    .as_ref()
+                    .map(serde_json::to_vec)
                     .transpose()
                     .map_err(|_| not_kv1(&self.mount, &self.path(key)))?
                     .map(SecretBytes::new);
                 merge_properties(remote_key, current.as_ref(), properties)?
             }
         };
-        self.write(key, &with_mark(&data)?).await?;
+        let data = with_mark(&data)?;
+        let wanted = serde_json::from_slice::<Value>(data.expose()).ok();
+        if let (Some(Value::Object(wanted)), Some(current)) = (&wanted, &current)
+            && wanted == current
+        {
+            // Already there, mark and all (a restarted controller): nothing written.
+            return Ok(Pushed::Unchanged {
+                version: String::new(),
+            });
+        }
+        self.write(key, &data).await?;
         // KV v1 keeps no versions: the status lists none.
         Ok(Pushed::Written {
             version: String::new(),
