@@ -507,7 +507,7 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
         "PushSecret shop/v1",
         "SecretStore/vault-v1",
         "remote key \"prod/meta\" sets customMetadata, mergePolicy",
-        "are Vault KV v2's, KV v1 keeps no metadata",
+        "are Vault KV v2's and plugins', KV v1 keeps no metadata",
     ] {
         assert!(message.contains(part), "{part}: {message}");
     }

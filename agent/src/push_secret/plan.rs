@@ -183,7 +183,9 @@ fn owners(fields: &[&str]) -> String {
     let mut by: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for field in fields {
         let owner = match *field {
-            "customMetadata" | "mergePolicy" => "Vault KV v2's, KV v1 keeps no metadata",
+            "customMetadata" | "mergePolicy" => {
+                "Vault KV v2's and plugins', KV v1 keeps no metadata"
+            }
             "labels" | "annotations" | "sourceMergePolicy" | "targetMergePolicy"
             | "remoteNamespace" => "the kubernetes provider's",
             _ => "AWS Secrets Manager's",
@@ -355,7 +357,8 @@ mod tests {
             err.to_string(),
             "spec.data[].metadata.spec of remote key \"prod/db\" sets customMetadata, \
              mergePolicy, which none of the stores written uses (they use no metadata field; \
-             customMetadata and mergePolicy are Vault KV v2's, KV v1 keeps no metadata)"
+             customMetadata and mergePolicy are Vault KV v2's and plugins', KV v1 keeps no \
+             metadata)"
         );
     }
 
