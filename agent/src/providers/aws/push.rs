@@ -1,11 +1,20 @@
 //! PushSecret writes to AWS Secrets Manager: created with the tag `managed-by: latchkey`, updated
 //! with one `PutSecretValue` per remote secret (every pushed property at once), and never written
 //! over or deleted without that tag unless the store allows adopting it.
+//!
+//! An entry's `metadata` (ESO's fields `tags`, `description`, `kmsKeyId`, `secretPushFormat`)
+//! goes into `CreateSecret`; on an update only the fields it sets are brought in line, compared
+//! with the `DescribeSecret` answer every push reads anyway, so a push whose metadata already
+//! holds costs no call more than one without: `description` or `kmsKeyId` differing turns the
+//! value write into one `UpdateSecret`, and `tags` (when set: exactly those and the mark, as ESO
+//! does) costs a `TagResource` and an `UntagResource` only for what differs.
 
-use crate::api::push_metadata::PushMetadataSpec;
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use aws_sdk_secretsmanager::Client;
 use aws_sdk_secretsmanager::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_secretsmanager::operation::describe_secret::DescribeSecretOutput;
 use aws_sdk_secretsmanager::primitives::Blob;
 use aws_sdk_secretsmanager::types::Tag;
 
@@ -16,12 +25,30 @@ use super::super::push::{
 use super::super::{BuildContext, ProviderError};
 use super::errors::map_err;
 use super::{auth, value};
+use crate::api::push_metadata::{PushMetadataSpec, SecretPushFormat};
 use crate::api::store::AwsProvider;
 use crate::secret::SecretBytes;
+
+/// The fields of `spec.data[].metadata.spec` this provider uses.
+const FIELDS: [&str; 4] = ["tags", "description", "kmsKeyId", "secretPushFormat"];
+/// Most tags on one secret (Secrets Manager's limit), the mark included.
+const MAX_AWS_TAGS: usize = 50;
+/// Longest tag key, in characters (Secrets Manager's limit).
+const MAX_TAG_KEY: usize = 128;
+/// Longest tag value, in characters (Secrets Manager's limit).
+const MAX_TAG_VALUE: usize = 256;
+/// The key AWS encrypts a secret with when none is named; DescribeSecret then shows none.
+const DEFAULT_KMS_KEY: &str = "alias/aws/secretsmanager";
 
 /// Writes Secrets Manager as one identity.
 pub struct AwsPush {
     client: Client,
+}
+
+/// What a value is sent as: `SecretString` or `SecretBinary`.
+enum Body<'a> {
+    Text(&'a str),
+    Binary(&'a [u8]),
 }
 
 impl AwsPush {
@@ -35,8 +62,8 @@ impl AwsPush {
         Self { client }
     }
 
-    /// Whether `remote_key` exists, and if so whether it carries Latchkey's mark.
-    async fn marked(&self, remote_key: &str) -> Result<Option<bool>, PushError> {
+    /// `remote_key` as it is now (tags, description, key), or `None` when it does not exist.
+    async fn describe(&self, remote_key: &str) -> Result<Option<DescribeSecretOutput>, PushError> {
         match self
             .client
             .describe_secret()
@@ -44,14 +71,17 @@ impl AwsPush {
             .send()
             .await
         {
-            Ok(d) => Ok(Some(d.tags().iter().any(|t| {
-                t.key() == Some(MARK_KEY) && t.value() == Some(MARK_VALUE)
-            }))),
+            Ok(d) => Ok(Some(d)),
             Err(e) => match map_err("DescribeSecret", e) {
                 ProviderError::NotFound => Ok(None),
                 other => Err(other.into()),
             },
         }
+    }
+
+    /// Whether `remote_key` exists, and if so whether it carries Latchkey's mark.
+    async fn marked(&self, remote_key: &str) -> Result<Option<bool>, PushError> {
+        Ok(self.describe(remote_key).await?.as_ref().map(is_marked))
     }
 
     /// The current value of `remote_key`.
@@ -66,17 +96,93 @@ impl AwsPush {
         Ok(value(out.secret_string(), out.secret_binary())?)
     }
 
-    async fn put(&self, remote_key: &str, bytes: &SecretBytes) -> Result<String, PushError> {
+    async fn put(&self, remote_key: &str, body: Body<'_>) -> Result<String, PushError> {
         let call = self.client.put_secret_value().secret_id(remote_key);
-        let call = match std::str::from_utf8(bytes.expose()) {
-            Ok(text) => call.secret_string(text),
-            Err(_) => call.secret_binary(Blob::new(bytes.expose())),
+        let call = match body {
+            Body::Text(text) => call.secret_string(text),
+            Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
         };
         let out = call
             .send()
             .await
             .map_err(|e| map_err("PutSecretValue", e))?;
         Ok(out.version_id().unwrap_or_default().to_string())
+    }
+
+    /// The value and the `description` / `kmsKeyId` that differ, in one `UpdateSecret`.
+    async fn update(
+        &self,
+        remote_key: &str,
+        body: Body<'_>,
+        description: Option<&str>,
+        kms_key_id: Option<&str>,
+    ) -> Result<String, PushError> {
+        let call = self
+            .client
+            .update_secret()
+            .secret_id(remote_key)
+            .set_description(description.map(String::from))
+            .set_kms_key_id(kms_key_id.map(String::from));
+        let call = match body {
+            Body::Text(text) => call.secret_string(text),
+            Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
+        };
+        let out = call.send().await.map_err(|e| map_err("UpdateSecret", e))?;
+        Ok(out.version_id().unwrap_or_default().to_string())
+    }
+
+    /// After the value write: the mark on an adopted secret and, when `tags` is set, exactly
+    /// those tags; only what differs from `described` is sent, so nothing when all holds.
+    async fn retag(
+        &self,
+        remote_key: &str,
+        described: &DescribeSecretOutput,
+        metadata: &PushMetadataSpec,
+    ) -> Result<(), PushError> {
+        let current: BTreeMap<&str, &str> = described
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+            .collect();
+        let mut wanted: BTreeMap<&str, &str> = metadata
+            .tags
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        wanted.insert(MARK_KEY, MARK_VALUE);
+        let set: Vec<Tag> = wanted
+            .iter()
+            .filter(|(k, v)| current.get(*k) != Some(*v))
+            .filter(|(k, _)| !metadata.tags.is_empty() || **k == MARK_KEY)
+            .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+            .collect();
+        // Without `tags`, the others' tags stay (ESO's semantics): only the mark is added.
+        let unset: Vec<String> = current
+            .keys()
+            .filter(|k| !metadata.tags.is_empty() && !wanted.contains_key(*k))
+            .map(|k| k.to_string())
+            .collect();
+        // The mark (and the new tags) first: a failure in between leaves the secret marked
+        // as Latchkey's, which it is once its value was written.
+        if !set.is_empty() {
+            self.client
+                .tag_resource()
+                .secret_id(remote_key)
+                .set_tags(Some(set))
+                .send()
+                .await
+                .map_err(|e| map_err("TagResource", e))?;
+        }
+        if !unset.is_empty() {
+            self.client
+                .untag_resource()
+                .secret_id(remote_key)
+                .set_tag_keys(Some(unset))
+                .send()
+                .await
+                .map_err(|e| map_err("UntagResource", e))?;
+        }
+        Ok(())
     }
 
     async fn remove(&self, remote_key: &str) -> Result<(), PushError> {
@@ -98,8 +204,99 @@ impl AwsPush {
     }
 }
 
-fn mark() -> Tag {
-    Tag::builder().key(MARK_KEY).value(MARK_VALUE).build()
+fn is_marked(described: &DescribeSecretOutput) -> bool {
+    described
+        .tags()
+        .iter()
+        .any(|t| t.key() == Some(MARK_KEY) && t.value() == Some(MARK_VALUE))
+}
+
+/// How `bytes` is sent under `format`: `string` refuses what is not UTF-8 (naming the remote
+/// key, never the value); unset sends text as a string and anything else as binary.
+fn body<'a>(
+    remote_key: &str,
+    bytes: &'a SecretBytes,
+    format: Option<SecretPushFormat>,
+) -> Result<Body<'a>, PushError> {
+    let text = std::str::from_utf8(bytes.expose());
+    match (format, text) {
+        (Some(SecretPushFormat::Binary), _) => Ok(Body::Binary(bytes.expose())),
+        (_, Ok(text)) => Ok(Body::Text(text)),
+        (None, Err(_)) => Ok(Body::Binary(bytes.expose())),
+        (Some(SecretPushFormat::String), Err(_)) => Err(PushError::CannotPush {
+            remote_key: remote_key.to_string(),
+            why: "its metadata says secretPushFormat: string, but the value is not UTF-8 text; \
+                  use secretPushFormat: binary, or leave it unset"
+                .into(),
+        }),
+    }
+}
+
+/// Whether the key the secret is encrypted with (`described`, none for AWS's default) is
+/// `wanted`, as an id, alias, or an ARN ending in either.
+fn same_kms_key(described: Option<&str>, wanted: &str) -> bool {
+    let described = described.unwrap_or(DEFAULT_KMS_KEY);
+    let ends = |long: &str, short: &str| {
+        long == short
+            || long
+                .strip_suffix(short)
+                .is_some_and(|head| head.ends_with(':') || head.ends_with('/'))
+    };
+    ends(described, wanted) || ends(wanted, described)
+}
+
+/// Whether a tag key or value holds only what AWS allows: letters, digits, spaces and
+/// `_ . : / = + - @`.
+fn tag_text(text: &str) -> bool {
+    text.chars().all(|c| {
+        c.is_alphanumeric() || (c.is_whitespace() && !c.is_control()) || "_.:/=+-@".contains(c)
+    })
+}
+
+/// The values of the fields this provider uses that Secrets Manager would refuse.
+fn check(metadata: &PushMetadataSpec) -> Result<(), PushError> {
+    let bad = |field, why: String| Err(PushError::BadMetadata { field, why });
+    let tags = &metadata.tags;
+    if tags.len() >= MAX_AWS_TAGS {
+        return bad(
+            "tags",
+            format!(
+                "{} tags, but Secrets Manager keeps at most {MAX_AWS_TAGS} on a secret, \
+                 Latchkey's {MARK_KEY} included",
+                tags.len()
+            ),
+        );
+    }
+    for (key, value) in tags {
+        let shown: String = key.chars().take(64).collect();
+        let why = if key.chars().count() > MAX_TAG_KEY {
+            format!(
+                "tag key {shown:?}... is longer than Secrets Manager's {MAX_TAG_KEY} characters"
+            )
+        } else if value.chars().count() > MAX_TAG_VALUE {
+            format!(
+                "the value of tag {shown:?} is longer than Secrets Manager's {MAX_TAG_VALUE} \
+                 characters"
+            )
+        } else if key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("aws:")) {
+            format!("tag key {shown:?}: the prefix aws: is reserved for AWS")
+        } else if !tag_text(key) || !tag_text(value) {
+            format!(
+                "tag {shown:?}: keys and values hold only letters, digits, spaces and \
+                 _ . : / = + - @"
+            )
+        } else {
+            continue;
+        };
+        return bad("tags", why);
+    }
+    if metadata.kms_key_id.as_deref().is_some_and(str::is_empty) {
+        return bad(
+            "kmsKeyId",
+            "is empty; name a KMS key, or leave it unset".into(),
+        );
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -109,22 +306,35 @@ impl Pusher for AwsPush {
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
-        _metadata: &PushMetadataSpec,
+        metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
+        // The controller checked already; a direct caller gets the same refusal, unwritten.
+        check(metadata)?;
+        let format = metadata.secret_push_format;
         let conflict = || PushError::Conflict {
             remote_key: remote_key.to_string(),
         };
-        let Some(marked) = self.marked(remote_key).await? else {
+        let Some(described) = self.describe(remote_key).await? else {
             let bytes = match value {
                 PushValue::Whole(bytes) => fits(remote_key, bytes.clone())?,
                 PushValue::Properties(properties) => {
                     merge_properties(remote_key, None, properties)?
                 }
             };
-            let call = self.client.create_secret().name(remote_key).tags(mark());
-            let call = match std::str::from_utf8(bytes.expose()) {
-                Ok(text) => call.secret_string(text),
-                Err(_) => call.secret_binary(Blob::new(bytes.expose())),
+            let tags = std::iter::once((MARK_KEY, MARK_VALUE))
+                .chain(metadata.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                .collect();
+            let call = self
+                .client
+                .create_secret()
+                .name(remote_key)
+                .set_tags(Some(tags))
+                .set_description(metadata.description.clone())
+                .set_kms_key_id(metadata.kms_key_id.clone());
+            let call = match body(remote_key, &bytes, format)? {
+                Body::Text(text) => call.secret_string(text),
+                Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
             };
             return match call.send().await {
                 Ok(out) => Ok(Pushed::Written {
@@ -142,6 +352,7 @@ impl Pusher for AwsPush {
         if policy.if_not_exists {
             return Ok(Pushed::Kept);
         }
+        let marked = is_marked(&described);
         if !marked && !policy.adopt {
             return Err(conflict());
         }
@@ -153,19 +364,33 @@ impl Pusher for AwsPush {
                 merge_properties(remote_key, Some(&current), properties)?
             }
         };
-        let version = self.put(remote_key, &bytes).await?;
+        let body = body(remote_key, &bytes, format)?;
+        let description = metadata
+            .description
+            .as_deref()
+            .filter(|d| described.description() != Some(*d));
+        let kms_key_id = metadata
+            .kms_key_id
+            .as_deref()
+            .filter(|k| !same_kms_key(described.kms_key_id(), k));
+        let version = if description.is_some() || kms_key_id.is_some() {
+            self.update(remote_key, body, description, kms_key_id)
+                .await?
+        } else {
+            self.put(remote_key, body).await?
+        };
         // Marked only once written: a failed write must not leave someone else's secret
         // looking like Latchkey's (which `deletionPolicy: Delete` would then remove).
-        if !marked {
-            self.client
-                .tag_resource()
-                .secret_id(remote_key)
-                .tags(mark())
-                .send()
-                .await
-                .map_err(|e| map_err("TagResource", e))?;
-        }
+        self.retag(remote_key, &described, metadata).await?;
         Ok(Pushed::Written { version })
+    }
+
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        &FIELDS
+    }
+
+    fn check_metadata(&self, metadata: &PushMetadataSpec) -> Result<(), PushError> {
+        check(metadata)
     }
 
     async fn delete(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {
@@ -182,12 +407,12 @@ impl Pusher for AwsPush {
         }
         let current = self.current(remote_key).await?;
         match remove_properties(remote_key, &current, properties)? {
-            Some(left) => self.put(remote_key, &left).await.map(|_| ()),
+            Some(left) => {
+                let left = body(remote_key, &left, None)?;
+                self.put(remote_key, left).await.map(|_| ())
+            }
             None if marked => self.remove(remote_key).await,
-            None => self
-                .put(remote_key, &SecretBytes::from("{}"))
-                .await
-                .map(|_| ()),
+            None => self.put(remote_key, Body::Text("{}")).await.map(|_| ()),
         }
     }
 }
