@@ -233,14 +233,18 @@ fn body<'a>(
 }
 
 /// Whether the key the secret is encrypted with (`described`, none for AWS's default) is
-/// `wanted`, as an id, alias, or an ARN ending in either.
+/// `wanted`, as an id, alias, or the ARN of either. An alias and the key id it names cannot be
+/// told apart without asking KMS: they count as different, which costs no call (the value then
+/// goes with `UpdateSecret` instead of `PutSecretValue`).
 fn same_kms_key(described: Option<&str>, wanted: &str) -> bool {
     let described = described.unwrap_or(DEFAULT_KMS_KEY);
+    // An ARN ends in `:alias/<name>` or `:key/<id>`.
     let ends = |long: &str, short: &str| {
         long == short
-            || long
-                .strip_suffix(short)
-                .is_some_and(|head| head.ends_with(':') || head.ends_with('/'))
+            || long.starts_with("arn:")
+                && long
+                    .strip_suffix(short)
+                    .is_some_and(|head| head.ends_with(':') || head.ends_with(":key/"))
     };
     ends(described, wanted) || ends(wanted, described)
 }
@@ -368,7 +372,7 @@ impl Pusher for AwsPush {
         let description = metadata
             .description
             .as_deref()
-            .filter(|d| described.description() != Some(*d));
+            .filter(|d| described.description().unwrap_or_default() != *d);
         let kms_key_id = metadata
             .kms_key_id
             .as_deref()
@@ -413,6 +417,55 @@ impl Pusher for AwsPush {
             }
             None if marked => self.remove(remote_key).await,
             None => self.put(remote_key, Body::Text("{}")).await.map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_the_same_as_its_arn_and_aws_default_as_none() {
+        let alias_arn = "arn:aws:kms:us-east-1:123456789012:alias/shop";
+        let key_arn = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab";
+        assert!(same_kms_key(Some("alias/shop"), "alias/shop"));
+        assert!(same_kms_key(Some(alias_arn), "alias/shop"));
+        assert!(same_kms_key(Some("alias/shop"), alias_arn));
+        assert!(same_kms_key(Some(key_arn), "1234abcd-12ab"));
+        assert!(same_kms_key(None, DEFAULT_KMS_KEY));
+        assert!(!same_kms_key(None, "alias/shop"));
+        assert!(!same_kms_key(Some(alias_arn), "alias/hop"));
+        assert!(!same_kms_key(Some("alias/shop"), "shop"));
+    }
+
+    #[test]
+    fn the_format_decides_string_or_binary_and_string_refuses_bytes_unnamed() {
+        let text = SecretBytes::from("hunter2-unit");
+        let bytes = SecretBytes::new(vec![0xff, b'h', b'u', b'n', b't', 0x80]);
+        let string = Some(SecretPushFormat::String);
+        let binary = Some(SecretPushFormat::Binary);
+        assert!(matches!(body("k", &text, None), Ok(Body::Text(_))));
+        assert!(matches!(body("k", &text, string), Ok(Body::Text(_))));
+        assert!(matches!(body("k", &text, binary), Ok(Body::Binary(_))));
+        assert!(matches!(body("k", &bytes, None), Ok(Body::Binary(_))));
+        assert!(matches!(body("k", &bytes, binary), Ok(Body::Binary(_))));
+        let Err(err) = body("prod/db", &bytes, string) else {
+            panic!("not refused")
+        };
+        let shown = format!("{err} {err:?}");
+        assert!(
+            shown.contains("\"prod/db\"") && !shown.contains("hunt"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn tag_text_is_what_aws_allows() {
+        assert!(tag_text("team a:b/c=d+e-f@g_h.i"));
+        assert!(tag_text("équipe 東京 ٣"));
+        for bad in ["a;b", "a\tb", "a\nb", "a*", "a,b", "a\"b"] {
+            assert!(!tag_text(bad), "{bad:?}");
         }
     }
 }
