@@ -7,6 +7,10 @@
 
 mod support;
 
+// The same through `latchkey controller`, in a file of its own.
+#[path = "push_aws_metadata/controller.rs"]
+mod controller;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -21,11 +25,7 @@ use latchkey::providers::aws::push::AwsPush;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
 use latchkey::secret::SecretBytes;
 use serde_json::json;
-use support::controller::ControllerProcess;
 use support::moto::Moto;
-use support::push::{
-    API, LOOP_TOKEN, PASSWORD, aws_store, eventually, push_cluster, push_secret_to,
-};
 
 const VALUE: &str = "aws-metadata-value-7731";
 const NEW_VALUE: &str = "aws-metadata-value-rotated-2208";
@@ -447,6 +447,7 @@ async fn adoption_adds_the_mark_and_replaces_tags_only_when_set() {
     let moto = Moto::start().await;
     let admin = moto.client();
     let (push, calls) = counted(&moto);
+    const STACK: &str = "aws:cloudformation:stack-name";
     for key in ["theirs/plain", "theirs/tagged"] {
         admin
             .create_secret()
@@ -454,6 +455,7 @@ async fn adoption_adds_the_mark_and_replaces_tags_only_when_set() {
             .secret_string("theirs")
             .description("theirs")
             .tags(Tag::builder().key("owner").value("ops").build())
+            .tags(Tag::builder().key(STACK).value("db").build())
             .send()
             .await
             .unwrap();
@@ -484,11 +486,11 @@ async fn adoption_adds_the_mark_and_replaces_tags_only_when_set() {
     let d = describe(&admin, "theirs/plain").await;
     assert_eq!(
         tag_map(&d),
-        tags_of(&[("owner", "ops"), ("managed-by", "latchkey")])
+        tags_of(&[("owner", "ops"), (STACK, "db"), ("managed-by", "latchkey")])
     );
     assert_eq!(d.description(), Some("theirs"));
 
-    // Adopted with tags: exactly those and the mark.
+    // Adopted with tags: exactly those and the mark, and AWS's own (which no one may remove).
     push.push_with("theirs/tagged", &whole(VALUE.as_bytes()), ADOPT, &tagged)
         .await
         .unwrap();
@@ -503,7 +505,7 @@ async fn adoption_adds_the_mark_and_replaces_tags_only_when_set() {
     );
     assert_eq!(
         tag_map(&describe(&admin, "theirs/tagged").await),
-        tags_of(&[("team", "a"), ("managed-by", "latchkey")])
+        tags_of(&[("team", "a"), (STACK, "db"), ("managed-by", "latchkey")])
     );
 }
 
@@ -543,102 +545,4 @@ async fn values_aws_cannot_take_are_refused_before_any_call() {
     let fine = meta(json!({"tags": {"team": "a b:c/d=e+f-g@h_i.j", "ü": "ß"},
         "description": "any text; even this", "kmsKeyId": "alias/x"}));
     push.check_metadata(&fine).unwrap();
-}
-
-/// The Ready condition of the PushSecret `name` of `shop`.
-fn ready(s: &support::apiserver::FakeApiServer, name: &str) -> Option<serde_json::Value> {
-    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
-    let conditions = ps["status"]["conditions"].as_array()?.clone();
-    conditions.into_iter().find(|c| c["type"] == "Ready")
-}
-
-#[tokio::test]
-async fn the_controller_pushes_metadata_and_a_change_of_it_alone() {
-    let moto = Moto::start().await;
-    let admin = moto.client();
-    let s = push_cluster().await;
-    aws_store(&s, &moto.endpoint);
-    let envelope = |spec: serde_json::Value| {
-        json!({"apiVersion": "kubernetes.external-secrets.io/v1alpha1",
-               "kind": "PushSecretMetadata", "spec": spec})
-    };
-    let store = json!({"name": "aws", "kind": "SecretStore"});
-    let mut ps = push_secret_to("meta", "pusher", "prod/meta", "None", store);
-    ps["spec"]["data"][0]["metadata"] = envelope(json!({"tags": {"team": "shop"},
-        "description": "the shop's database", "secretPushFormat": "string"}));
-    s.apply(ps);
-    let c = ControllerProcess::start(&s.kubeconfig_yaml(LOOP_TOKEN), "push-aws-meta", &[]).await;
-    let within = std::time::Duration::from_secs(15);
-    eventually(&c, within, "the push to Secrets Manager", || {
-        let ps = s.get(API, "PushSecret", Some("shop"), "meta")?;
-        ps["status"]["syncedPushSecrets"]["SecretStore/aws"]["prod/meta"]["version"]
-            .as_str()
-            .map(String::from)
-    })
-    .await;
-    let d = describe(&admin, "prod/meta").await;
-    assert_eq!(
-        tag_map(&d),
-        tags_of(&[("team", "shop"), ("managed-by", "latchkey")])
-    );
-    assert_eq!(d.description(), Some("the shop's database"));
-    let got = admin
-        .get_secret_value()
-        .secret_id("prod/meta")
-        .send()
-        .await
-        .unwrap();
-    let pushed: serde_json::Value = serde_json::from_str(got.secret_string().unwrap()).unwrap();
-    assert_eq!(pushed, json!({"password": PASSWORD, "username": "app"}));
-
-    // The settings alone change: pushed again, tags replaced.
-    let mut edited = s.get(API, "PushSecret", Some("shop"), "meta").unwrap();
-    edited["spec"]["data"][0]["metadata"] = envelope(json!({"tags": {"team": "checkout"},
-        "description": "moved to checkout"}));
-    s.apply(edited);
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let d = describe(&admin, "prod/meta").await;
-        if d.description() == Some("moved to checkout") {
-            assert_eq!(
-                tag_map(&d),
-                tags_of(&[("team", "checkout"), ("managed-by", "latchkey")])
-            );
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not pushed again:\n{}",
-            c.log_text()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-
-    // A tag Secrets Manager would refuse: the PushSecret fails, naming the remote key and
-    // the field, and nothing is written.
-    let before = versions(&admin, "prod/meta").await;
-    let mut edited = s.get(API, "PushSecret", Some("shop"), "meta").unwrap();
-    edited["spec"]["data"][0]["metadata"] = envelope(json!({"tags": {"aws:team": "x"}}));
-    s.apply(edited);
-    let condition = eventually(&c, within, "the refusal", || {
-        ready(&s, "meta").filter(|r| r["reason"] == "InvalidMetadata")
-    })
-    .await;
-    assert_eq!(condition["status"], "False", "{condition}");
-    let message = condition["message"].as_str().unwrap();
-    assert!(
-        message.contains("remote key \"prod/meta\"")
-            && message.contains("spec.data[].metadata.spec.tags")
-            && message.contains("aws:"),
-        "{message}"
-    );
-    assert_eq!(versions(&admin, "prod/meta").await, before);
-    assert_eq!(
-        tag_map(&describe(&admin, "prod/meta").await),
-        tags_of(&[("team", "checkout"), ("managed-by", "latchkey")])
-    );
-    let log = c.log_text();
-    for value in [PASSWORD, "testing"] {
-        assert!(!log.contains(value), "{value} in the log");
-    }
 }

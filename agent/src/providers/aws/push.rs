@@ -157,9 +157,11 @@ impl AwsPush {
             .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
             .collect();
         // Without `tags`, the others' tags stay (ESO's semantics): only the mark is added.
+        // Tags under `aws:` belong to AWS (CloudFormation's, say): no one may remove them.
         let unset: Vec<String> = current
             .keys()
             .filter(|k| !metadata.tags.is_empty() && !wanted.contains_key(*k))
+            .filter(|k| !aws_reserved(k))
             .map(|k| k.to_string())
             .collect();
         // The mark (and the new tags) first: a failure in between leaves the secret marked
@@ -257,6 +259,11 @@ fn tag_text(text: &str) -> bool {
     })
 }
 
+/// Whether a tag key is in AWS's own `aws:` namespace, which no one else may set or remove.
+fn aws_reserved(key: &str) -> bool {
+    key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("aws:"))
+}
+
 /// The values of the fields this provider uses that Secrets Manager would refuse.
 fn check(metadata: &PushMetadataSpec) -> Result<(), PushError> {
     let bad = |field, why: String| Err(PushError::BadMetadata { field, why });
@@ -282,7 +289,7 @@ fn check(metadata: &PushMetadataSpec) -> Result<(), PushError> {
                 "the value of tag {shown:?} is longer than Secrets Manager's {MAX_TAG_VALUE} \
                  characters"
             )
-        } else if key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("aws:")) {
+        } else if aws_reserved(key) {
             format!("tag key {shown:?}: the prefix aws: is reserved for AWS")
         } else if !tag_text(key) || !tag_text(value) {
             format!(
