@@ -10,6 +10,9 @@ mod support;
 // The same through `latchkey controller`, in a file of its own.
 #[path = "push_aws_metadata/controller.rs"]
 mod controller;
+// Pushes that would change nothing, in a file of their own.
+#[path = "push_aws_metadata/unchanged.rs"]
+mod unchanged;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -532,7 +535,7 @@ async fn values_aws_cannot_take_are_refused_before_any_call() {
                 && text.contains(says),
             "{text}"
         );
-        assert_eq!(err.reason(), "InvalidMetadata");
+        assert_eq!(err.reason(), "Unsupported");
         assert_no_value(&err);
         assert!(!text.contains(&long_key), "the key is shortened: {text}");
         let err = push

@@ -45,6 +45,15 @@ pub struct AwsPush {
     client: Client,
 }
 
+/// A remote secret's current value, as `GetSecretValue` answers it.
+struct Current {
+    value: SecretBytes,
+    /// Stored as `SecretBinary`.
+    binary: bool,
+    /// Its `VersionId`.
+    version: String,
+}
+
 /// What a value is sent as: `SecretString` or `SecretBinary`.
 enum Body<'a> {
     Text(&'a str),
@@ -84,8 +93,8 @@ impl AwsPush {
         Ok(self.describe(remote_key).await?.as_ref().map(is_marked))
     }
 
-    /// The current value of `remote_key`.
-    async fn current(&self, remote_key: &str) -> Result<SecretBytes, PushError> {
+    /// The current value of `remote_key`, as it is stored.
+    async fn current(&self, remote_key: &str) -> Result<Current, PushError> {
         let out = self
             .client
             .get_secret_value()
@@ -93,7 +102,11 @@ impl AwsPush {
             .send()
             .await
             .map_err(|e| map_err("GetSecretValue", e))?;
-        Ok(value(out.secret_string(), out.secret_binary())?)
+        Ok(Current {
+            value: value(out.secret_string(), out.secret_binary())?,
+            binary: out.secret_string().is_none(),
+            version: out.version_id().unwrap_or_default().to_string(),
+        })
     }
 
     async fn put(&self, remote_key: &str, body: Body<'_>) -> Result<String, PushError> {
@@ -131,39 +144,13 @@ impl AwsPush {
         Ok(out.version_id().unwrap_or_default().to_string())
     }
 
-    /// After the value write: the mark on an adopted secret and, when `tags` is set, exactly
-    /// those tags; only what differs from `described` is sent, so nothing when all holds.
+    /// After the value write: the tags [`tag_changes`] found to differ.
     async fn retag(
         &self,
         remote_key: &str,
-        described: &DescribeSecretOutput,
-        metadata: &PushMetadataSpec,
+        set: Vec<Tag>,
+        unset: Vec<String>,
     ) -> Result<(), PushError> {
-        let current: BTreeMap<&str, &str> = described
-            .tags()
-            .iter()
-            .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
-            .collect();
-        let mut wanted: BTreeMap<&str, &str> = metadata
-            .tags
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        wanted.insert(MARK_KEY, MARK_VALUE);
-        let set: Vec<Tag> = wanted
-            .iter()
-            .filter(|(k, v)| current.get(*k) != Some(*v))
-            .filter(|(k, _)| !metadata.tags.is_empty() || **k == MARK_KEY)
-            .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
-            .collect();
-        // Without `tags`, the others' tags stay (ESO's semantics): only the mark is added.
-        // Tags under `aws:` belong to AWS (CloudFormation's, say): no one may remove them.
-        let unset: Vec<String> = current
-            .keys()
-            .filter(|k| !metadata.tags.is_empty() && !wanted.contains_key(*k))
-            .filter(|k| !aws_reserved(k))
-            .map(|k| k.to_string())
-            .collect();
         // The mark (and the new tags) first: a failure in between leaves the secret marked
         // as Latchkey's, which it is once its value was written.
         if !set.is_empty() {
@@ -204,6 +191,40 @@ impl AwsPush {
             },
         }
     }
+}
+
+/// The tags to set and to remove to bring `described` in line: the mark on an adopted secret
+/// and, when `tags` is set, exactly those tags; only what differs, so nothing when all holds.
+fn tag_changes(
+    described: &DescribeSecretOutput,
+    metadata: &PushMetadataSpec,
+) -> (Vec<Tag>, Vec<String>) {
+    let current: BTreeMap<&str, &str> = described
+        .tags()
+        .iter()
+        .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+        .collect();
+    let mut wanted: BTreeMap<&str, &str> = metadata
+        .tags
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    wanted.insert(MARK_KEY, MARK_VALUE);
+    let set = wanted
+        .iter()
+        .filter(|(k, v)| current.get(*k) != Some(*v))
+        .filter(|(k, _)| !metadata.tags.is_empty() || **k == MARK_KEY)
+        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+        .collect();
+    // Without `tags`, the others' tags stay (ESO's semantics): only the mark is added.
+    // Tags under `aws:` belong to AWS (CloudFormation's, say): no one may remove them.
+    let unset = current
+        .keys()
+        .filter(|k| !metadata.tags.is_empty() && !wanted.contains_key(*k))
+        .filter(|k| !aws_reserved(k))
+        .map(|k| k.to_string())
+        .collect();
+    (set, unset)
 }
 
 fn is_marked(described: &DescribeSecretOutput) -> bool {
@@ -368,11 +389,12 @@ impl Pusher for AwsPush {
             return Err(conflict());
         }
         // Built whole before the one write: every property goes in, or none.
-        let bytes = match value {
-            PushValue::Whole(bytes) => fits(remote_key, bytes.clone())?,
+        let (bytes, current) = match value {
+            PushValue::Whole(bytes) => (fits(remote_key, bytes.clone())?, None),
             PushValue::Properties(properties) => {
                 let current = self.current(remote_key).await?;
-                merge_properties(remote_key, Some(&current), properties)?
+                let merged = merge_properties(remote_key, Some(&current.value), properties)?;
+                (merged, Some(current))
             }
         };
         let body = body(remote_key, &bytes, format)?;
@@ -384,6 +406,23 @@ impl Pusher for AwsPush {
             .kms_key_id
             .as_deref()
             .filter(|k| !same_kms_key(described.kms_key_id(), k));
+        let (set, unset) = tag_changes(&described, metadata);
+        // Properties are merged into the value read anyway: when that already holds them, in
+        // the same form, with the settings and the mark (no tag to set), nothing is written
+        // (a restarted controller costs no new version). A whole value is not read for this:
+        // that would cost a call on every real change.
+        if let Some(current) = current.filter(|c| {
+            c.value == bytes
+                && c.binary == matches!(body, Body::Binary(_))
+                && description.is_none()
+                && kms_key_id.is_none()
+                && set.is_empty()
+                && unset.is_empty()
+        }) {
+            return Ok(Pushed::Unchanged {
+                version: current.version,
+            });
+        }
         let version = if description.is_some() || kms_key_id.is_some() {
             self.update(remote_key, body, description, kms_key_id)
                 .await?
@@ -392,7 +431,7 @@ impl Pusher for AwsPush {
         };
         // Marked only once written: a failed write must not leave someone else's secret
         // looking like Latchkey's (which `deletionPolicy: Delete` would then remove).
-        self.retag(remote_key, &described, metadata).await?;
+        self.retag(remote_key, set, unset).await?;
         Ok(Pushed::Written { version })
     }
 
@@ -416,7 +455,7 @@ impl Pusher for AwsPush {
             }
             return self.remove(remote_key).await;
         }
-        let current = self.current(remote_key).await?;
+        let current = self.current(remote_key).await?.value;
         match remove_properties(remote_key, &current, properties)? {
             Some(left) => {
                 let left = body(remote_key, &left, None)?;
