@@ -13,7 +13,6 @@ mod select;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use base64::Engine as _;
 use latchkey::mirror::tokens::TokenMinter;
 use latchkey::providers::aws::push::AwsPush;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
@@ -23,10 +22,12 @@ use serde_json::json;
 use support::apiserver::{API_AUDIENCE, FakeApiServer, Identity};
 use support::controller::ControllerProcess;
 use support::moto::Moto;
+use support::push::{
+    API, LOOP_TOKEN, OTHER_VALUE, PASSWORD, THEIRS, aws_store, b64, eventually, push_cluster,
+    push_secret_to, secret,
+};
 
-const PASSWORD: &str = "push-e2e-password-9931";
 const NEW_PASSWORD: &str = "push-e2e-password-rotated-4417";
-const THEIRS: &str = "someone-elses-value-e2e-0007";
 
 const REPLACE: PushPolicy = PushPolicy {
     if_not_exists: false,
@@ -277,7 +278,7 @@ async fn the_source_secret_is_read_as_the_service_account_never_as_the_controlle
     );
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "db", "namespace": "shop"},
-        "data": {"password": base64::engine::general_purpose::STANDARD.encode(PASSWORD)}}));
+        "data": {"password": b64(PASSWORD)}}));
 
     let base = kube::Config::new(s.url().parse().unwrap());
     let minter = TokenMinter::new(s.client(CONTROLLER_TOKEN).await);
@@ -324,50 +325,6 @@ async fn the_source_secret_is_read_as_the_service_account_never_as_the_controlle
 
 // ---- the controller loop, end to end: `latchkey controller` against the fake API server ----
 
-const API: &str = "latchkey.dev/v1alpha1";
-const LOOP_TOKEN: &str = "push-loop-controller-token";
-const OTHER_VALUE: &str = "unrelated-e2e-value-5521";
-
-fn b64(text: &str) -> String {
-    base64::engine::general_purpose::STANDARD.encode(text)
-}
-
-/// A cluster with namespace `shop`, a `fake` SecretStore there (holding one remote secret of
-/// someone else's, `theirs`), the Secret `db`, and the accounts `pusher` (may read Secrets of
-/// `shop`) and `tenant` (may not); the controller has exactly the deploy files' rights.
-async fn push_cluster() -> FakeApiServer {
-    let s = FakeApiServer::start().await;
-    let who = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(LOOP_TOKEN, who.clone());
-    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["latchkey", "shop"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    for name in ["pusher", "tenant"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": name, "namespace": "shop",
-                         "annotations": {"latchkey.dev/allow-controller": "true"}}}));
-    }
-    s.allow(
-        Identity::service_account("shop", "pusher"),
-        "get",
-        "",
-        "secrets",
-        Some("shop"),
-    );
-    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
-        "metadata": {"name": "fake", "namespace": "shop"},
-        "spec": {"provider": {"fake": {"data": [{"key": "theirs", "value": THEIRS}]}}}}));
-    secret(&s, PASSWORD, OTHER_VALUE);
-    s
-}
-
-fn secret(s: &FakeApiServer, password: &str, other: &str) {
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "db", "namespace": "shop"},
-        "data": {"password": b64(password), "username": b64("app"), "other": b64(other)}}));
-}
-
 fn push_secret(
     name: &str,
     service_account: &str,
@@ -376,50 +333,6 @@ fn push_secret(
 ) -> serde_json::Value {
     let store = json!({"name": "fake", "kind": "SecretStore"});
     push_secret_to(name, service_account, remote, deletion, store)
-}
-
-fn push_secret_to(
-    name: &str,
-    service_account: &str,
-    remote: &str,
-    deletion: &str,
-    store: serde_json::Value,
-) -> serde_json::Value {
-    json!({"apiVersion": API, "kind": "PushSecret",
-    "metadata": {"name": name, "namespace": "shop"},
-    "spec": {
-        "serviceAccountName": service_account,
-        "refreshInterval": "1h",
-        "deletionPolicy": deletion,
-        "secretStoreRefs": [store],
-        "selector": {"secret": {"name": "db"}},
-        "data": [
-            {"match": {"secretKey": "password",
-                       "remoteRef": {"remoteKey": remote, "property": "password"}}},
-            {"match": {"secretKey": "username",
-                       "remoteRef": {"remoteKey": remote, "property": "username"}}},
-        ]}})
-}
-
-/// Polls `check` every 50 ms for up to `within`; the controller's log shows on a timeout.
-async fn eventually<T>(
-    c: &ControllerProcess,
-    within: std::time::Duration,
-    what: &str,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}; controller log:\n{}",
-            c.log_text()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
 }
 
 fn ready(s: &FakeApiServer, name: &str) -> Option<serde_json::Value> {
@@ -623,17 +536,7 @@ async fn the_controller_pushes_to_secrets_manager_as_the_service_account() {
     let moto = Moto::start().await;
     let admin = moto.client();
     let s = push_cluster().await;
-    // The store's credentials, read as the account (which may read Secrets of `shop`).
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "aws-creds", "namespace": "shop"},
-        "data": {"id": b64("testing"), "secret": b64("testing")}}));
-    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
-        "metadata": {"name": "aws", "namespace": "shop"},
-        "spec": {"provider": {"aws": {"service": "SecretsManager", "region": "us-east-1",
-            "endpoint": moto.endpoint,
-            "auth": {"secretRef": {
-                "accessKeyIDSecretRef": {"name": "aws-creds", "key": "id"},
-                "secretAccessKeySecretRef": {"name": "aws-creds", "key": "secret"}}}}}}}));
+    aws_store(&s, &moto.endpoint);
     let store = json!({"name": "aws", "kind": "SecretStore"});
     s.apply(push_secret_to(
         "to-aws", "pusher", "prod/aws", "None", store,

@@ -9,6 +9,7 @@ pub mod hostile;
 pub mod moto;
 pub mod openbao;
 pub mod pki;
+pub mod push;
 pub mod race_proxy;
 pub mod store_forms;
 pub mod tee_proxy;

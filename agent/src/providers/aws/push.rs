@@ -1,11 +1,20 @@
 //! PushSecret writes to AWS Secrets Manager: created with the tag `managed-by: latchkey`, updated
 //! with one `PutSecretValue` per remote secret (every pushed property at once), and never written
 //! over or deleted without that tag unless the store allows adopting it.
+//!
+//! An entry's `metadata` (ESO's fields `tags`, `description`, `kmsKeyId`, `secretPushFormat`)
+//! goes into `CreateSecret`; on an update only the fields it sets are brought in line, compared
+//! with the `DescribeSecret` answer every push reads anyway, so a push whose metadata already
+//! holds costs no call more than one without: `description` or `kmsKeyId` differing turns the
+//! value write into one `UpdateSecret`, and `tags` (when set: exactly those and the mark, as ESO
+//! does) costs a `TagResource` and an `UntagResource` only for what differs.
 
-use crate::api::push_metadata::PushMetadataSpec;
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use aws_sdk_secretsmanager::Client;
 use aws_sdk_secretsmanager::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_secretsmanager::operation::describe_secret::DescribeSecretOutput;
 use aws_sdk_secretsmanager::primitives::Blob;
 use aws_sdk_secretsmanager::types::Tag;
 
@@ -16,12 +25,39 @@ use super::super::push::{
 use super::super::{BuildContext, ProviderError};
 use super::errors::map_err;
 use super::{auth, value};
+use crate::api::push_metadata::{PushMetadataSpec, SecretPushFormat};
 use crate::api::store::AwsProvider;
 use crate::secret::SecretBytes;
+
+/// The fields of `spec.data[].metadata.spec` this provider uses.
+const FIELDS: [&str; 4] = ["tags", "description", "kmsKeyId", "secretPushFormat"];
+/// Most tags on one secret (Secrets Manager's limit), the mark included.
+const MAX_AWS_TAGS: usize = 50;
+/// Longest tag key, in characters (Secrets Manager's limit).
+const MAX_TAG_KEY: usize = 128;
+/// Longest tag value, in characters (Secrets Manager's limit).
+const MAX_TAG_VALUE: usize = 256;
+/// The key AWS encrypts a secret with when none is named; DescribeSecret then shows none.
+const DEFAULT_KMS_KEY: &str = "alias/aws/secretsmanager";
 
 /// Writes Secrets Manager as one identity.
 pub struct AwsPush {
     client: Client,
+}
+
+/// A remote secret's current value, as `GetSecretValue` answers it.
+struct Current {
+    value: SecretBytes,
+    /// Stored as `SecretBinary`.
+    binary: bool,
+    /// Its `VersionId`.
+    version: String,
+}
+
+/// What a value is sent as: `SecretString` or `SecretBinary`.
+enum Body<'a> {
+    Text(&'a str),
+    Binary(&'a [u8]),
 }
 
 impl AwsPush {
@@ -35,8 +71,8 @@ impl AwsPush {
         Self { client }
     }
 
-    /// Whether `remote_key` exists, and if so whether it carries Latchkey's mark.
-    async fn marked(&self, remote_key: &str) -> Result<Option<bool>, PushError> {
+    /// `remote_key` as it is now (tags, description, key), or `None` when it does not exist.
+    async fn describe(&self, remote_key: &str) -> Result<Option<DescribeSecretOutput>, PushError> {
         match self
             .client
             .describe_secret()
@@ -44,9 +80,7 @@ impl AwsPush {
             .send()
             .await
         {
-            Ok(d) => Ok(Some(d.tags().iter().any(|t| {
-                t.key() == Some(MARK_KEY) && t.value() == Some(MARK_VALUE)
-            }))),
+            Ok(d) => Ok(Some(d)),
             Err(e) => match map_err("DescribeSecret", e) {
                 ProviderError::NotFound => Ok(None),
                 other => Err(other.into()),
@@ -54,8 +88,13 @@ impl AwsPush {
         }
     }
 
-    /// The current value of `remote_key`.
-    async fn current(&self, remote_key: &str) -> Result<SecretBytes, PushError> {
+    /// Whether `remote_key` exists, and if so whether it carries Latchkey's mark.
+    async fn marked(&self, remote_key: &str) -> Result<Option<bool>, PushError> {
+        Ok(self.describe(remote_key).await?.as_ref().map(is_marked))
+    }
+
+    /// The current value of `remote_key`, as it is stored.
+    async fn current(&self, remote_key: &str) -> Result<Current, PushError> {
         let out = self
             .client
             .get_secret_value()
@@ -63,20 +102,76 @@ impl AwsPush {
             .send()
             .await
             .map_err(|e| map_err("GetSecretValue", e))?;
-        Ok(value(out.secret_string(), out.secret_binary())?)
+        Ok(Current {
+            value: value(out.secret_string(), out.secret_binary())?,
+            binary: out.secret_string().is_none(),
+            version: out.version_id().unwrap_or_default().to_string(),
+        })
     }
 
-    async fn put(&self, remote_key: &str, bytes: &SecretBytes) -> Result<String, PushError> {
+    async fn put(&self, remote_key: &str, body: Body<'_>) -> Result<String, PushError> {
         let call = self.client.put_secret_value().secret_id(remote_key);
-        let call = match std::str::from_utf8(bytes.expose()) {
-            Ok(text) => call.secret_string(text),
-            Err(_) => call.secret_binary(Blob::new(bytes.expose())),
+        let call = match body {
+            Body::Text(text) => call.secret_string(text),
+            Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
         };
         let out = call
             .send()
             .await
             .map_err(|e| map_err("PutSecretValue", e))?;
         Ok(out.version_id().unwrap_or_default().to_string())
+    }
+
+    /// The value and the `description` / `kmsKeyId` that differ, in one `UpdateSecret`.
+    async fn update(
+        &self,
+        remote_key: &str,
+        body: Body<'_>,
+        description: Option<&str>,
+        kms_key_id: Option<&str>,
+    ) -> Result<String, PushError> {
+        let call = self
+            .client
+            .update_secret()
+            .secret_id(remote_key)
+            .set_description(description.map(String::from))
+            .set_kms_key_id(kms_key_id.map(String::from));
+        let call = match body {
+            Body::Text(text) => call.secret_string(text),
+            Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
+        };
+        let out = call.send().await.map_err(|e| map_err("UpdateSecret", e))?;
+        Ok(out.version_id().unwrap_or_default().to_string())
+    }
+
+    /// After the value write: the tags [`tag_changes`] found to differ.
+    async fn retag(
+        &self,
+        remote_key: &str,
+        set: Vec<Tag>,
+        unset: Vec<String>,
+    ) -> Result<(), PushError> {
+        // The mark (and the new tags) first: a failure in between leaves the secret marked
+        // as Latchkey's, which it is once its value was written.
+        if !set.is_empty() {
+            self.client
+                .tag_resource()
+                .secret_id(remote_key)
+                .set_tags(Some(set))
+                .send()
+                .await
+                .map_err(|e| map_err("TagResource", e))?;
+        }
+        if !unset.is_empty() {
+            self.client
+                .untag_resource()
+                .secret_id(remote_key)
+                .set_tag_keys(Some(unset))
+                .send()
+                .await
+                .map_err(|e| map_err("UntagResource", e))?;
+        }
+        Ok(())
     }
 
     async fn remove(&self, remote_key: &str) -> Result<(), PushError> {
@@ -98,8 +193,142 @@ impl AwsPush {
     }
 }
 
-fn mark() -> Tag {
-    Tag::builder().key(MARK_KEY).value(MARK_VALUE).build()
+/// The tags to set and to remove to bring `described` in line: the mark on an adopted secret
+/// and, when `tags` is set, exactly those tags; only what differs, so nothing when all holds.
+fn tag_changes(
+    described: &DescribeSecretOutput,
+    metadata: &PushMetadataSpec,
+) -> (Vec<Tag>, Vec<String>) {
+    let current: BTreeMap<&str, &str> = described
+        .tags()
+        .iter()
+        .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+        .collect();
+    let mut wanted: BTreeMap<&str, &str> = metadata
+        .tags
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    wanted.insert(MARK_KEY, MARK_VALUE);
+    let set = wanted
+        .iter()
+        .filter(|(k, v)| current.get(*k) != Some(*v))
+        .filter(|(k, _)| !metadata.tags.is_empty() || **k == MARK_KEY)
+        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+        .collect();
+    // Without `tags`, the others' tags stay (ESO's semantics): only the mark is added.
+    // Tags under `aws:` belong to AWS (CloudFormation's, say): no one may remove them.
+    let unset = current
+        .keys()
+        .filter(|k| !metadata.tags.is_empty() && !wanted.contains_key(*k))
+        .filter(|k| !aws_reserved(k))
+        .map(|k| k.to_string())
+        .collect();
+    (set, unset)
+}
+
+fn is_marked(described: &DescribeSecretOutput) -> bool {
+    described
+        .tags()
+        .iter()
+        .any(|t| t.key() == Some(MARK_KEY) && t.value() == Some(MARK_VALUE))
+}
+
+/// How `bytes` is sent under `format`: `string` refuses what is not UTF-8 (naming the remote
+/// key, never the value); unset sends text as a string and anything else as binary.
+fn body<'a>(
+    remote_key: &str,
+    bytes: &'a SecretBytes,
+    format: Option<SecretPushFormat>,
+) -> Result<Body<'a>, PushError> {
+    let text = std::str::from_utf8(bytes.expose());
+    match (format, text) {
+        (Some(SecretPushFormat::Binary), _) => Ok(Body::Binary(bytes.expose())),
+        (_, Ok(text)) => Ok(Body::Text(text)),
+        (None, Err(_)) => Ok(Body::Binary(bytes.expose())),
+        (Some(SecretPushFormat::String), Err(_)) => Err(PushError::CannotPush {
+            remote_key: remote_key.to_string(),
+            why: "its metadata says secretPushFormat: string, but the value is not UTF-8 text; \
+                  use secretPushFormat: binary, or leave it unset"
+                .into(),
+        }),
+    }
+}
+
+/// Whether the key the secret is encrypted with (`described`, none for AWS's default) is
+/// `wanted`, as an id, alias, or the ARN of either. An alias and the key id it names cannot be
+/// told apart without asking KMS: they count as different, which costs no call (the value then
+/// goes with `UpdateSecret` instead of `PutSecretValue`).
+fn same_kms_key(described: Option<&str>, wanted: &str) -> bool {
+    let described = described.unwrap_or(DEFAULT_KMS_KEY);
+    // An ARN ends in `:alias/<name>` or `:key/<id>`.
+    let ends = |long: &str, short: &str| {
+        long == short
+            || long.starts_with("arn:")
+                && long
+                    .strip_suffix(short)
+                    .is_some_and(|head| head.ends_with(':') || head.ends_with(":key/"))
+    };
+    ends(described, wanted) || ends(wanted, described)
+}
+
+/// Whether a tag key or value holds only what AWS allows: letters, digits, spaces and
+/// `_ . : / = + - @`.
+fn tag_text(text: &str) -> bool {
+    text.chars().all(|c| {
+        c.is_alphanumeric() || (c.is_whitespace() && !c.is_control()) || "_.:/=+-@".contains(c)
+    })
+}
+
+/// Whether a tag key is in AWS's own `aws:` namespace, which no one else may set or remove.
+fn aws_reserved(key: &str) -> bool {
+    key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("aws:"))
+}
+
+/// The values of the fields this provider uses that Secrets Manager would refuse.
+fn check(metadata: &PushMetadataSpec) -> Result<(), PushError> {
+    let bad = |field, why: String| Err(PushError::BadMetadata { field, why });
+    let tags = &metadata.tags;
+    if tags.len() >= MAX_AWS_TAGS {
+        return bad(
+            "tags",
+            format!(
+                "{} tags, but Secrets Manager keeps at most {MAX_AWS_TAGS} on a secret, \
+                 Latchkey's {MARK_KEY} included",
+                tags.len()
+            ),
+        );
+    }
+    for (key, value) in tags {
+        let shown: String = key.chars().take(64).collect();
+        let why = if key.chars().count() > MAX_TAG_KEY {
+            format!(
+                "tag key {shown:?}... is longer than Secrets Manager's {MAX_TAG_KEY} characters"
+            )
+        } else if value.chars().count() > MAX_TAG_VALUE {
+            format!(
+                "the value of tag {shown:?} is longer than Secrets Manager's {MAX_TAG_VALUE} \
+                 characters"
+            )
+        } else if aws_reserved(key) {
+            format!("tag key {shown:?}: the prefix aws: is reserved for AWS")
+        } else if !tag_text(key) || !tag_text(value) {
+            format!(
+                "tag {shown:?}: keys and values hold only letters, digits, spaces and \
+                 _ . : / = + - @"
+            )
+        } else {
+            continue;
+        };
+        return bad("tags", why);
+    }
+    if metadata.kms_key_id.as_deref().is_some_and(str::is_empty) {
+        return bad(
+            "kmsKeyId",
+            "is empty; name a KMS key, or leave it unset".into(),
+        );
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -109,22 +338,35 @@ impl Pusher for AwsPush {
         remote_key: &str,
         value: &PushValue,
         policy: PushPolicy,
-        _metadata: &PushMetadataSpec,
+        metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
+        // The controller checked already; a direct caller gets the same refusal, unwritten.
+        check(metadata)?;
+        let format = metadata.secret_push_format;
         let conflict = || PushError::Conflict {
             remote_key: remote_key.to_string(),
         };
-        let Some(marked) = self.marked(remote_key).await? else {
+        let Some(described) = self.describe(remote_key).await? else {
             let bytes = match value {
                 PushValue::Whole(bytes) => fits(remote_key, bytes.clone())?,
                 PushValue::Properties(properties) => {
                     merge_properties(remote_key, None, properties)?
                 }
             };
-            let call = self.client.create_secret().name(remote_key).tags(mark());
-            let call = match std::str::from_utf8(bytes.expose()) {
-                Ok(text) => call.secret_string(text),
-                Err(_) => call.secret_binary(Blob::new(bytes.expose())),
+            let tags = std::iter::once((MARK_KEY, MARK_VALUE))
+                .chain(metadata.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                .collect();
+            let call = self
+                .client
+                .create_secret()
+                .name(remote_key)
+                .set_tags(Some(tags))
+                .set_description(metadata.description.clone())
+                .set_kms_key_id(metadata.kms_key_id.clone());
+            let call = match body(remote_key, &bytes, format)? {
+                Body::Text(text) => call.secret_string(text),
+                Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
             };
             return match call.send().await {
                 Ok(out) => Ok(Pushed::Written {
@@ -142,30 +384,63 @@ impl Pusher for AwsPush {
         if policy.if_not_exists {
             return Ok(Pushed::Kept);
         }
+        let marked = is_marked(&described);
         if !marked && !policy.adopt {
             return Err(conflict());
         }
         // Built whole before the one write: every property goes in, or none.
-        let bytes = match value {
-            PushValue::Whole(bytes) => fits(remote_key, bytes.clone())?,
+        let (bytes, current) = match value {
+            PushValue::Whole(bytes) => (fits(remote_key, bytes.clone())?, None),
             PushValue::Properties(properties) => {
                 let current = self.current(remote_key).await?;
-                merge_properties(remote_key, Some(&current), properties)?
+                let merged = merge_properties(remote_key, Some(&current.value), properties)?;
+                (merged, Some(current))
             }
         };
-        let version = self.put(remote_key, &bytes).await?;
+        let body = body(remote_key, &bytes, format)?;
+        let description = metadata
+            .description
+            .as_deref()
+            .filter(|d| described.description().unwrap_or_default() != *d);
+        let kms_key_id = metadata
+            .kms_key_id
+            .as_deref()
+            .filter(|k| !same_kms_key(described.kms_key_id(), k));
+        let (set, unset) = tag_changes(&described, metadata);
+        // Properties are merged into the value read anyway: when that already holds them, in
+        // the same form, with the settings and the mark (no tag to set), nothing is written
+        // (a restarted controller costs no new version). A whole value is not read for this:
+        // that would cost a call on every real change.
+        if let Some(current) = current.filter(|c| {
+            c.value == bytes
+                && c.binary == matches!(body, Body::Binary(_))
+                && description.is_none()
+                && kms_key_id.is_none()
+                && set.is_empty()
+                && unset.is_empty()
+        }) {
+            return Ok(Pushed::Unchanged {
+                version: current.version,
+            });
+        }
+        let version = if description.is_some() || kms_key_id.is_some() {
+            self.update(remote_key, body, description, kms_key_id)
+                .await?
+        } else {
+            self.put(remote_key, body).await?
+        };
         // Marked only once written: a failed write must not leave someone else's secret
         // looking like Latchkey's (which `deletionPolicy: Delete` would then remove).
-        if !marked {
-            self.client
-                .tag_resource()
-                .secret_id(remote_key)
-                .tags(mark())
-                .send()
-                .await
-                .map_err(|e| map_err("TagResource", e))?;
-        }
+        self.retag(remote_key, set, unset).await?;
         Ok(Pushed::Written { version })
+    }
+
+    fn metadata_fields(&self) -> &'static [&'static str] {
+        &FIELDS
+    }
+
+    fn check_metadata(&self, metadata: &PushMetadataSpec) -> Result<(), PushError> {
+        check(metadata)
     }
 
     async fn delete(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {
@@ -180,14 +455,63 @@ impl Pusher for AwsPush {
             }
             return self.remove(remote_key).await;
         }
-        let current = self.current(remote_key).await?;
+        let current = self.current(remote_key).await?.value;
         match remove_properties(remote_key, &current, properties)? {
-            Some(left) => self.put(remote_key, &left).await.map(|_| ()),
+            Some(left) => {
+                let left = body(remote_key, &left, None)?;
+                self.put(remote_key, left).await.map(|_| ())
+            }
             None if marked => self.remove(remote_key).await,
-            None => self
-                .put(remote_key, &SecretBytes::from("{}"))
-                .await
-                .map(|_| ()),
+            None => self.put(remote_key, Body::Text("{}")).await.map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_the_same_as_its_arn_and_aws_default_as_none() {
+        let alias_arn = "arn:aws:kms:us-east-1:123456789012:alias/shop";
+        let key_arn = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab";
+        assert!(same_kms_key(Some("alias/shop"), "alias/shop"));
+        assert!(same_kms_key(Some(alias_arn), "alias/shop"));
+        assert!(same_kms_key(Some("alias/shop"), alias_arn));
+        assert!(same_kms_key(Some(key_arn), "1234abcd-12ab"));
+        assert!(same_kms_key(None, DEFAULT_KMS_KEY));
+        assert!(!same_kms_key(None, "alias/shop"));
+        assert!(!same_kms_key(Some(alias_arn), "alias/hop"));
+        assert!(!same_kms_key(Some("alias/shop"), "shop"));
+    }
+
+    #[test]
+    fn the_format_decides_string_or_binary_and_string_refuses_bytes_unnamed() {
+        let text = SecretBytes::from("hunter2-unit");
+        let bytes = SecretBytes::new(vec![0xff, b'h', b'u', b'n', b't', 0x80]);
+        let string = Some(SecretPushFormat::String);
+        let binary = Some(SecretPushFormat::Binary);
+        assert!(matches!(body("k", &text, None), Ok(Body::Text(_))));
+        assert!(matches!(body("k", &text, string), Ok(Body::Text(_))));
+        assert!(matches!(body("k", &text, binary), Ok(Body::Binary(_))));
+        assert!(matches!(body("k", &bytes, None), Ok(Body::Binary(_))));
+        assert!(matches!(body("k", &bytes, binary), Ok(Body::Binary(_))));
+        let Err(err) = body("prod/db", &bytes, string) else {
+            panic!("not refused")
+        };
+        let shown = format!("{err} {err:?}");
+        assert!(
+            shown.contains("\"prod/db\"") && !shown.contains("hunt"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn tag_text_is_what_aws_allows() {
+        assert!(tag_text("team a:b/c=d+e-f@g_h.i"));
+        assert!(tag_text("équipe 東京 ٣"));
+        for bad in ["a;b", "a\tb", "a\nb", "a*", "a,b", "a\"b"] {
+            assert!(!tag_text(bad), "{bad:?}");
         }
     }
 }

@@ -1,0 +1,122 @@
+//! A cluster for PushSecrets run by `latchkey controller`, shared by the PushSecret tests:
+//! namespace `shop` with the Secret `db`, the accounts `pusher` and `tenant`, a `fake` store,
+//! and on demand an `aws` store on moto.
+
+use serde_json::json;
+
+use super::apiserver::{FakeApiServer, Identity};
+use super::controller::ControllerProcess;
+
+/// The API group and version of Latchkey's kinds.
+pub const API: &str = "latchkey.dev/v1alpha1";
+/// The controller's bearer token at the fake API server.
+pub const LOOP_TOKEN: &str = "push-loop-controller-token";
+/// `db`'s `password` as [`push_cluster`] makes it.
+pub const PASSWORD: &str = "push-e2e-password-9931";
+/// The value of the `fake` store's remote secret `theirs`, which Latchkey did not write.
+pub const THEIRS: &str = "someone-elses-value-e2e-0007";
+/// `db`'s `other` as [`push_cluster`] makes it, never pushed.
+pub const OTHER_VALUE: &str = "unrelated-e2e-value-5521";
+
+/// `text` in base64, as a Secret's `data` holds it.
+pub fn b64(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// A cluster with namespace `shop`, a `fake` SecretStore there (holding one remote secret of
+/// someone else's, `theirs`), the Secret `db`, and the accounts `pusher` (may read Secrets of
+/// `shop`) and `tenant` (may not); the controller has exactly the deploy files' rights.
+pub async fn push_cluster() -> FakeApiServer {
+    let s = FakeApiServer::start().await;
+    let who = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(LOOP_TOKEN, who.clone());
+    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
+    for ns in ["latchkey", "shop"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    for name in ["pusher", "tenant"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": "shop",
+                         "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+    }
+    s.allow(
+        Identity::service_account("shop", "pusher"),
+        "get",
+        "",
+        "secrets",
+        Some("shop"),
+    );
+    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+        "metadata": {"name": "fake", "namespace": "shop"},
+        "spec": {"provider": {"fake": {"data": [{"key": "theirs", "value": THEIRS}]}}}}));
+    secret(&s, PASSWORD, OTHER_VALUE);
+    s
+}
+
+/// Writes the Secret `db` of `shop`.
+pub fn secret(s: &FakeApiServer, password: &str, other: &str) {
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(password), "username": b64("app"), "other": b64(other)}}));
+}
+
+/// The SecretStore `aws` of `shop` on moto at `endpoint`, with static keys from the Secret
+/// `aws-creds` (read as the PushSecret's account, which may read Secrets of `shop`).
+pub fn aws_store(s: &FakeApiServer, endpoint: &str) {
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "aws-creds", "namespace": "shop"},
+        "data": {"id": b64("testing"), "secret": b64("testing")}}));
+    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+        "metadata": {"name": "aws", "namespace": "shop"},
+        "spec": {"provider": {"aws": {"service": "SecretsManager", "region": "us-east-1",
+            "endpoint": endpoint,
+            "auth": {"secretRef": {
+                "accessKeyIDSecretRef": {"name": "aws-creds", "key": "id"},
+                "secretAccessKeySecretRef": {"name": "aws-creds", "key": "secret"}}}}}}}));
+}
+
+/// A PushSecret of `db`'s `password` and `username` into the properties of `remote` in `store`.
+pub fn push_secret_to(
+    name: &str,
+    service_account: &str,
+    remote: &str,
+    deletion: &str,
+    store: serde_json::Value,
+) -> serde_json::Value {
+    json!({"apiVersion": API, "kind": "PushSecret",
+    "metadata": {"name": name, "namespace": "shop"},
+    "spec": {
+        "serviceAccountName": service_account,
+        "refreshInterval": "1h",
+        "deletionPolicy": deletion,
+        "secretStoreRefs": [store],
+        "selector": {"secret": {"name": "db"}},
+        "data": [
+            {"match": {"secretKey": "password",
+                       "remoteRef": {"remoteKey": remote, "property": "password"}}},
+            {"match": {"secretKey": "username",
+                       "remoteRef": {"remoteKey": remote, "property": "username"}}},
+        ]}})
+}
+
+/// Polls `check` every 50 ms for up to `within`; the controller's log shows on a timeout.
+pub async fn eventually<T>(
+    c: &ControllerProcess,
+    within: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; controller log:\n{}",
+            c.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
