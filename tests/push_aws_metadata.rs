@@ -179,11 +179,11 @@ async fn create_carries_the_tags_description_key_and_format_with_the_mark() {
     assert_eq!(got.secret_string(), Some(VALUE));
     assert!(got.secret_binary().is_none());
 
-    // The same push again: the value is written, nothing else is sent.
+    // The same push again: read, and nothing written.
     push.push_with("prod/db", &whole(VALUE.as_bytes()), REPLACE, &m)
         .await
         .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "PutSecretValue"]));
+    assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
 }
 
 #[tokio::test]
@@ -210,7 +210,10 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
     push.push_with("prod/tags", &whole(NEW_VALUE.as_bytes()), REPLACE, &none)
         .await
         .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "PutSecretValue"]));
+    assert_eq!(
+        calls.take(),
+        ops(&["DescribeSecret", "GetSecretValue", "PutSecretValue"])
+    );
     assert_eq!(
         tag_map(&describe(&admin, "prod/tags").await),
         tags_of(&[
@@ -231,6 +234,7 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
         calls.take(),
         ops(&[
             "DescribeSecret",
+            "GetSecretValue",
             "PutSecretValue",
             "TagResource",
             "UntagResource"
@@ -246,11 +250,11 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
         ])
     );
 
-    // Already so: no tag call.
+    // Already so: read, no write, no tag call.
     push.push_with("prod/tags", &whole(NEW_VALUE.as_bytes()), REPLACE, &second)
         .await
         .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "PutSecretValue"]));
+    assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
 
     // Only additions and changes: no UntagResource.
     let third = meta(json!({"tags": {"keep": "1", "change": "21", "add": "4", "more": "5"}}));
@@ -259,7 +263,12 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
         .unwrap();
     assert_eq!(
         calls.take(),
-        ops(&["DescribeSecret", "PutSecretValue", "TagResource"])
+        ops(&[
+            "DescribeSecret",
+            "GetSecretValue",
+            "PutSecretValue",
+            "TagResource"
+        ])
     );
 }
 
@@ -276,14 +285,17 @@ async fn description_or_key_changes_go_with_the_value_in_one_update_secret() {
     push.push_with("prod/desc", &whole(VALUE.as_bytes()), REPLACE, &first)
         .await
         .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "PutSecretValue"]));
+    assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
 
     let second = meta(json!({"description": "second", "kmsKeyId": "alias/rotated"}));
     let pushed = push
         .push_with("prod/desc", &whole(NEW_VALUE.as_bytes()), REPLACE, &second)
         .await
         .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "UpdateSecret"]));
+    assert_eq!(
+        calls.take(),
+        ops(&["DescribeSecret", "GetSecretValue", "UpdateSecret"])
+    );
     let Pushed::Written { version } = pushed else {
         panic!("{pushed:?}")
     };
@@ -300,11 +312,11 @@ async fn description_or_key_changes_go_with_the_value_in_one_update_secret() {
     assert_eq!(got.secret_string(), Some(NEW_VALUE));
     assert_eq!(got.version_id(), Some(version.as_str()));
 
-    // Unchanged since: back to the plain value write.
+    // Unchanged since: read, nothing written.
     push.push_with("prod/desc", &whole(NEW_VALUE.as_bytes()), REPLACE, &second)
         .await
         .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "PutSecretValue"]));
+    assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
 
     // AWS's own key, named or not, is the key of a secret created without one.
     let default_key = meta(json!({"kmsKeyId": "alias/aws/secretsmanager"}));
@@ -325,7 +337,7 @@ async fn description_or_key_changes_go_with_the_value_in_one_update_secret() {
     )
     .await
     .unwrap();
-    assert_eq!(calls.take(), ops(&["DescribeSecret", "PutSecretValue"]));
+    assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
 }
 
 #[tokio::test]
@@ -484,7 +496,12 @@ async fn adoption_adds_the_mark_and_replaces_tags_only_when_set() {
     .unwrap();
     assert_eq!(
         calls.take(),
-        ops(&["DescribeSecret", "PutSecretValue", "TagResource"])
+        ops(&[
+            "DescribeSecret",
+            "GetSecretValue",
+            "PutSecretValue",
+            "TagResource"
+        ])
     );
     let d = describe(&admin, "theirs/plain").await;
     assert_eq!(
@@ -501,6 +518,7 @@ async fn adoption_adds_the_mark_and_replaces_tags_only_when_set() {
         calls.take(),
         ops(&[
             "DescribeSecret",
+            "GetSecretValue",
             "PutSecretValue",
             "TagResource",
             "UntagResource"

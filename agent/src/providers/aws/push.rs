@@ -390,7 +390,20 @@ impl Pusher for AwsPush {
         }
         // Built whole before the one write: every property goes in, or none.
         let (bytes, current) = match value {
-            PushValue::Whole(bytes) => (fits(remote_key, bytes.clone())?, None),
+            // Read too: one already in place is not written again, so a restarted controller
+            // makes no new version for every consumer (a real change costs one read more).
+            PushValue::Whole(bytes) => {
+                let bytes = fits(remote_key, bytes.clone())?;
+                // A value the format refuses is refused before any read.
+                body(remote_key, &bytes, format)?;
+                let current = match self.current(remote_key).await {
+                    Ok(current) => Some(current),
+                    // A secret without a value yet has nothing to compare with.
+                    Err(PushError::Backend(ProviderError::NotFound)) => None,
+                    Err(e) => return Err(e),
+                };
+                (bytes, current)
+            }
             PushValue::Properties(properties) => {
                 let current = self.current(remote_key).await?;
                 let merged = merge_properties(remote_key, Some(&current.value), properties)?;
@@ -407,10 +420,8 @@ impl Pusher for AwsPush {
             .as_deref()
             .filter(|k| !same_kms_key(described.kms_key_id(), k));
         let (set, unset) = tag_changes(&described, metadata);
-        // Properties are merged into the value read anyway: when that already holds them, in
-        // the same form, with the settings and the mark (no tag to set), nothing is written
-        // (a restarted controller costs no new version). A whole value is not read for this:
-        // that would cost a call on every real change.
+        // When the value read already holds what would be written, in the same form, with the
+        // settings and the mark (no tag to set), nothing is written.
         if let Some(current) = current.filter(|c| {
             c.value == bytes
                 && c.binary == matches!(body, Body::Binary(_))
