@@ -18,12 +18,14 @@ pub fn metadata(
     let Some(mut m) = d.object("metadata", notes) else {
         return Ok(None);
     };
-    if !m.has("apiVersion") && !m.has("kind") && m.keys() == ["secretPushFormat"] {
-        // ESO's AWS provider also finds this one key outside of the envelope.
+    if !m.has("apiVersion") && !m.has("kind") && m.has("secretPushFormat") {
+        // ESO's AWS provider also finds this one key outside of the envelope; any other key
+        // there is unknown (ESO reads nothing else without it).
         let spec = PushMetadataSpec {
             secret_push_format: one_of(&mut m, "secretPushFormat", notes, push_format)?,
             ..Default::default()
         };
+        m.finish(notes);
         notes.warn(
             m.path(),
             "written in ESO's PushSecretMetadata envelope, which Latchkey asks for",
