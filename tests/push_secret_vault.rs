@@ -7,24 +7,18 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use latchkey::api::StoreKind;
-use latchkey::api::store::{VaultAuth, VaultProvider, VaultRoleAuth};
-use latchkey::catalog::{Catalog, ManifestCatalog};
-use latchkey::identity::PodInfo;
-use latchkey::identity::tokens::{PodTokens, ServiceAccountToken};
+use latchkey::providers::ProviderError;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
-use latchkey::providers::{BuildContext, Env, ProviderError};
-use latchkey::secret::{SecretBytes, SecretString};
-use latchkey::telemetry::Metrics;
+use latchkey::secret::SecretBytes;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
 use support::openbao::{JwtIssuer, OpenBao, random_hex};
 use support::race_proxy::RaceProxy;
+use support::vault_push::vault_pusher;
 
 const PASSWORD: &str = "vault-push-password-3318";
 const NEW_PASSWORD: &str = "vault-push-password-rotated-7720";
@@ -57,20 +51,6 @@ fn props(pairs: &[(&str, &str)]) -> PushValue {
     )
 }
 
-fn env() -> Env {
-    let catalog: Arc<dyn Catalog> = Arc::new(ManifestCatalog::default());
-    Env {
-        metrics: Arc::new(Metrics::new()),
-        kube: None,
-        catalog,
-        agent_namespace: "latchkey".into(),
-        aws_sessions: Default::default(),
-        vault_tokens: Default::default(),
-        plugins: Default::default(),
-        secrets_store: Default::default(),
-    }
-}
-
 /// A dev server whose jwt roles `push` and `read` carry the policies above.
 async fn bao(issuer: &JwtIssuer) -> OpenBao {
     let bao = OpenBao::start().await;
@@ -97,49 +77,7 @@ async fn pusher(
     mount: &str,
     version: &str,
 ) -> Result<Box<dyn Pusher>, ProviderError> {
-    pusher_at(&bao.url, issuer, role, mount, version).await
-}
-
-async fn pusher_at(
-    server: &str,
-    issuer: &JwtIssuer,
-    role: &str,
-    mount: &str,
-    version: &str,
-) -> Result<Box<dyn Pusher>, ProviderError> {
-    let spec = VaultProvider {
-        server: server.to_string(),
-        path: Some(mount.into()),
-        version: Some(version.into()),
-        auth: VaultAuth {
-            jwt: Some(VaultRoleAuth {
-                mount_path: None,
-                role: role.into(),
-                audience: Some(AUDIENCE.into()),
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = ServiceAccountToken {
-        token: SecretString::new(issuer.token("shop", "pusher", AUDIENCE)),
-        expiration: None,
-    };
-    let pod = PodInfo {
-        namespace: "shop".into(),
-        name: "push-db".into(),
-        uid: String::new(),
-        service_account: "pusher".into(),
-        tokens: PodTokens::from_tokens([(AUDIENCE.to_string(), token)]),
-    };
-    let env = env();
-    let ctx = BuildContext {
-        env: &env,
-        pod: &pod,
-        scope: StoreKind::SecretStore.into(),
-        max_age: None,
-    };
-    latchkey::providers::vault::pusher::pusher(&spec, &ctx).await
+    vault_pusher(&bao.url, issuer, (AUDIENCE, role), mount, version).await
 }
 
 /// `secret/<key>`'s current data, or Null when it has none.
@@ -520,7 +458,7 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
     let proxy = racing_proxy(&bao, "prod/race").await;
-    let push = pusher_at(&proxy.url, &issuer, "push", "secret", "v2")
+    let push = vault_pusher(&proxy.url, &issuer, (AUDIENCE, "push"), "secret", "v2")
         .await
         .unwrap();
     // Created by someone else between Latchkey's read (absent) and its create.
@@ -542,7 +480,7 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     let direct = pusher(&bao, &issuer, "push", "secret", "v2").await.unwrap();
     direct.push("prod/race2", &value, REPLACE).await.unwrap();
     let proxy2 = racing_proxy(&bao, "prod/race2").await;
-    let push = pusher_at(&proxy2.url, &issuer, "push", "secret", "v2")
+    let push = vault_pusher(&proxy2.url, &issuer, (AUDIENCE, "push"), "secret", "v2")
         .await
         .unwrap();
     let changed = props(&[("password", NEW_PASSWORD)]);

@@ -7,25 +7,18 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use latchkey::api::StoreKind;
 use latchkey::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
-use latchkey::api::store::{VaultAuth, VaultProvider, VaultRoleAuth};
-use latchkey::catalog::{Catalog, ManifestCatalog};
-use latchkey::identity::PodInfo;
-use latchkey::identity::tokens::{PodTokens, ServiceAccountToken};
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
-use latchkey::providers::{BuildContext, Env};
-use latchkey::secret::{SecretBytes, SecretString};
-use latchkey::telemetry::Metrics;
+use latchkey::secret::SecretBytes;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
 use support::openbao::{JwtIssuer, OpenBao, random_hex};
 use support::tee_proxy::TeeProxy;
+use support::vault_push::vault_pusher;
 
 const PASSWORD: &str = "vault-meta-password-5120";
 const NEW_PASSWORD: &str = "vault-meta-password-rotated-9931";
@@ -64,20 +57,6 @@ fn custom(pairs: &[(&str, &str)], merge: Option<MetadataMergePolicy>) -> PushMet
     }
 }
 
-fn env() -> Env {
-    let catalog: Arc<dyn Catalog> = Arc::new(ManifestCatalog::default());
-    Env {
-        metrics: Arc::new(Metrics::new()),
-        kube: None,
-        catalog,
-        agent_namespace: "latchkey".into(),
-        aws_sessions: Default::default(),
-        vault_tokens: Default::default(),
-        plugins: Default::default(),
-        secrets_store: Default::default(),
-    }
-}
-
 /// A dev server whose jwt role `push` may write `secret/` (KV v2) and `kv1/`.
 async fn bao(issuer: &JwtIssuer) -> OpenBao {
     let bao = OpenBao::start().await;
@@ -88,39 +67,7 @@ async fn bao(issuer: &JwtIssuer) -> OpenBao {
 
 /// A KV v2 pusher for `secret/` at `server`, logged in with jwt role `push`.
 async fn pusher(server: &str, issuer: &JwtIssuer) -> Box<dyn Pusher> {
-    let spec = VaultProvider {
-        server: server.to_string(),
-        path: Some("secret".into()),
-        version: Some("v2".into()),
-        auth: VaultAuth {
-            jwt: Some(VaultRoleAuth {
-                mount_path: None,
-                role: "push".into(),
-                audience: Some(AUDIENCE.into()),
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = ServiceAccountToken {
-        token: SecretString::new(issuer.token("shop", "pusher", AUDIENCE)),
-        expiration: None,
-    };
-    let pod = PodInfo {
-        namespace: "shop".into(),
-        name: "push-db".into(),
-        uid: String::new(),
-        service_account: "pusher".into(),
-        tokens: PodTokens::from_tokens([(AUDIENCE.to_string(), token)]),
-    };
-    let env = env();
-    let ctx = BuildContext {
-        env: &env,
-        pod: &pod,
-        scope: StoreKind::SecretStore.into(),
-        max_age: None,
-    };
-    latchkey::providers::vault::pusher::pusher(&spec, &ctx)
+    vault_pusher(server, issuer, (AUDIENCE, "push"), "secret", "v2")
         .await
         .unwrap()
 }

@@ -14,6 +14,7 @@ pub mod race_proxy;
 pub mod store_forms;
 pub mod tee_proxy;
 pub mod tls_front;
+pub mod vault_push;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
