@@ -15,26 +15,13 @@ use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher
 use latchkey::secret::SecretBytes;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
+use support::push::{REPLACE, props};
 
 const PASSWORD: &str = "k8s-push-password-3391";
 const NEW_PASSWORD: &str = "k8s-push-password-rotated-7720";
 const THEIRS: &str = "k8s-someone-elses-value-0415";
 const WRITER: &str = "writer-token";
 const READER: &str = "reader-token";
-
-const REPLACE: PushPolicy = PushPolicy {
-    if_not_exists: false,
-    adopt: false,
-};
-
-fn props(pairs: &[(&str, &str)]) -> PushValue {
-    PushValue::Properties(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
-            .collect::<BTreeMap<_, _>>(),
-    )
-}
 
 fn b64(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)

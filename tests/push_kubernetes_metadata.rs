@@ -11,29 +11,15 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use latchkey::api::push_metadata::{PushMetadataSpec, TargetMergePolicy};
 use latchkey::providers::kubernetes::push::{KubernetesPush, MARK_LABEL};
-use latchkey::providers::push::{MAX_PUSH_BYTES, PushError, PushPolicy, PushValue, Pusher};
-use latchkey::secret::SecretBytes;
+use latchkey::providers::push::{MAX_PUSH_BYTES, PushError, Pusher};
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
+use support::push::{REPLACE, props};
 
 const PASSWORD: &str = "k8s-meta-password-6671";
 const NEW_PASSWORD: &str = "k8s-meta-password-rotated-1208";
 const WRITER: &str = "writer-token";
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-const REPLACE: PushPolicy = PushPolicy {
-    if_not_exists: false,
-    adopt: false,
-};
-
-fn props(pairs: &[(&str, &str)]) -> PushValue {
-    PushValue::Properties(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
-            .collect::<BTreeMap<_, _>>(),
-    )
-}
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

@@ -26,10 +26,10 @@ use latchkey::providers::plugin::Plugins;
 use latchkey::providers::plugin::push::PluginPush;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
 use latchkey::providers::{BuildContext, Env};
-use latchkey::secret::SecretBytes;
 use latchkey::telemetry::Metrics;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
+use support::push::{REPLACE, props};
 
 const PASSWORD: &str = "plugin-push-password-5521";
 const NEW_PASSWORD: &str = "plugin-push-password-rotated-8830";
@@ -38,11 +38,6 @@ const WHOLE: &str = "plugin-push-whole-value-4419";
 const AUDIENCE: &str = "plugin.example";
 const PLUGIN_TOKEN: &str = "eyJhbGciOiJub25lIn0.plugin-push-token-7781";
 const OTHER_TOKEN: &str = "eyJhbGciOiJub25lIn0.other-push-token-9902";
-
-const REPLACE: PushPolicy = PushPolicy {
-    if_not_exists: false,
-    adopt: false,
-};
 
 /// A running `plugin-file`: its socket in its own allowed directory, its data directory (with
 /// someone else's secret `theirs`) and its calls file.
@@ -170,15 +165,6 @@ fn account() -> PodInfo {
         )))
         .unwrap(),
     }
-}
-
-fn props(pairs: &[(&str, &str)]) -> PushValue {
-    PushValue::Properties(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
-            .collect(),
-    )
 }
 
 fn assert_clean(text: &str) {

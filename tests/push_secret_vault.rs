@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
 use support::openbao::{JwtIssuer, OpenBao, random_hex};
+use support::push::{REPLACE, props};
 use support::race_proxy::RaceProxy;
 use support::vault_push::vault_pusher;
 
@@ -24,11 +25,6 @@ const PASSWORD: &str = "vault-push-password-3318";
 const NEW_PASSWORD: &str = "vault-push-password-rotated-7720";
 const THEIRS: &str = "someone-elses-vault-value-0451";
 const AUDIENCE: &str = "vault";
-
-const REPLACE: PushPolicy = PushPolicy {
-    if_not_exists: false,
-    adopt: false,
-};
 
 /// What a pushing identity needs on the `secret/` mount (as docs/push-secret.md says).
 const PUSH_POLICY: &str = r#"
@@ -41,15 +37,6 @@ const READ_POLICY: &str = r#"
 path "secret/data/*" { capabilities = ["read"] }
 path "secret/metadata/*" { capabilities = ["read"] }
 "#;
-
-fn props(pairs: &[(&str, &str)]) -> PushValue {
-    PushValue::Properties(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
-            .collect::<BTreeMap<_, _>>(),
-    )
-}
 
 /// A dev server whose jwt roles `push` and `read` carry the policies above.
 async fn bao(issuer: &JwtIssuer) -> OpenBao {

@@ -6,17 +6,16 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
 use latchkey::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
-use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
-use latchkey::secret::SecretBytes;
+use latchkey::providers::push::{PushError, Pushed, Pusher};
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
 use support::openbao::{JwtIssuer, OpenBao, random_hex};
+use support::push::{REPLACE, props};
 use support::tee_proxy::TeeProxy;
 use support::vault_push::vault_pusher;
 
@@ -26,25 +25,11 @@ const AUDIENCE: &str = "vault";
 const API: &str = "latchkey.dev/v1alpha1";
 const CONTROLLER_TOKEN: &str = "vault-meta-controller-token";
 
-const REPLACE: PushPolicy = PushPolicy {
-    if_not_exists: false,
-    adopt: false,
-};
-
 const PUSH_POLICY: &str = r#"
 path "secret/data/*" { capabilities = ["create", "read", "update", "delete"] }
 path "secret/metadata/*" { capabilities = ["create", "read", "update", "delete"] }
 path "kv1/*" { capabilities = ["create", "read", "update", "delete"] }
 "#;
-
-fn props(pairs: &[(&str, &str)]) -> PushValue {
-    PushValue::Properties(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
-            .collect::<BTreeMap<_, _>>(),
-    )
-}
 
 fn custom(pairs: &[(&str, &str)], merge: Option<MetadataMergePolicy>) -> PushMetadataSpec {
     PushMetadataSpec {

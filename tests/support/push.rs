@@ -2,6 +2,8 @@
 //! namespace `shop` with the Secret `db`, the accounts `pusher` and `tenant`, a `fake` store,
 //! and on demand an `aws` store on moto.
 
+use latchkey::providers::push::{PushPolicy, PushValue};
+use latchkey::secret::SecretBytes;
 use serde_json::json;
 
 use super::apiserver::{FakeApiServer, Identity};
@@ -119,4 +121,20 @@ pub async fn eventually<T>(
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// `updatePolicy: Replace` without adopting: the policy most pushes in the tests use.
+pub const REPLACE: PushPolicy = PushPolicy {
+    if_not_exists: false,
+    adopt: false,
+};
+
+/// Properties to push, from text pairs.
+pub fn props(pairs: &[(&str, &str)]) -> PushValue {
+    PushValue::Properties(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), SecretBytes::from(*v)))
+            .collect(),
+    )
 }
