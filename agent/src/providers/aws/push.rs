@@ -1,6 +1,7 @@
 //! PushSecret writes to AWS Secrets Manager: created with the tag `managed-by: latchkey`, updated
-//! with one `PutSecretValue` per remote secret (every pushed property at once), and never written
-//! over or deleted without that tag unless the store allows adopting it.
+//! with one `PutSecretValue` per remote secret (every pushed property at once; none when the
+//! value read already holds what would be written), and never written over or deleted without
+//! that tag unless the store allows adopting it.
 //!
 //! An entry's `metadata` (ESO's fields `tags`, `description`, `kmsKeyId`, `secretPushFormat`)
 //! goes into `CreateSecret`; on an update only the fields it sets are brought in line, compared
