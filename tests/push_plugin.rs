@@ -28,7 +28,7 @@ use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher
 use latchkey::providers::{BuildContext, Env};
 use latchkey::telemetry::Metrics;
 use serde_json::{Value, json};
-use support::apiserver::{FakeApiServer, Identity};
+use support::apiserver::FakeApiServer;
 use support::push::{REPLACE, props};
 
 const PASSWORD: &str = "plugin-push-password-5521";
@@ -530,24 +530,8 @@ async fn the_controller_pushes_through_a_plugin_as_the_service_account() {
 /// A fake API server for the controller: its RBAC, the account `shop/writer` (opted in, allowed
 /// to get Secrets of `shop`), the Secret `shop/db` and the SecretStore `files` on `plugin`.
 async fn plugin_cluster(plugin: &Plugin) -> FakeApiServer {
-    let s = FakeApiServer::start().await;
-    let controller = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(CONTROLLER_TOKEN, controller.clone());
-    assert!(s.allow_roles_of(controller, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["shop", "latchkey"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "writer", "namespace": "shop",
-                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
     // The account reads the source Secret with its own rights (and the plugin writes as it).
-    s.allow(
-        Identity::service_account("shop", "writer"),
-        "get",
-        "",
-        "secrets",
-        Some("shop"),
-    );
+    let s = support::push::controller_cluster(CONTROLLER_TOKEN, &["writer"]).await;
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "db", "namespace": "shop"},
         "data": {"password": b64(PASSWORD)}}));

@@ -551,20 +551,7 @@ fn failed_condition(s: &FakeApiServer, name: &str) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_controller_pushes_to_openbao_as_the_service_account() {
-    let s = FakeApiServer::start().await;
-    let who = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(CONTROLLER_TOKEN, who.clone());
-    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["latchkey", "shop"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    for name in ["pusher", "reader"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": name, "namespace": "shop",
-                         "annotations": {"latchkey.dev/allow-controller": "true"}}}));
-        let account = Identity::service_account("shop", name);
-        s.allow(account, "get", "", "secrets", Some("shop"));
-    }
+    let s = support::push::controller_cluster(CONTROLLER_TOKEN, &["pusher", "reader"]).await;
     source_secret(&s, PASSWORD);
 
     // OpenBao checks the minted tokens with the fake API server's TokenReview; `pusher` may

@@ -370,23 +370,7 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 /// no metadata, fails the PushSecret naming the field, with nothing written.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_name() {
-    let s = FakeApiServer::start().await;
-    let who = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(CONTROLLER_TOKEN, who.clone());
-    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["latchkey", "shop"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "pusher", "namespace": "shop",
-                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
-    s.allow(
-        Identity::service_account("shop", "pusher"),
-        "get",
-        "",
-        "secrets",
-        Some("shop"),
-    );
+    let s = support::push::controller_cluster(CONTROLLER_TOKEN, &["pusher"]).await;
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "db", "namespace": "shop"},
         "data": {"password": b64(PASSWORD)}}));

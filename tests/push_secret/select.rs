@@ -22,18 +22,9 @@ fn b64(text: &str) -> String {
 /// Namespaces `latchkey` and `shop`, the Secret `db` there, and the account `pusher`, which
 /// may read and write Secrets of `shop`; the controller has exactly the deploy files' rights.
 async fn cluster() -> FakeApiServer {
-    let s = FakeApiServer::start().await;
-    let who = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(TOKEN, who.clone());
-    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["latchkey", "shop"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "pusher", "namespace": "shop",
-                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
+    let s = crate::support::push::controller_cluster(TOKEN, &["pusher"]).await;
     let pusher = Identity::service_account("shop", "pusher");
-    for verb in ["get", "create", "update", "delete"] {
+    for verb in ["create", "update", "delete"] {
         s.allow(pusher.clone(), verb, "", "secrets", Some("shop"));
     }
     s.apply(json!({"apiVersion": "v1", "kind": "Secret",

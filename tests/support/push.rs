@@ -30,30 +30,38 @@ pub fn b64(text: &str) -> String {
 /// someone else's, `theirs`), the Secret `db`, and the accounts `pusher` (may read Secrets of
 /// `shop`) and `tenant` (may not); the controller has exactly the deploy files' rights.
 pub async fn push_cluster() -> FakeApiServer {
-    let s = FakeApiServer::start().await;
-    let who = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(LOOP_TOKEN, who.clone());
-    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
-    for ns in ["latchkey", "shop"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-    }
-    for name in ["pusher", "tenant"] {
-        s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": name, "namespace": "shop",
-                         "annotations": {"latchkey.dev/allow-controller": "true"}}}));
-    }
-    s.allow(
-        Identity::service_account("shop", "pusher"),
-        "get",
-        "",
-        "secrets",
-        Some("shop"),
-    );
+    let s = controller_cluster(LOOP_TOKEN, &["pusher"]).await;
+    opted_in(&s, "tenant");
     s.apply(json!({"apiVersion": API, "kind": "SecretStore",
         "metadata": {"name": "fake", "namespace": "shop"},
         "spec": {"provider": {"fake": {"data": [{"key": "theirs", "value": THEIRS}]}}}}));
     secret(&s, PASSWORD, OTHER_VALUE);
     s
+}
+
+/// Namespaces `latchkey` and `shop`; the controller (bearer `token`) with exactly the deploy
+/// files' rights; and the opted-in accounts `readers` of `shop`, each allowed to get its Secrets.
+pub async fn controller_cluster(token: &str, readers: &[&str]) -> FakeApiServer {
+    let s = FakeApiServer::start().await;
+    let who = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(token, who.clone());
+    assert!(s.allow_roles_of(who, "daemonset/components/mirror/rbac.yaml") > 10);
+    for ns in ["latchkey", "shop"] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    for name in readers {
+        opted_in(&s, name);
+        let account = Identity::service_account("shop", name);
+        s.allow(account, "get", "", "secrets", Some("shop"));
+    }
+    s
+}
+
+/// The account `name` of `shop`, opted in to the controller (`latchkey.dev/allow-controller`).
+pub fn opted_in(s: &FakeApiServer, name: &str) {
+    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": "shop",
+                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
 }
 
 /// Writes the Secret `db` of `shop`.
