@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use base64::Engine as _;
 use latchkey::providers::ProviderError;
@@ -521,26 +520,6 @@ fn push_secret(name: &str, account: &str, store: &str, remote: &str) -> Value {
         ]}})
 }
 
-/// Polls `check` every 100 ms for up to 15 s; the controller's log shows on a timeout.
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    c: &ControllerProcess,
-    what: &str,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}; controller log:\n{}",
-            c.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn failed_condition(s: &FakeApiServer, name: &str) -> Option<Value> {
     let ps = s.get(API, "PushSecret", Some("shop"), name)?;
     let conditions = ps["status"]["conditions"].as_array()?.clone();
@@ -601,7 +580,7 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
             .as_str()
             .map(String::from)
     };
-    let version = eventually(&c, "the first push", || async { synced(&s) }).await;
+    let version = c.until("the first push", || async { synced(&s) }).await;
     assert_eq!(version, "1");
     assert_eq!(
         data(&bao, "prod/db").await,
@@ -625,7 +604,7 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     shared["owner"] = json!("ops");
     bao.put_v2("secret", "prod/db", shared).await;
     source_secret(&s, NEW_PASSWORD);
-    eventually(&c, "the second push", || async {
+    c.until("the second push", || async {
         (synced(&s)? == "3").then_some(())
     })
     .await;
@@ -635,10 +614,9 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     );
 
     // Someone else's secret: a conflict naming all, left as it was.
-    let condition = eventually(&c, "the conflict", || async {
-        failed_condition(&s, "clash")
-    })
-    .await;
+    let condition = c
+        .until("the conflict", || async { failed_condition(&s, "clash") })
+        .await;
     assert_eq!(condition["reason"], "Conflict", "{condition}");
     let message = condition["message"].as_str().unwrap();
     assert!(
@@ -651,10 +629,9 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     assert_eq!(meta["custom_metadata"], Value::Null);
 
     // A Vault policy without write: a clear condition naming the path.
-    let condition = eventually(&c, "the refusal", || async {
-        failed_condition(&s, "denied")
-    })
-    .await;
+    let condition = c
+        .until("the refusal", || async { failed_condition(&s, "denied") })
+        .await;
     assert_eq!(condition["reason"], "BackendError", "{condition}");
     let message = condition["message"].as_str().unwrap();
     for part in [
@@ -673,13 +650,13 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     edited["spec"]["data"].as_array_mut().unwrap().truncate(1);
     s.apply(edited);
     let want = json!({"password": NEW_PASSWORD, "owner": "ops"});
-    eventually(&c, "username removed", || async {
+    c.until("username removed", || async {
         (data(&bao, "prod/db").await == want).then_some(())
     })
     .await;
     // Deleted: the property it pushed goes, theirs keeps the secret.
     s.delete(API, "PushSecret", Some("shop"), "db");
-    eventually(&c, "the PushSecret gone", || async {
+    c.until("the PushSecret gone", || async {
         s.get(API, "PushSecret", Some("shop"), "db")
             .is_none()
             .then_some(())

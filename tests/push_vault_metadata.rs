@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use base64::Engine as _;
 use latchkey::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
 use latchkey::providers::push::{PushError, Pushed, Pusher};
@@ -347,25 +345,6 @@ fn condition(s: &FakeApiServer, name: &str) -> Option<Value> {
         .find(|c| c["type"] == "Ready" && c["status"] == "False")
 }
 
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    c: &ControllerProcess,
-    what: &str,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}; controller log:\n{}",
-            c.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The controller end to end: a KV v2 store takes `customMetadata`; a KV v1 store, which has
 /// no metadata, fails the PushSecret naming the field, with nothing written.
 #[tokio::test(flavor = "multi_thread")]
@@ -410,13 +389,15 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
     s.apply(push_secret("v1", "vault-v1", "prod/meta", meta));
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "vault-meta", &[]).await;
 
-    eventually(&c, "the KV v2 push", || async {
+    c.until("the KV v2 push", || async {
         let meta = metadata(&bao, "prod/meta").await;
         (meta["custom_metadata"] == json!({"team": "shop", "managed-by": "latchkey"})).then_some(())
     })
     .await;
 
-    let failed = eventually(&c, "the KV v1 refusal", || async { condition(&s, "v1") }).await;
+    let failed = c
+        .until("the KV v1 refusal", || async { condition(&s, "v1") })
+        .await;
     assert_eq!(failed["reason"], "Unsupported", "{failed}");
     let message = failed["message"].as_str().unwrap();
     for part in [

@@ -104,6 +104,26 @@ impl ControllerProcess {
         super::settled_log(&self.log)
     }
 
+    /// Polls the async `check` every 100 ms for up to 15 s; the log shows on a timeout.
+    pub async fn until<T, F: std::future::Future<Output = Option<T>>>(
+        &self,
+        what: &str,
+        mut check: impl FnMut() -> F,
+    ) -> T {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; controller log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Kills the process with SIGKILL: no lease release, no cleanup.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
