@@ -64,12 +64,10 @@ async fn the_controller_pushes_metadata_and_a_change_of_it_alone() {
     s.apply(edited);
     let deadline = std::time::Instant::now() + within;
     loop {
+        // The tags follow the value write (UpdateSecret, carrying the description): both.
         let d = describe(&admin, "prod/meta").await;
-        if d.description() == Some("moved to checkout") {
-            assert_eq!(
-                tag_map(&d),
-                tags_of(&[("team", "checkout"), ("managed-by", "latchkey")])
-            );
+        let tags = tags_of(&[("team", "checkout"), ("managed-by", "latchkey")]);
+        if d.description() == Some("moved to checkout") && tag_map(&d) == tags {
             break;
         }
         assert!(

@@ -31,7 +31,7 @@ mod tests;
 mod write;
 
 use helpers::{bounded, compact, describe, describe_targets, refresh};
-use store::{StoreLabels, selecting};
+use store::{Echo, StoreLabels, selecting};
 use write::Written;
 
 use super::generated::{self, Generated, GeneratedValues, PushGenerators};
@@ -195,15 +195,16 @@ impl PushController {
             .default_backoff()
             .touched_objects();
         // Stores by metadata too: a store whose labels change (or a new one) starts the pushes
-        // of the PushSecrets that select stores of its kind, so a store that gains a label is
-        // written within seconds rather than at the next refresh. Best effort: the selection
-        // reads the catalog's own watch, which may see the change a moment later; the next
-        // refresh catches up then.
+        // of the PushSecrets that select stores of its kind, now and a second later (the
+        // selection reads the catalog's own watch, which may see the change after this one), so
+        // a store that gains a label is written within seconds rather than at the next refresh.
         let (seen_stores, store_labels) = (controller.store(), StoreLabels::default());
         let store_events = watcher(stores, watcher::Config::default())
             .default_backoff()
             .touched_objects();
         let (seen_cluster, cluster_labels) = (controller.store(), StoreLabels::default());
+        let (echo, echoes) = Echo::new();
+        let cluster_echo = echo.clone();
         let cluster_events = watcher(cluster_stores, watcher::Config::default())
             .default_backoff()
             .touched_objects();
@@ -231,7 +232,11 @@ impl PushController {
                 if !store_labels.changed(key, s.labels()) {
                     return Vec::new();
                 }
-                selecting(&seen_stores, StoreKind::SecretStore, namespace.as_deref())
+                echo.and_later(selecting(
+                    &seen_stores,
+                    StoreKind::SecretStore,
+                    namespace.as_deref(),
+                ))
             })
             .watches_stream(
                 cluster_events,
@@ -239,9 +244,14 @@ impl PushController {
                     if !cluster_labels.changed(s.name_any(), s.labels()) {
                         return Vec::new();
                     }
-                    selecting(&seen_cluster, StoreKind::ClusterSecretStore, None)
+                    cluster_echo.and_later(selecting(
+                        &seen_cluster,
+                        StoreKind::ClusterSecretStore,
+                        None,
+                    ))
                 },
             )
+            .reconcile_on(echoes)
             .graceful_shutdown_on(stop)
             .run(
                 |ps, me: Arc<PushController>| async move { me.reconcile(&ps).await },

@@ -6,6 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt, stream};
+use tokio::sync::mpsc;
 
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -78,6 +82,46 @@ impl StoreLabels {
         }
         seen.insert(key, labels.clone());
         true
+    }
+}
+
+/// How long after a store's label change the PushSecrets it concerns are started again.
+const ECHO_DELAY: Duration = Duration::from_secs(1);
+/// Label changes waiting for their second start; past it one is dropped (the first start
+/// happened, and the refresh catches up).
+const MAX_ECHOES: usize = 256;
+
+/// The PushSecrets a store's label change started, started again [`ECHO_DELAY`] later: their
+/// selection reads the catalog's own watch of the stores, which may see the change only after
+/// this watch did (so the first start can find the old labels).
+#[derive(Clone)]
+pub(super) struct Echo(mpsc::Sender<(Instant, Vec<ObjectRef<Lenient<PushSecret>>>)>);
+
+impl Echo {
+    /// The sender, and the stream of the PushSecrets to start again, each at its time.
+    pub fn new() -> (
+        Self,
+        impl Stream<Item = ObjectRef<Lenient<PushSecret>>> + Send + 'static,
+    ) {
+        let (tx, rx) = mpsc::channel(MAX_ECHOES);
+        let later = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+            .then(|(at, refs)| async move {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at + ECHO_DELAY)).await;
+                stream::iter(refs)
+            })
+            .flatten();
+        (Self(tx), later)
+    }
+
+    /// `refs` again, [`ECHO_DELAY`] from now; returns them for the first start.
+    pub fn and_later(
+        &self,
+        refs: Vec<ObjectRef<Lenient<PushSecret>>>,
+    ) -> Vec<ObjectRef<Lenient<PushSecret>>> {
+        if !refs.is_empty() {
+            let _ = self.0.try_send((Instant::now(), refs.clone()));
+        }
+        refs
     }
 }
 

@@ -103,3 +103,16 @@ fn only_a_change_of_a_stores_labels_starts_pushes() {
     assert!(seen.changed("shop/a".into(), &labels(&[])));
     assert!(seen.changed("shop/b".into(), &labels(&[])));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_label_change_starts_its_push_secrets_again_a_second_later() {
+    let (echo, later) = Echo::new();
+    let push_secret = ObjectRef::<Lenient<PushSecret>>::new("fanout").within("shop");
+    let start = tokio::time::Instant::now();
+    let now = echo.and_later(vec![push_secret.clone()]);
+    assert_eq!(now, std::slice::from_ref(&push_secret));
+    assert!(echo.and_later(Vec::new()).is_empty());
+    let mut later = Box::pin(later);
+    assert_eq!(later.next().await, Some(push_secret));
+    assert!(start.elapsed() >= Duration::from_secs(1));
+}
