@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
-use support::openbao::{OpenBao, random_hex};
+use support::openbao::OpenBao;
 
 const CONTROLLER_TOKEN: &str = "controller-token-gc";
 const ADMIN_TOKEN: &str = "admin-token-gc";
@@ -489,16 +489,7 @@ async fn openbao_for(s: &FakeApiServer) -> OpenBao {
     let bao = OpenBao::start().await;
     bao.pki("pki", "example-dot-com", "72h").await;
     bao.policy("gen", PKI_POLICY).await;
-    let reviewer = format!("reviewer-{}", random_hex(16));
-    let openbao_sa = Identity::service_account("openbao", "openbao");
-    s.add_identity(&reviewer, openbao_sa.clone());
-    s.allow(
-        openbao_sa,
-        "create",
-        "authentication.k8s.io",
-        "tokenreviews",
-        None,
-    );
+    let reviewer = s.token_reviewer();
     bao.kubernetes(
         &s.url(),
         &reviewer,

@@ -737,7 +737,7 @@ async fn backend_requests(c: &ControllerProcess, provider: &str, result: Option<
 
 #[tokio::test(flavor = "multi_thread")]
 async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_keeps_the_secret() {
-    use support::openbao::{OpenBao, random_hex};
+    use support::openbao::OpenBao;
 
     let s = cluster().await;
     let bao = OpenBao::start().await;
@@ -749,16 +749,7 @@ async fn openbao_kubernetes_login_as_the_service_account_and_a_backend_outage_ke
     bao.put_v2("secret", "shop/db", json!({"password": PASSWORD}))
         .await;
     // OpenBao checks the minted tokens with the fake API server's TokenReview.
-    let reviewer = format!("reviewer-{}", random_hex(16));
-    let openbao_sa = Identity::service_account("openbao", "openbao");
-    s.add_identity(&reviewer, openbao_sa.clone());
-    s.allow(
-        openbao_sa,
-        "create",
-        "authentication.k8s.io",
-        "tokenreviews",
-        None,
-    );
+    let reviewer = s.token_reviewer();
     bao.kubernetes(
         &s.url(),
         &reviewer,

@@ -28,7 +28,7 @@ use latchkey::providers::aws::push::AwsPush;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
 use latchkey::secret::SecretBytes;
 use serde_json::json;
-use support::moto::Moto;
+use support::moto::{Moto, versions};
 
 const VALUE: &str = "aws-metadata-value-7731";
 const NEW_VALUE: &str = "aws-metadata-value-rotated-2208";
@@ -116,17 +116,6 @@ fn tags_of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-async fn versions(admin: &Client, key: &str) -> usize {
-    let out = admin
-        .list_secret_version_ids()
-        .secret_id(key)
-        .include_deprecated(true)
-        .send()
-        .await
-        .unwrap();
-    out.versions().len()
 }
 
 fn assert_no_value(err: &PushError) {

@@ -33,7 +33,7 @@ use latchkey::telemetry::Metrics;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Identity};
 use support::controller::ControllerProcess;
-use support::openbao::{OpenBao, random_hex};
+use support::openbao::OpenBao;
 
 const API: &str = "latchkey.dev/v1alpha1";
 const GENERATORS: &str = "generators.latchkey.dev/v1alpha1";
@@ -469,16 +469,7 @@ async fn a_vault_dynamic_secret_is_pushed_as_the_account_and_one_no_store_took_i
     let bao = OpenBao::start().await;
     bao.pki("pki", "example-dot-com", "72h").await;
     bao.policy("gen", PKI_POLICY).await;
-    let reviewer = format!("reviewer-{}", random_hex(16));
-    let openbao_sa = Identity::service_account("openbao", "openbao");
-    s.add_identity(&reviewer, openbao_sa.clone());
-    s.allow(
-        openbao_sa,
-        "create",
-        "authentication.k8s.io",
-        "tokenreviews",
-        None,
-    );
+    let reviewer = s.token_reviewer();
     bao.kubernetes(
         &s.url(),
         &reviewer,

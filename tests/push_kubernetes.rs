@@ -235,21 +235,7 @@ const CONTROLLER_TOKEN: &str = "k8s-push-controller-token";
 #[tokio::test(flavor = "multi_thread")]
 async fn the_controller_pushes_into_a_secret_as_the_service_account() {
     let s = cluster().await;
-    let controller = Identity::service_account("latchkey", "latchkey-controller");
-    s.add_identity(CONTROLLER_TOKEN, controller.clone());
-    assert!(s.allow_roles_of(controller.clone(), "daemonset/components/mirror/rbac.yaml") > 10);
-    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "latchkey"}}));
-    s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "writer", "namespace": "shop",
-                     "annotations": {"latchkey.dev/allow-controller": "true"}}}));
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "db", "namespace": "shop"},
-        "data": {"password": b64(PASSWORD)}}));
-    s.apply(
-        json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "SecretStore",
-        "metadata": {"name": "cluster", "namespace": "shop"},
-        "spec": {"provider": {"kubernetes": {}}}}),
-    );
+    support::push::kubernetes_push_controller(&s, CONTROLLER_TOKEN, PASSWORD);
     let push_secret = |remote: &str| {
         json!({"apiVersion": "latchkey.dev/v1alpha1", "kind": "PushSecret",
             "metadata": {"name": format!("to-{remote}"), "namespace": "shop"},

@@ -21,7 +21,7 @@ use latchkey::secret::SecretBytes;
 use serde_json::json;
 use support::apiserver::{API_AUDIENCE, FakeApiServer, Identity};
 use support::controller::ControllerProcess;
-use support::moto::Moto;
+use support::moto::{Moto, versions};
 use support::push::{
     API, LOOP_TOKEN, OTHER_VALUE, PASSWORD, THEIRS, aws_store, b64, eventually, push_cluster,
     push_secret_to, secret,
@@ -69,17 +69,6 @@ async fn tags(client: &aws_sdk_secretsmanager::Client, key: &str) -> Vec<(String
             )
         })
         .collect()
-}
-
-async fn versions(client: &aws_sdk_secretsmanager::Client, key: &str) -> usize {
-    let out = client
-        .list_secret_version_ids()
-        .secret_id(key)
-        .include_deprecated(true)
-        .send()
-        .await
-        .unwrap();
-    out.versions().len()
 }
 
 async fn exists(client: &aws_sdk_secretsmanager::Client, key: &str) -> bool {

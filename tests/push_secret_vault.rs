@@ -13,9 +13,9 @@ use latchkey::providers::ProviderError;
 use latchkey::providers::push::{PushError, PushPolicy, PushValue, Pushed, Pusher};
 use latchkey::secret::SecretBytes;
 use serde_json::{Value, json};
-use support::apiserver::{FakeApiServer, Identity};
+use support::apiserver::FakeApiServer;
 use support::controller::ControllerProcess;
-use support::openbao::{JwtIssuer, OpenBao, random_hex};
+use support::openbao::{JwtIssuer, OpenBao};
 use support::push::{REPLACE, props};
 use support::race_proxy::RaceProxy;
 use support::vault_push::vault_pusher;
@@ -78,18 +78,6 @@ async fn data(bao: &OpenBao, key: &str) -> Value {
     }
 }
 
-/// `secret/<key>`'s metadata, or Null when it does not exist.
-async fn metadata(bao: &OpenBao, key: &str) -> Value {
-    let (code, v) = bao
-        .request("GET", &format!("secret/metadata/{key}"), None)
-        .await;
-    match code {
-        200 => v["data"].clone(),
-        404 => Value::Null,
-        other => panic!("GET secret/metadata/{key}: {other} {v}"),
-    }
-}
-
 fn assert_no_secret(err: &PushError, bao: &OpenBao) {
     let text = format!("{err} {err:?}");
     for value in [PASSWORD, NEW_PASSWORD, THEIRS, bao.root_token.as_str()] {
@@ -115,7 +103,7 @@ async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
         data(&bao, "prod/db").await,
         json!({"username": "app", "password": PASSWORD})
     );
-    let meta = metadata(&bao, "prod/db").await;
+    let meta = bao.kv_metadata("prod/db").await;
     assert_eq!(meta["custom_metadata"], json!({"managed-by": "latchkey"}));
 
     // A change: a new version, the other property kept.
@@ -149,7 +137,7 @@ async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
     )));
     let again = push.push("prod/db", &whole, REPLACE).await.unwrap();
     assert!(matches!(again, Pushed::Unchanged { .. }), "{again:?}");
-    assert_eq!(metadata(&bao, "prod/db").await["current_version"], 2);
+    assert_eq!(bao.kv_metadata("prod/db").await["current_version"], 2);
 
     // One property that cannot be text: nothing of the push is written.
     let bad = PushValue::Properties(BTreeMap::from([
@@ -158,7 +146,7 @@ async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
     ]));
     let err = push.push("prod/db", &bad, REPLACE).await.unwrap_err();
     assert!(matches!(err, PushError::NotText { .. }), "{err}");
-    assert_eq!(metadata(&bao, "prod/db").await["current_version"], 2);
+    assert_eq!(bao.kv_metadata("prod/db").await["current_version"], 2);
 
     // IfNotExists keeps what is there.
     let keep = PushPolicy {
@@ -169,7 +157,7 @@ async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
         push.push("prod/db", &value, keep).await.unwrap(),
         Pushed::Kept
     );
-    assert_eq!(metadata(&bao, "prod/db").await["current_version"], 2);
+    assert_eq!(bao.kv_metadata("prod/db").await["current_version"], 2);
 
     // A whole value is the data map, nested values kept; anything but a JSON object is
     // refused (as ESO does), naming the key and never the value.
@@ -189,7 +177,7 @@ async fn pushes_create_marked_versions_and_merge_every_property_in_one_write() {
     assert!(err.to_string().contains("\"prod/text\""), "{err}");
     assert!(err.to_string().contains("remoteRef.property"), "{err}");
     assert_no_secret(&err, &bao);
-    assert_eq!(metadata(&bao, "prod/text").await, Value::Null);
+    assert_eq!(bao.kv_metadata("prod/text").await, Value::Null);
 
     // A key that does not name one secret.
     for key in ["a/../b", "a//b", "dir/"] {
@@ -225,7 +213,7 @@ async fn a_secret_latchkey_did_not_create_is_a_conflict_left_untouched() {
     let err = push.delete("shared/app", &[]).await.unwrap_err();
     assert!(matches!(err, PushError::Conflict { .. }), "{err}");
     assert_eq!(data(&bao, "shared/app").await, json!({"owner": THEIRS}));
-    let meta = metadata(&bao, "shared/app").await;
+    let meta = bao.kv_metadata("shared/app").await;
     assert_eq!(meta["current_version"], 1);
     assert_eq!(meta["custom_metadata"], json!({"team": "payments"}));
 
@@ -242,7 +230,7 @@ async fn a_secret_latchkey_did_not_create_is_a_conflict_left_untouched() {
         json!({"owner": THEIRS, "password": PASSWORD})
     );
     assert_eq!(
-        metadata(&bao, "shared/app").await["custom_metadata"],
+        bao.kv_metadata("shared/app").await["custom_metadata"],
         json!({"team": "payments", "managed-by": "latchkey"})
     );
     push.delete("shared/app", &["password".to_string()])
@@ -275,7 +263,7 @@ async fn delete_removes_only_what_was_pushed() {
         .await
         .unwrap();
     push.delete("prod/only", &["a".to_string()]).await.unwrap();
-    assert_eq!(metadata(&bao, "prod/only").await, Value::Null);
+    assert_eq!(bao.kv_metadata("prod/only").await, Value::Null);
 
     // A marked secret whose current version was deleted (not destroyed): a push starts from
     // nothing, as a new version.
@@ -300,7 +288,7 @@ async fn delete_removes_only_what_was_pushed() {
     push.push("prod/whole", &whole, REPLACE).await.unwrap();
     push.delete("prod/whole", &[]).await.unwrap();
     push.delete("prod/whole", &[]).await.unwrap();
-    assert_eq!(metadata(&bao, "prod/whole").await, Value::Null);
+    assert_eq!(bao.kv_metadata("prod/whole").await, Value::Null);
     let again = push.push("prod/whole", &whole, REPLACE).await.unwrap();
     assert_eq!(
         again,
@@ -329,7 +317,7 @@ async fn a_policy_without_write_is_permission_denied_naming_the_path() {
         "{text}"
     );
     assert_no_secret(&err, &bao);
-    assert_eq!(metadata(&bao, "prod/db").await, Value::Null);
+    assert_eq!(bao.kv_metadata("prod/db").await, Value::Null);
 }
 
 /// `kv1/<key>` as OpenBao holds it, Null when it does not exist.
@@ -458,7 +446,7 @@ async fn a_write_behind_latchkeys_back_fails_the_check_and_set() {
     assert!(err.to_string().contains("\"prod/race\""), "{err}");
     assert_no_secret(&err, &bao);
     assert_eq!(data(&bao, "prod/race").await, json!({"owner": THEIRS}));
-    let meta = metadata(&bao, "prod/race").await;
+    let meta = bao.kv_metadata("prod/race").await;
     assert_eq!(meta["current_version"], 1);
     assert_eq!(meta["custom_metadata"], Value::Null, "not marked");
 
@@ -538,16 +526,7 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     let bao = OpenBao::start().await;
     bao.policy("push", PUSH_POLICY).await;
     bao.policy("read", READ_POLICY).await;
-    let reviewer = format!("reviewer-{}", random_hex(16));
-    let openbao_sa = Identity::service_account("openbao", "openbao");
-    s.add_identity(&reviewer, openbao_sa.clone());
-    s.allow(
-        openbao_sa,
-        "create",
-        "authentication.k8s.io",
-        "tokenreviews",
-        None,
-    );
+    let reviewer = s.token_reviewer();
     let pusher = ("shop", "pusher");
     bao.kubernetes(&s.url(), &reviewer, "push", pusher, AUDIENCE, &["push"])
         .await;
@@ -587,7 +566,7 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
         json!({"password": PASSWORD, "username": "app"})
     );
     assert_eq!(
-        metadata(&bao, "prod/db").await["custom_metadata"],
+        bao.kv_metadata("prod/db").await["custom_metadata"],
         json!({"managed-by": "latchkey"})
     );
     let minted = s.token_requests();
@@ -624,7 +603,7 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
         "{message}"
     );
     assert_eq!(data(&bao, "shared/theirs").await, json!({"owner": THEIRS}));
-    let meta = metadata(&bao, "shared/theirs").await;
+    let meta = bao.kv_metadata("shared/theirs").await;
     assert_eq!(meta["current_version"], 1);
     assert_eq!(meta["custom_metadata"], Value::Null);
 
@@ -642,7 +621,7 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
     ] {
         assert!(message.contains(part), "{part}: {message}");
     }
-    assert_eq!(metadata(&bao, "prod/denied").await, Value::Null);
+    assert_eq!(bao.kv_metadata("prod/denied").await, Value::Null);
 
     // deletionPolicy: Delete, and `username` no longer pushed: only that property goes.
     let mut edited = s.get(API, "PushSecret", Some("shop"), "db").unwrap();

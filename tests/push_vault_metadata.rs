@@ -10,9 +10,9 @@ use base64::Engine as _;
 use latchkey::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
 use latchkey::providers::push::{PushError, Pushed, Pusher};
 use serde_json::{Value, json};
-use support::apiserver::{FakeApiServer, Identity};
+use support::apiserver::FakeApiServer;
 use support::controller::ControllerProcess;
-use support::openbao::{JwtIssuer, OpenBao, random_hex};
+use support::openbao::{JwtIssuer, OpenBao};
 use support::push::{REPLACE, props};
 use support::tee_proxy::TeeProxy;
 use support::vault_push::vault_pusher;
@@ -55,18 +55,6 @@ async fn pusher(server: &str, issuer: &JwtIssuer) -> Box<dyn Pusher> {
         .unwrap()
 }
 
-/// `secret/<key>`'s metadata, or Null when it does not exist.
-async fn metadata(bao: &OpenBao, key: &str) -> Value {
-    let (code, v) = bao
-        .request("GET", &format!("secret/metadata/{key}"), None)
-        .await;
-    match code {
-        200 => v["data"].clone(),
-        404 => Value::Null,
-        other => panic!("GET secret/metadata/{key}: {other} {v}"),
-    }
-}
-
 fn assert_no_secret(text: &str, bao: &OpenBao) {
     for value in [PASSWORD, NEW_PASSWORD, bao.root_token.as_str()] {
         assert!(!text.contains(value), "leaked: {text}");
@@ -84,7 +72,7 @@ async fn custom_metadata_goes_beside_the_mark_merged_or_replaced() {
         .await
         .unwrap();
     assert_eq!(
-        metadata(&bao, "prod/db").await["custom_metadata"],
+        bao.kv_metadata("prod/db").await["custom_metadata"],
         json!({"team": "shop", "contact": "ops@example.com", "managed-by": "latchkey"})
     );
 
@@ -111,7 +99,7 @@ async fn custom_metadata_goes_beside_the_mark_merged_or_replaced() {
         }
     );
     assert_eq!(
-        metadata(&bao, "prod/db").await["custom_metadata"],
+        bao.kv_metadata("prod/db").await["custom_metadata"],
         json!({"team": "payments", "tier": "gold", "contact": "ops@example.com",
                "audited": "2026-11", "managed-by": "latchkey"})
     );
@@ -122,14 +110,14 @@ async fn custom_metadata_goes_beside_the_mark_merged_or_replaced() {
         .await
         .unwrap();
     assert_eq!(
-        metadata(&bao, "prod/db").await["custom_metadata"],
+        bao.kv_metadata("prod/db").await["custom_metadata"],
         json!({"team": "payments", "managed-by": "latchkey"})
     );
 
     // A push without metadata leaves it as it is (Merge of nothing).
     push.push("prod/db", &value, REPLACE).await.unwrap();
     assert_eq!(
-        metadata(&bao, "prod/db").await["custom_metadata"],
+        bao.kv_metadata("prod/db").await["custom_metadata"],
         json!({"team": "payments", "managed-by": "latchkey"})
     );
 }
@@ -166,7 +154,7 @@ async fn an_unchanged_push_writes_no_metadata() {
         .await
         .unwrap();
     assert_eq!((data_writes(), metadata_writes()), (2, 1));
-    let meta = metadata(&bao, "prod/same").await;
+    let meta = bao.kv_metadata("prod/same").await;
     assert_eq!(meta["current_version"], 2);
     assert_eq!(
         meta["custom_metadata"],
@@ -180,7 +168,7 @@ async fn an_unchanged_push_writes_no_metadata() {
         .unwrap();
     assert_eq!((data_writes(), metadata_writes()), (3, 2));
     assert_eq!(
-        metadata(&bao, "prod/same").await["custom_metadata"]["team"],
+        bao.kv_metadata("prod/same").await["custom_metadata"]["team"],
         "payments"
     );
 }
@@ -208,7 +196,7 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
     push.push_with("prod/full", &value, REPLACE, &at_limit)
         .await
         .unwrap();
-    let meta = metadata(&bao, "prod/full").await;
+    let meta = bao.kv_metadata("prod/full").await;
     assert_eq!(meta["custom_metadata"].as_object().unwrap().len(), 64);
     assert_eq!(meta["custom_metadata"][&long_key], long_value.as_str());
 
@@ -257,7 +245,7 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
             .await
             .unwrap_err();
         assert!(matches!(err, PushError::BadMetadata { .. }), "{err}");
-        assert_eq!(metadata(&bao, "prod/refused").await, Value::Null);
+        assert_eq!(bao.kv_metadata("prod/refused").await, Value::Null);
     }
 
     // Printable text beyond ASCII is taken by both; what Latchkey refuses as unprintable,
@@ -268,7 +256,7 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
         .await
         .unwrap();
     assert_eq!(
-        metadata(&bao, "prod/unicode").await["custom_metadata"]["note"],
+        bao.kv_metadata("prod/unicode").await["custom_metadata"]["note"],
         "café 日本 🔑 a-b_c.d:e/f \"q\""
     );
     for odd in [
@@ -304,14 +292,14 @@ async fn vaults_bounds_are_refused_before_anything_is_written() {
     );
     assert!(text.contains("mergePolicy: Replace"), "{text}");
     assert_no_secret(&text, &bao);
-    assert_eq!(metadata(&bao, "prod/full").await["current_version"], 1);
+    assert_eq!(bao.kv_metadata("prod/full").await["current_version"], 1);
     // Replace makes room.
     let replaced = custom(&[("new", "x")], Some(MetadataMergePolicy::Replace));
     push.push_with("prod/full", &value, REPLACE, &replaced)
         .await
         .unwrap();
     assert_eq!(
-        metadata(&bao, "prod/full").await["custom_metadata"],
+        bao.kv_metadata("prod/full").await["custom_metadata"],
         json!({"new": "x", "managed-by": "latchkey"})
     );
 }
@@ -357,16 +345,7 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
     let bao = OpenBao::start().await;
     bao.policy("push", PUSH_POLICY).await;
     bao.enable_kv("kv1", 1).await;
-    let reviewer = format!("reviewer-{}", random_hex(16));
-    let openbao_sa = Identity::service_account("openbao", "openbao");
-    s.add_identity(&reviewer, openbao_sa.clone());
-    s.allow(
-        openbao_sa,
-        "create",
-        "authentication.k8s.io",
-        "tokenreviews",
-        None,
-    );
+    let reviewer = s.token_reviewer();
     bao.kubernetes(
         &s.url(),
         &reviewer,
@@ -390,7 +369,7 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
     let c = ControllerProcess::start(&s.kubeconfig_yaml(CONTROLLER_TOKEN), "vault-meta", &[]).await;
 
     c.until("the KV v2 push", || async {
-        let meta = metadata(&bao, "prod/meta").await;
+        let meta = bao.kv_metadata("prod/meta").await;
         (meta["custom_metadata"] == json!({"team": "shop", "managed-by": "latchkey"})).then_some(())
     })
     .await;

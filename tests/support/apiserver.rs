@@ -340,6 +340,22 @@ impl FakeApiServer {
         auth.audiences.remove(token);
     }
 
+    /// A new bearer token for `openbao/openbao`, which may create TokenReviews: what an
+    /// OpenBao kubernetes auth mount is configured with to check the tokens it is shown.
+    pub fn token_reviewer(&self) -> String {
+        let reviewer = format!("reviewer-{}", super::openbao::random_hex(16));
+        let openbao = Identity::service_account("openbao", "openbao");
+        self.add_identity(&reviewer, openbao.clone());
+        self.allow(
+            openbao,
+            "create",
+            "authentication.k8s.io",
+            "tokenreviews",
+            None,
+        );
+        reviewer
+    }
+
     /// Makes `token` authenticate as `identity` for these audiences only, as a projected token
     /// does: it calls the API only when they include [`API_AUDIENCE`], and a TokenReview
     /// authenticates it only for audiences it shares with the review's `spec.audiences`.

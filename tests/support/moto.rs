@@ -119,6 +119,19 @@ impl Moto {
     }
 }
 
+/// How many versions Secrets Manager keeps of `key` (deprecated ones included): one more per
+/// write.
+pub async fn versions(client: &aws_sdk_secretsmanager::Client, key: &str) -> usize {
+    let out = client
+        .list_secret_version_ids()
+        .secret_id(key)
+        .include_deprecated(true)
+        .send()
+        .await
+        .unwrap();
+    out.versions().len()
+}
+
 impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();

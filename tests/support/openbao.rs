@@ -226,6 +226,19 @@ impl OpenBao {
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
+    /// `secret/<key>`'s KV v2 metadata (custom metadata, versions), or Null when it does not
+    /// exist.
+    pub async fn kv_metadata(&self, key: &str) -> Value {
+        let (code, v) = self
+            .request("GET", &format!("secret/metadata/{key}"), None)
+            .await;
+        match code {
+            200 => v["data"].clone(),
+            404 => Value::Null,
+            other => panic!("GET secret/metadata/{key}: {other} {v}"),
+        }
+    }
+
     /// A root-token API call in OpenBao namespace `namespace` (or the root one), whatever its
     /// answer: (status, JSON answer or Null).
     pub async fn request_in(

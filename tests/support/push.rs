@@ -57,6 +57,24 @@ pub async fn controller_cluster(token: &str, readers: &[&str]) -> FakeApiServer 
     s
 }
 
+/// What the kubernetes provider's controller tests add to a cluster that already has namespace
+/// `shop` and the account `writer` with its rights: the controller (bearer `token`, the deploy
+/// files' rights) and namespace `latchkey`, `writer` opted in, the Secret `db` holding
+/// `password`, and the SecretStore `cluster` of the kubernetes provider.
+pub fn kubernetes_push_controller(s: &FakeApiServer, token: &str, password: &str) {
+    let controller = Identity::service_account("latchkey", "latchkey-controller");
+    s.add_identity(token, controller.clone());
+    assert!(s.allow_roles_of(controller, "daemonset/components/mirror/rbac.yaml") > 10);
+    s.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "latchkey"}}));
+    opted_in(s, "writer");
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "data": {"password": b64(password)}}));
+    s.apply(json!({"apiVersion": API, "kind": "SecretStore",
+        "metadata": {"name": "cluster", "namespace": "shop"},
+        "spec": {"provider": {"kubernetes": {}}}}));
+}
+
 /// The account `name` of `shop`, opted in to the controller (`latchkey.dev/allow-controller`).
 pub fn opted_in(s: &FakeApiServer, name: &str) {
     s.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",

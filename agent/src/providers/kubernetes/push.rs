@@ -349,8 +349,11 @@ impl Pusher for KubernetesPush {
                 remote_key: remote_key.to_string(),
             });
         }
-        let read_data = secret.data.take().unwrap_or_default();
-        let mut data = read_data.clone();
+        let mut data = secret.data.take().unwrap_or_default();
+        // Compared in place: no second copy of the values read.
+        let same_data = properties
+            .iter()
+            .all(|(k, v)| data.get(k).is_some_and(|b| b.0 == v.expose()));
         set_keys(&mut data, properties);
         secret.data = Some(bounded(remote_key, data)?);
         // Marked in the same write as the data, with the labels and annotations: one update,
@@ -362,7 +365,7 @@ impl Pusher for KubernetesPush {
         let target = metadata.target_merge_policy.unwrap_or_default();
         set_metadata(&mut secret.metadata, metadata, target);
         let meta_now = (&secret.metadata.labels, &secret.metadata.annotations);
-        if secret.data.as_ref() == Some(&read_data) && (&read_meta.0, &read_meta.1) == meta_now {
+        if same_data && (&read_meta.0, &read_meta.1) == meta_now {
             // Already what would be written (a restarted controller): no new resourceVersion.
             return Ok(Pushed::Unchanged {
                 version: version(&secret),
