@@ -8,7 +8,8 @@
 //! Only ExternalSecrets it owns are ever changed or deleted: an ExternalSecret of that name
 //! that is someone else's is reported in `status.failedNamespaces` and left alone. Namespaces
 //! being deleted are skipped. When the ClusterExternalSecret is deleted, Kubernetes' garbage
-//! collector removes its ExternalSecrets (they are its dependents).
+//! collector removes its ExternalSecrets (they are its dependents); before creating any, the
+//! object is read back from the API server, so none is created for one already gone.
 //!
 //! What is written is remembered (the object's generation and a digest of the body), so an
 //! unchanged ExternalSecret is not written again on every namespace event, status write of the
@@ -78,6 +79,14 @@ pub enum CesError {
     /// The status could not be written.
     #[error("ClusterExternalSecret {name}: status not written: {reason}")]
     Status {
+        /// Name of the ClusterExternalSecret.
+        name: String,
+        /// The API server's answer (its Status message, which holds no value).
+        reason: String,
+    },
+    /// The object could not be read back before creating its ExternalSecrets.
+    #[error("ClusterExternalSecret {name}: cannot be read: {reason}")]
+    Read {
         /// Name of the ClusterExternalSecret.
         name: String,
         /// The API server's answer (its Status message, which holds no value).
@@ -222,6 +231,24 @@ impl CesController {
         }
     }
 
+    /// Whether the ClusterExternalSecret `name` of `uid` still exists and is not being
+    /// deleted, read from the API server (one metadata GET).
+    async fn still_there(&self, name: &str, uid: &str) -> Result<bool, CesError> {
+        let api: Api<PartialObjectMeta<ClusterExternalSecret>> =
+            Api::all(self.parts.client.clone());
+        match api.get_metadata_opt(name).await {
+            Ok(Some(live)) => {
+                Ok(live.uid() == Some(uid.to_string())
+                    && live.metadata.deletion_timestamp.is_none())
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(CesError::Read {
+                name: name.into(),
+                reason: describe(&e),
+            }),
+        }
+    }
+
     /// Writes `status` when it differs from `previous`.
     async fn write_status(
         &self,
@@ -321,6 +348,17 @@ impl Run {
             })
             .collect();
         let plan = plan(&object.spec, &es_name, &seen, &owned, &me.parts.namespaces);
+        // This replica's copy of the object can be behind its ExternalSecrets' watch: the
+        // garbage collector's deletions may arrive before the object's own. Creating for an
+        // object already gone would make orphans the mirror serves until they are collected.
+        let creates = plan
+            .write
+            .iter()
+            .any(|ns| self.owned_copy(ns, &es_name, &uid).is_none());
+        if creates && me.leading() && !me.parts.dry_run && !me.still_there(&name, &uid).await? {
+            debug!(cluster_external_secret = %name, "cluster external secret gone; nothing created for it");
+            return Ok(Action::await_change());
+        }
         let body = desired(object, &uid, &es_name);
         let mut provisioned = BTreeSet::new();
         let mut failed = BTreeMap::new();
@@ -392,10 +430,7 @@ impl Run {
         let me = &self.me;
         let key = (namespace.to_string(), es_name.to_string());
         let digest = digest(body);
-        let cached = self
-            .owned
-            .get(&ObjectRef::new(es_name).within(namespace))
-            .filter(|es| controller_uid(es.owner_references()) == Some(uid));
+        let cached = self.owned_copy(namespace, es_name, uid);
         if let Some(es) = &cached {
             let written = me.written.lock().unwrap_or_else(PoisonError::into_inner);
             let generation = es.metadata.generation.unwrap_or_default();
@@ -439,6 +474,18 @@ impl Run {
                 describe(&e)
             ))),
         }
+    }
+
+    /// The cached ExternalSecret `es_name` in `namespace` when the object of `uid` owns it.
+    fn owned_copy(
+        &self,
+        namespace: &str,
+        es_name: &str,
+        uid: &str,
+    ) -> Option<Arc<PartialObjectMeta<ExternalSecret>>> {
+        self.owned
+            .get(&ObjectRef::new(es_name).within(namespace))
+            .filter(|es| controller_uid(es.owner_references()) == Some(uid))
     }
 
     /// Creates the ExternalSecret; when one of that name exists, tells whether it is this
