@@ -214,7 +214,9 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
         ])
     );
 
-    // One changed, one added, one removed; theirs goes too, the mark stays.
+    // One changed, one added, one removed; theirs goes too, the mark stays. The value is
+    // already in place: no value write, no new version.
+    let before = versions(&admin, "prod/tags").await;
     let second = meta(json!({"tags": {"keep": "1", "change": "20", "add": "4"}}));
     push.push_with("prod/tags", &whole(NEW_VALUE.as_bytes()), REPLACE, &second)
         .await
@@ -224,11 +226,11 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
         ops(&[
             "DescribeSecret",
             "GetSecretValue",
-            "PutSecretValue",
             "TagResource",
             "UntagResource"
         ])
     );
+    assert_eq!(versions(&admin, "prod/tags").await, before);
     assert_eq!(
         tag_map(&describe(&admin, "prod/tags").await),
         tags_of(&[
@@ -245,9 +247,9 @@ async fn tags_when_set_become_exactly_the_new_set_and_when_unset_are_left_alone(
         .unwrap();
     assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
 
-    // Only additions and changes: no UntagResource.
+    // Only additions and changes, with a new value: the value, then no UntagResource.
     let third = meta(json!({"tags": {"keep": "1", "change": "21", "add": "4", "more": "5"}}));
-    push.push_with("prod/tags", &whole(NEW_VALUE.as_bytes()), REPLACE, &third)
+    push.push_with("prod/tags", &whole(VALUE.as_bytes()), REPLACE, &third)
         .await
         .unwrap();
     assert_eq!(
@@ -306,6 +308,23 @@ async fn description_or_key_changes_go_with_the_value_in_one_update_secret() {
         .await
         .unwrap();
     assert_eq!(calls.take(), ops(&["DescribeSecret", "GetSecretValue"]));
+
+    // The description alone: one UpdateSecret without the value, so no new version.
+    let third = meta(json!({"description": "third", "kmsKeyId": "alias/rotated"}));
+    let pushed = push
+        .push_with("prod/desc", &whole(NEW_VALUE.as_bytes()), REPLACE, &third)
+        .await
+        .unwrap();
+    assert_eq!(
+        calls.take(),
+        ops(&["DescribeSecret", "GetSecretValue", "UpdateSecret"])
+    );
+    assert_eq!(pushed, Pushed::Written { version });
+    assert_eq!(versions(&admin, "prod/desc").await, 2);
+    assert_eq!(
+        describe(&admin, "prod/desc").await.description(),
+        Some("third")
+    );
 
     // AWS's own key, named or not, is the key of a secret created without one.
     let default_key = meta(json!({"kmsKeyId": "alias/aws/secretsmanager"}));

@@ -57,14 +57,15 @@ async fn the_controller_pushes_metadata_and_a_change_of_it_alone() {
     let pushed: serde_json::Value = serde_json::from_str(got.secret_string().unwrap()).unwrap();
     assert_eq!(pushed, json!({"password": PASSWORD, "username": "app"}));
 
-    // The settings alone change: pushed again, tags replaced.
+    // The settings alone change: pushed again, tags replaced, no new version of the value.
+    let unchanged = versions(&admin, "prod/meta").await;
     let mut edited = s.get(API, "PushSecret", Some("shop"), "meta").unwrap();
     edited["spec"]["data"][0]["metadata"] = envelope(json!({"tags": {"team": "checkout"},
         "description": "moved to checkout"}));
     s.apply(edited);
     let deadline = std::time::Instant::now() + within;
     loop {
-        // The tags follow the value write (UpdateSecret, carrying the description): both.
+        // The tags follow the description's UpdateSecret: both.
         let d = describe(&admin, "prod/meta").await;
         let tags = tags_of(&[("team", "checkout"), ("managed-by", "latchkey")]);
         if d.description() == Some("moved to checkout") && tag_map(&d) == tags {
@@ -77,6 +78,8 @@ async fn the_controller_pushes_metadata_and_a_change_of_it_alone() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+
+    assert_eq!(versions(&admin, "prod/meta").await, unchanged);
 
     // A tag Secrets Manager would refuse: the PushSecret fails, naming the remote key and
     // the field, and nothing is written.

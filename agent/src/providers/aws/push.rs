@@ -8,7 +8,8 @@
 //! with the `DescribeSecret` answer every push reads anyway, so a push whose metadata already
 //! holds costs no call more than one without: `description` or `kmsKeyId` differing turns the
 //! value write into one `UpdateSecret`, and `tags` (when set: exactly those and the mark, as ESO
-//! does) costs a `TagResource` and an `UntagResource` only for what differs.
+//! does) costs a `TagResource` and an `UntagResource` only for what differs. A change of `tags`
+//! or `description` alone writes no value, so it makes no new version.
 
 use std::collections::BTreeMap;
 
@@ -123,14 +124,15 @@ impl AwsPush {
         Ok(out.version_id().unwrap_or_default().to_string())
     }
 
-    /// The value and the `description` / `kmsKeyId` that differ, in one `UpdateSecret`.
+    /// The value (when given) and the `description` / `kmsKeyId` that differ, in one
+    /// `UpdateSecret`; the new version, or `None` when no value went with it.
     async fn update(
         &self,
         remote_key: &str,
-        body: Body<'_>,
+        body: Option<Body<'_>>,
         description: Option<&str>,
         kms_key_id: Option<&str>,
-    ) -> Result<String, PushError> {
+    ) -> Result<Option<String>, PushError> {
         let call = self
             .client
             .update_secret()
@@ -138,11 +140,12 @@ impl AwsPush {
             .set_description(description.map(String::from))
             .set_kms_key_id(kms_key_id.map(String::from));
         let call = match body {
-            Body::Text(text) => call.secret_string(text),
-            Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
+            Some(Body::Text(text)) => call.secret_string(text),
+            Some(Body::Binary(bytes)) => call.secret_binary(Blob::new(bytes)),
+            None => call,
         };
         let out = call.send().await.map_err(|e| map_err("UpdateSecret", e))?;
-        Ok(out.version_id().unwrap_or_default().to_string())
+        Ok(out.version_id().map(String::from))
     }
 
     /// After the value write: the tags [`tag_changes`] found to differ.
@@ -421,23 +424,30 @@ impl Pusher for AwsPush {
             .as_deref()
             .filter(|k| !same_kms_key(described.kms_key_id(), k));
         let (set, unset) = tag_changes(&described, metadata);
-        // When the value read already holds what would be written, in the same form, with the
-        // settings and the mark (no tag to set), nothing is written.
-        if let Some(current) = current.filter(|c| {
-            c.value == bytes
-                && c.binary == matches!(body, Body::Binary(_))
-                && description.is_none()
-                && kms_key_id.is_none()
-                && set.is_empty()
-                && unset.is_empty()
-        }) {
-            return Ok(Pushed::Unchanged {
+        // The value read already holds what would be written, in the same form.
+        let in_place =
+            current.filter(|c| c.value == bytes && c.binary == matches!(body, Body::Binary(_)));
+        // A new key must encrypt the value again: AWS leaves existing versions as they are.
+        if let Some(current) = in_place.filter(|_| kms_key_id.is_none()) {
+            if description.is_none() && set.is_empty() && unset.is_empty() {
+                return Ok(Pushed::Unchanged {
+                    version: current.version,
+                });
+            }
+            // Settings alone: no new version for every consumer of the value. Marking an
+            // adopted secret is safe here, its value being already the one Latchkey writes.
+            if description.is_some() {
+                self.update(remote_key, None, description, None).await?;
+            }
+            self.retag(remote_key, set, unset).await?;
+            return Ok(Pushed::Written {
                 version: current.version,
             });
         }
         let version = if description.is_some() || kms_key_id.is_some() {
-            self.update(remote_key, body, description, kms_key_id)
+            self.update(remote_key, Some(body), description, kms_key_id)
                 .await?
+                .unwrap_or_default()
         } else {
             self.put(remote_key, body).await?
         };
