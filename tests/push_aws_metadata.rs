@@ -1,5 +1,5 @@
 //! PushSecret metadata on AWS Secrets Manager against a real `moto_server`: `tags`,
-//! `description`, `kmsKeyId` and `secretPushFormat` as ESO applies them, and the calls each push
+//! `description`, `kmsKeyId`, `secretPushFormat` and `replicationLocations` as ESO applies them, and the calls each push
 //! costs. Calls are counted by an interceptor on the SDK client the pusher is given, which
 //! records the `X-Amz-Target` operation of every request serialized (once per operation, however
 //! often it is retried): moto cannot count them, and its `LastChangedDate` has whole seconds and
@@ -13,6 +13,9 @@ mod controller;
 // Pushes that would change nothing, in a file of their own.
 #[path = "push_aws_metadata/unchanged.rs"]
 mod unchanged;
+// `replicationLocations`, in a file of its own.
+#[path = "push_aws_metadata/replication.rs"]
+mod replication;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -137,7 +140,13 @@ async fn create_carries_the_tags_description_key_and_format_with_the_mark() {
     let (push, calls) = counted(&moto);
     assert_eq!(
         push.metadata_fields(),
-        ["tags", "description", "kmsKeyId", "secretPushFormat"]
+        [
+            "tags",
+            "description",
+            "kmsKeyId",
+            "secretPushFormat",
+            "replicationLocations"
+        ]
     );
     let m = meta(json!({"tags": {"team": "payments", "env": "prod"},
         "description": "the payments database", "kmsKeyId": "alias/latchkey-test",

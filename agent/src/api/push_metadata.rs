@@ -109,7 +109,7 @@ pub struct PushMetadataSpec {
     /// AWS Secrets Manager's resource policy from a ConfigMap or Secret: refused (not yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_policy: Option<NotSupported>,
-    /// AWS Secrets Manager's replica regions: refused (not yet).
+    /// AWS Secrets Manager: the regions the secret is replicated to (exactly those, when set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub replication_locations: Option<Vec<String>>,

@@ -1,6 +1,6 @@
 //! ESO `PushSecret` `spec.data[].metadata` -> Latchkey's: the `PushSecretMetadata` envelope with
 //! the fields of the providers Latchkey writes. A field of another provider, or one Latchkey
-//! does not implement, fails the object; copying the source Secret's labels (the kubernetes
+//! does not implement (AWS's `resourcePolicy`), fails the object; copying the source Secret's labels (the kubernetes
 //! provider's `sourceMergePolicy: Merge`, ESO's default) is noted, as Latchkey never does.
 
 use super::fields::Fields;
@@ -47,17 +47,18 @@ pub fn metadata(
     }
     let mut spec = PushMetadataSpec::default();
     if let Some(mut s) = m.object("spec", notes) {
-        for field in ["resourcePolicy", "replicationLocations"] {
-            if s.has(field) {
-                return Err(format!(
-                    "{} is not supported by Latchkey yet (docs/push-secret.md lists what is)",
-                    s.at(field)
-                ));
-            }
+        if s.has("resourcePolicy") {
+            return Err(format!(
+                "{} is not supported by Latchkey yet (docs/push-secret.md lists what is)",
+                s.at("resourcePolicy")
+            ));
         }
         spec.tags = s.strings("tags", notes);
         spec.description = s.string("description", notes);
         spec.kms_key_id = s.string("kmsKeyId", notes);
+        if s.has("replicationLocations") {
+            spec.replication_locations = Some(s.string_list("replicationLocations", notes));
+        }
         spec.secret_push_format = one_of(&mut s, "secretPushFormat", notes, push_format)?;
         spec.custom_metadata = s.strings("customMetadata", notes);
         spec.merge_policy = one_of(&mut s, "mergePolicy", notes, merge_policy)?;

@@ -319,7 +319,7 @@ pub(super) fn check_every_sample(
         (
             "a resource policy",
             json!({"spec": {"data": [with_meta(json!({"resourcePolicy": {}}))]}}),
-            Expect::AgentOnly("spec.data[0].metadata.spec: resourcePolicy and replicationLocations are not supported".into()),
+            Expect::AgentOnly("spec.data[0].metadata.spec.resourcePolicy is not supported".into()),
         ),
         (
             "copying the source Secret's labels",

@@ -62,10 +62,9 @@ pub(super) fn metadata(path: &str, metadata: &PushSecretMetadata) -> Result<(), 
             ));
         }
     }
-    if spec.resource_policy.is_some() || spec.replication_locations.is_some() {
+    if spec.resource_policy.is_some() {
         return Err(Invalid(format!(
-            "{at}: resourcePolicy and replicationLocations are not supported yet; set them on \
-             the secret in AWS"
+            "{at}.resourcePolicy is not supported yet; set the policy on the secret in AWS"
         )));
     }
     if spec.source_merge_policy == Some(MetadataMergePolicy::Merge) {

@@ -30,6 +30,7 @@ mod batch;
 mod errors;
 pub mod parameter_store;
 pub mod push;
+mod push_settings;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,15 +3,15 @@
 //! value read already holds what would be written), and never written over or deleted without
 //! that tag unless the store allows adopting it.
 //!
-//! An entry's `metadata` (ESO's fields `tags`, `description`, `kmsKeyId`, `secretPushFormat`)
-//! goes into `CreateSecret`; on an update only the fields it sets are brought in line, compared
+//! An entry's `metadata` (ESO's fields `tags`, `description`, `kmsKeyId`, `secretPushFormat`,
+//! `replicationLocations`) goes into `CreateSecret`; on an update only the fields it sets are brought in line, compared
 //! with the `DescribeSecret` answer every push reads anyway, so a push whose metadata already
 //! holds costs no call more than one without: `description` or `kmsKeyId` differing turns the
 //! value write into one `UpdateSecret`, and `tags` (when set: exactly those and the mark, as ESO
-//! does) costs a `TagResource` and an `UntagResource` only for what differs. A change of `tags`
-//! or `description` alone writes no value, so it makes no new version.
-
-use std::collections::BTreeMap;
+//! does) costs a `TagResource` and an `UntagResource` only for what differs, as
+//! `replicationLocations` costs a `RemoveRegionsFromReplication` and a
+//! `ReplicateSecretToRegions`. A change of tags, description or regions alone writes no value,
+//! so it makes no new version. What each field asks is worked out in `push_settings`.
 
 use async_trait::async_trait;
 use aws_sdk_secretsmanager::Client;
@@ -26,21 +26,13 @@ use super::super::push::{
 };
 use super::super::{BuildContext, ProviderError};
 use super::errors::map_err;
+use super::push_settings::{
+    FIELDS, check, replica_changes, replica_regions, replicas, same_kms_key, tag_changes,
+};
 use super::{auth, value};
 use crate::api::push_metadata::{PushMetadataSpec, SecretPushFormat};
 use crate::api::store::AwsProvider;
 use crate::secret::SecretBytes;
-
-/// The fields of `spec.data[].metadata.spec` this provider uses.
-const FIELDS: [&str; 4] = ["tags", "description", "kmsKeyId", "secretPushFormat"];
-/// Most tags on one secret (Secrets Manager's limit), the mark included.
-const MAX_AWS_TAGS: usize = 50;
-/// Longest tag key, in characters (Secrets Manager's limit).
-const MAX_TAG_KEY: usize = 128;
-/// Longest tag value, in characters (Secrets Manager's limit).
-const MAX_TAG_VALUE: usize = 256;
-/// The key AWS encrypts a secret with when none is named; DescribeSecret then shows none.
-const DEFAULT_KMS_KEY: &str = "alias/aws/secretsmanager";
 
 /// Writes Secrets Manager as one identity.
 pub struct AwsPush {
@@ -91,10 +83,6 @@ impl AwsPush {
     }
 
     /// Whether `remote_key` exists, and if so whether it carries Latchkey's mark.
-    async fn marked(&self, remote_key: &str) -> Result<Option<bool>, PushError> {
-        Ok(self.describe(remote_key).await?.as_ref().map(is_marked))
-    }
-
     /// The current value of `remote_key`, as it is stored.
     async fn current(&self, remote_key: &str) -> Result<Current, PushError> {
         let out = self
@@ -178,7 +166,44 @@ impl AwsPush {
         Ok(())
     }
 
-    async fn remove(&self, remote_key: &str) -> Result<(), PushError> {
+    /// Brings the replica regions in line: `remove` first, so a secret is never in more
+    /// regions than asked.
+    async fn replicate(
+        &self,
+        remote_key: &str,
+        add: Vec<String>,
+        remove: Vec<String>,
+        kms_key_id: Option<&str>,
+    ) -> Result<(), PushError> {
+        if !remove.is_empty() {
+            self.client
+                .remove_regions_from_replication()
+                .secret_id(remote_key)
+                .set_remove_replica_regions(Some(remove))
+                .send()
+                .await
+                .map_err(|e| map_err("RemoveRegionsFromReplication", e))?;
+        }
+        if !add.is_empty() {
+            self.client
+                .replicate_secret_to_regions()
+                .secret_id(remote_key)
+                .set_add_replica_regions(Some(replicas(&add, kms_key_id)))
+                .send()
+                .await
+                .map_err(|e| map_err("ReplicateSecretToRegions", e))?;
+        }
+        Ok(())
+    }
+
+    async fn remove(
+        &self,
+        remote_key: &str,
+        described: &DescribeSecretOutput,
+    ) -> Result<(), PushError> {
+        // Secrets Manager deletes no secret that still has replicas.
+        self.replicate(remote_key, Vec::new(), replica_regions(described), None)
+            .await?;
         // Without recovery: a later push of the same key must be able to create it again.
         match self
             .client
@@ -195,40 +220,6 @@ impl AwsPush {
             },
         }
     }
-}
-
-/// The tags to set and to remove to bring `described` in line: the mark on an adopted secret
-/// and, when `tags` is set, exactly those tags; only what differs, so nothing when all holds.
-fn tag_changes(
-    described: &DescribeSecretOutput,
-    metadata: &PushMetadataSpec,
-) -> (Vec<Tag>, Vec<String>) {
-    let current: BTreeMap<&str, &str> = described
-        .tags()
-        .iter()
-        .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
-        .collect();
-    let mut wanted: BTreeMap<&str, &str> = metadata
-        .tags
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    wanted.insert(MARK_KEY, MARK_VALUE);
-    let set = wanted
-        .iter()
-        .filter(|(k, v)| current.get(*k) != Some(*v))
-        .filter(|(k, _)| !metadata.tags.is_empty() || **k == MARK_KEY)
-        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
-        .collect();
-    // Without `tags`, the others' tags stay (ESO's semantics): only the mark is added.
-    // Tags under `aws:` belong to AWS (CloudFormation's, say): no one may remove them.
-    let unset = current
-        .keys()
-        .filter(|k| !metadata.tags.is_empty() && !wanted.contains_key(*k))
-        .filter(|k| !aws_reserved(k))
-        .map(|k| k.to_string())
-        .collect();
-    (set, unset)
 }
 
 fn is_marked(described: &DescribeSecretOutput) -> bool {
@@ -259,82 +250,6 @@ fn body<'a>(
     }
 }
 
-/// Whether the key the secret is encrypted with (`described`, none for AWS's default) is
-/// `wanted`, as an id, alias, or the ARN of either. An alias and the key id it names cannot be
-/// told apart without asking KMS: they count as different, which costs no call (the value then
-/// goes with `UpdateSecret` instead of `PutSecretValue`).
-fn same_kms_key(described: Option<&str>, wanted: &str) -> bool {
-    let described = described.unwrap_or(DEFAULT_KMS_KEY);
-    // An ARN ends in `:alias/<name>` or `:key/<id>`.
-    let ends = |long: &str, short: &str| {
-        long == short
-            || long.starts_with("arn:")
-                && long
-                    .strip_suffix(short)
-                    .is_some_and(|head| head.ends_with(':') || head.ends_with(":key/"))
-    };
-    ends(described, wanted) || ends(wanted, described)
-}
-
-/// Whether a tag key or value holds only what AWS allows: letters, digits, spaces and
-/// `_ . : / = + - @`.
-fn tag_text(text: &str) -> bool {
-    text.chars().all(|c| {
-        c.is_alphanumeric() || (c.is_whitespace() && !c.is_control()) || "_.:/=+-@".contains(c)
-    })
-}
-
-/// Whether a tag key is in AWS's own `aws:` namespace, which no one else may set or remove.
-fn aws_reserved(key: &str) -> bool {
-    key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("aws:"))
-}
-
-/// The values of the fields this provider uses that Secrets Manager would refuse.
-fn check(metadata: &PushMetadataSpec) -> Result<(), PushError> {
-    let bad = |field, why: String| Err(PushError::BadMetadata { field, why });
-    let tags = &metadata.tags;
-    if tags.len() >= MAX_AWS_TAGS {
-        return bad(
-            "tags",
-            format!(
-                "{} tags, but Secrets Manager keeps at most {MAX_AWS_TAGS} on a secret, \
-                 Latchkey's {MARK_KEY} included",
-                tags.len()
-            ),
-        );
-    }
-    for (key, value) in tags {
-        let shown: String = key.chars().take(64).collect();
-        let why = if key.chars().count() > MAX_TAG_KEY {
-            format!(
-                "tag key {shown:?}... is longer than Secrets Manager's {MAX_TAG_KEY} characters"
-            )
-        } else if value.chars().count() > MAX_TAG_VALUE {
-            format!(
-                "the value of tag {shown:?} is longer than Secrets Manager's {MAX_TAG_VALUE} \
-                 characters"
-            )
-        } else if aws_reserved(key) {
-            format!("tag key {shown:?}: the prefix aws: is reserved for AWS")
-        } else if !tag_text(key) || !tag_text(value) {
-            format!(
-                "tag {shown:?}: keys and values hold only letters, digits, spaces and \
-                 _ . : / = + - @"
-            )
-        } else {
-            continue;
-        };
-        return bad("tags", why);
-    }
-    if metadata.kms_key_id.as_deref().is_some_and(str::is_empty) {
-        return bad(
-            "kmsKeyId",
-            "is empty; name a KMS key, or leave it unset".into(),
-        );
-    }
-    Ok(())
-}
-
 #[async_trait]
 impl Pusher for AwsPush {
     async fn push_with(
@@ -345,7 +260,7 @@ impl Pusher for AwsPush {
         metadata: &PushMetadataSpec,
     ) -> Result<Pushed, PushError> {
         // The controller checked already; a direct caller gets the same refusal, unwritten.
-        check(metadata)?;
+        self.check_metadata(metadata)?;
         let format = metadata.secret_push_format;
         let conflict = || PushError::Conflict {
             remote_key: remote_key.to_string(),
@@ -367,7 +282,14 @@ impl Pusher for AwsPush {
                 .name(remote_key)
                 .set_tags(Some(tags))
                 .set_description(metadata.description.clone())
-                .set_kms_key_id(metadata.kms_key_id.clone());
+                .set_kms_key_id(metadata.kms_key_id.clone())
+                .set_add_replica_regions(
+                    metadata
+                        .replication_locations
+                        .as_deref()
+                        .filter(|r| !r.is_empty())
+                        .map(|r| replicas(r, metadata.kms_key_id.as_deref())),
+                );
             let call = match body(remote_key, &bytes, format)? {
                 Body::Text(text) => call.secret_string(text),
                 Body::Binary(bytes) => call.secret_binary(Blob::new(bytes)),
@@ -424,12 +346,15 @@ impl Pusher for AwsPush {
             .as_deref()
             .filter(|k| !same_kms_key(described.kms_key_id(), k));
         let (set, unset) = tag_changes(&described, metadata);
+        let (add, remove) = replica_changes(&described, metadata);
+        let kms = metadata.kms_key_id.as_deref();
         // The value read already holds what would be written, in the same form.
         let in_place =
             current.filter(|c| c.value == bytes && c.binary == matches!(body, Body::Binary(_)));
         // A new key must encrypt the value again: AWS leaves existing versions as they are.
         if let Some(current) = in_place.filter(|_| kms_key_id.is_none()) {
-            if description.is_none() && set.is_empty() && unset.is_empty() {
+            let replicated = add.is_empty() && remove.is_empty();
+            if description.is_none() && set.is_empty() && unset.is_empty() && replicated {
                 return Ok(Pushed::Unchanged {
                     version: current.version,
                 });
@@ -440,6 +365,7 @@ impl Pusher for AwsPush {
                 self.update(remote_key, None, description, None).await?;
             }
             self.retag(remote_key, set, unset).await?;
+            self.replicate(remote_key, add, remove, kms).await?;
             return Ok(Pushed::Written {
                 version: current.version,
             });
@@ -454,6 +380,7 @@ impl Pusher for AwsPush {
         // Marked only once written: a failed write must not leave someone else's secret
         // looking like Latchkey's (which `deletionPolicy: Delete` would then remove).
         self.retag(remote_key, set, unset).await?;
+        self.replicate(remote_key, add, remove, kms).await?;
         Ok(Pushed::Written { version })
     }
 
@@ -462,20 +389,22 @@ impl Pusher for AwsPush {
     }
 
     fn check_metadata(&self, metadata: &PushMetadataSpec) -> Result<(), PushError> {
-        check(metadata)
+        let region = self.client.config().region().map(|r| r.as_ref());
+        check(metadata, region)
     }
 
     async fn delete(&self, remote_key: &str, properties: &[String]) -> Result<(), PushError> {
-        let Some(marked) = self.marked(remote_key).await? else {
+        let Some(described) = self.describe(remote_key).await? else {
             return Ok(());
         };
+        let marked = is_marked(&described);
         if properties.is_empty() {
             if !marked {
                 return Err(PushError::Conflict {
                     remote_key: remote_key.to_string(),
                 });
             }
-            return self.remove(remote_key).await;
+            return self.remove(remote_key, &described).await;
         }
         let current = self.current(remote_key).await?.value;
         match remove_properties(remote_key, &current, properties)? {
@@ -483,7 +412,7 @@ impl Pusher for AwsPush {
                 let left = body(remote_key, &left, None)?;
                 self.put(remote_key, left).await.map(|_| ())
             }
-            None if marked => self.remove(remote_key).await,
+            None if marked => self.remove(remote_key, &described).await,
             None => self.put(remote_key, Body::Text("{}")).await.map(|_| ()),
         }
     }
@@ -492,20 +421,6 @@ impl Pusher for AwsPush {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_key_is_the_same_as_its_arn_and_aws_default_as_none() {
-        let alias_arn = "arn:aws:kms:us-east-1:123456789012:alias/shop";
-        let key_arn = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab";
-        assert!(same_kms_key(Some("alias/shop"), "alias/shop"));
-        assert!(same_kms_key(Some(alias_arn), "alias/shop"));
-        assert!(same_kms_key(Some("alias/shop"), alias_arn));
-        assert!(same_kms_key(Some(key_arn), "1234abcd-12ab"));
-        assert!(same_kms_key(None, DEFAULT_KMS_KEY));
-        assert!(!same_kms_key(None, "alias/shop"));
-        assert!(!same_kms_key(Some(alias_arn), "alias/hop"));
-        assert!(!same_kms_key(Some("alias/shop"), "shop"));
-    }
 
     #[test]
     fn the_format_decides_string_or_binary_and_string_refuses_bytes_unnamed() {
@@ -526,14 +441,5 @@ mod tests {
             shown.contains("\"prod/db\"") && !shown.contains("hunt"),
             "{shown}"
         );
-    }
-
-    #[test]
-    fn tag_text_is_what_aws_allows() {
-        assert!(tag_text("team a:b/c=d+e-f@g_h.i"));
-        assert!(tag_text("équipe 東京 ٣"));
-        for bad in ["a;b", "a\tb", "a\nb", "a*", "a,b", "a\"b"] {
-            assert!(!tag_text(bad), "{bad:?}");
-        }
     }
 }
