@@ -12,13 +12,12 @@ use std::time::Duration;
 use latchkey::api::StoreKind;
 use latchkey::api::generator::{PasswordSpec, VaultDynamicSecretSpec, VaultResultType};
 use latchkey::api::store::{VaultAuth, VaultProvider, VaultRoleAuth};
-use latchkey::catalog::{Catalog, ManifestCatalog};
+use latchkey::catalog::ManifestCatalog;
 use latchkey::generators::{self, Generated, GeneratorError, GeneratorSpec, Lease};
 use latchkey::identity::PodInfo;
 use latchkey::identity::tokens::{PodTokens, ServiceAccountToken};
 use latchkey::providers::{BuildContext, Env, ProviderError};
 use latchkey::secret::SecretString;
-use latchkey::telemetry::Metrics;
 use latchkey::telemetry::metrics::ProviderLabel;
 use serde_json::{Value, json};
 use support::openbao::{JwtIssuer, OpenBao};
@@ -51,20 +50,6 @@ async fn bao(issuer: &JwtIssuer) -> OpenBao {
     bao.policy(ROLE, POLICY).await;
     bao.jwt(issuer, ROLE, AUDIENCE, &[ROLE]).await;
     bao
-}
-
-fn env() -> Env {
-    let catalog: Arc<dyn Catalog> = Arc::new(ManifestCatalog::default());
-    Env {
-        metrics: Arc::new(Metrics::new()),
-        kube: None,
-        catalog,
-        agent_namespace: "latchkey".into(),
-        aws_sessions: Default::default(),
-        vault_tokens: Default::default(),
-        plugins: Default::default(),
-        secrets_store: Default::default(),
-    }
 }
 
 /// Pod `name` of `shop/web`, with its projected token for Vault.
@@ -171,7 +156,7 @@ fn assert_no_leak(outputs: &[String], secrets: &[String]) {
 async fn each_generate_issues_its_own_certificate_and_cleanup_revokes_it() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
-    let env = env();
+    let env = support::vault_push::env();
     let generator = build(&env, &pod(&issuer, "web-0"), &pki_spec(&bao))
         .await
         .unwrap();
@@ -230,7 +215,7 @@ async fn each_generate_issues_its_own_certificate_and_cleanup_revokes_it() {
 async fn a_pki_lease_cannot_be_renewed_so_renew_asks_for_a_new_certificate() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
-    let env = env();
+    let env = support::vault_push::env();
     let generator = build(&env, &pod(&issuer, "web-0"), &pki_spec(&bao))
         .await
         .unwrap();
@@ -249,7 +234,7 @@ async fn a_pki_lease_cannot_be_renewed_so_renew_asks_for_a_new_certificate() {
 async fn a_3s_token_is_renewed_and_one_at_its_max_ttl_is_replaced() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
-    let env = env();
+    let env = support::vault_push::env();
     let pod = pod(&issuer, "web-0");
     let renewable = spec(
         &bao,
@@ -328,7 +313,7 @@ async fn a_3s_token_is_renewed_and_one_at_its_max_ttl_is_replaced() {
 async fn ten_generates_of_one_identity_log_in_once() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
-    let env = env();
+    let env = support::vault_push::env();
     let before = bao.token_accessors().await.len();
     let spec = pki_spec(&bao);
     let mut states = Vec::new();
@@ -371,7 +356,7 @@ async fn ten_generates_of_one_identity_log_in_once() {
 async fn denied_paths_and_bad_answers_are_clear_errors_without_values() {
     let issuer = JwtIssuer::new();
     let bao = bao(&issuer).await;
-    let env = env();
+    let env = support::vault_push::env();
     let pod = pod(&issuer, "web-0");
     let mut outputs = Vec::new();
 
@@ -476,7 +461,7 @@ async fn denied_paths_and_bad_answers_are_clear_errors_without_values() {
 
 #[tokio::test]
 async fn a_password_from_build_has_esos_shape() {
-    let env = env();
+    let env = support::vault_push::env();
     let issuer = JwtIssuer::new();
     let pod = pod(&issuer, "web-0");
     let ctx = BuildContext {
@@ -515,7 +500,7 @@ async fn an_endless_answer_from_a_tenants_vault_fails_the_generate_bounded() {
         .unwrap();
     let env = Env {
         catalog: Arc::new(catalog),
-        ..env()
+        ..support::vault_push::env()
     };
     let issuer = JwtIssuer::new();
     let pod = pod(&issuer, "web-0");
@@ -570,7 +555,7 @@ async fn the_providers_namespace_is_where_the_secret_is_made_and_revoked() {
         .unwrap();
     let env = Env {
         catalog: Arc::new(catalog),
-        ..env()
+        ..support::vault_push::env()
     };
     let pod = pod(&issuer, "web-0");
     let mut spec = spec(

@@ -466,17 +466,7 @@ async fn the_controller_pushes_follows_the_secret_and_writes_only_on_change() {
     assert!(reasons.iter().any(|r| r == "PushFailed"), "{reasons:?}");
 
     // No value anywhere the controller reports.
-    let mut shown = c.log_text();
-    for name in ["db", "denied", "clash", "outside", "to-csi"] {
-        shown.push_str(
-            &s.get(API, "PushSecret", Some("shop"), name)
-                .unwrap()
-                .to_string(),
-        );
-    }
-    for event in s.events() {
-        shown.push_str(&event.to_string());
-    }
+    let shown = support::push::shown(&s, &c, &["db", "denied", "clash", "outside", "to-csi"]);
     for value in [
         PASSWORD,
         NEW_PASSWORD,

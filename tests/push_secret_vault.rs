@@ -492,28 +492,8 @@ fn source_secret(s: &FakeApiServer, password: &str) {
 }
 
 fn push_secret(name: &str, account: &str, store: &str, remote: &str) -> Value {
-    json!({"apiVersion": API, "kind": "PushSecret",
-    "metadata": {"name": name, "namespace": "shop"},
-    "spec": {
-        "serviceAccountName": account,
-        "refreshInterval": "1h",
-        "deletionPolicy": "None",
-        "secretStoreRefs": [{"name": store, "kind": "SecretStore"}],
-        "selector": {"secret": {"name": "db"}},
-        "data": [
-            {"match": {"secretKey": "password",
-                       "remoteRef": {"remoteKey": remote, "property": "password"}}},
-            {"match": {"secretKey": "username",
-                       "remoteRef": {"remoteKey": remote, "property": "username"}}},
-        ]}})
-}
-
-fn failed_condition(s: &FakeApiServer, name: &str) -> Option<Value> {
-    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
-    let conditions = ps["status"]["conditions"].as_array()?.clone();
-    conditions
-        .into_iter()
-        .find(|c| c["type"] == "Ready" && c["status"] == "False")
+    let store = json!({"name": store, "kind": "SecretStore"});
+    support::push::push_secret_to(name, account, remote, "None", store)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -594,7 +574,9 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
 
     // Someone else's secret: a conflict naming all, left as it was.
     let condition = c
-        .until("the conflict", || async { failed_condition(&s, "clash") })
+        .until("the conflict", || async {
+            support::push::failed_ready(&s, "clash")
+        })
         .await;
     assert_eq!(condition["reason"], "Conflict", "{condition}");
     let message = condition["message"].as_str().unwrap();
@@ -609,7 +591,9 @@ async fn the_controller_pushes_to_openbao_as_the_service_account() {
 
     // A Vault policy without write: a clear condition naming the path.
     let condition = c
-        .until("the refusal", || async { failed_condition(&s, "denied") })
+        .until("the refusal", || async {
+            support::push::failed_ready(&s, "denied")
+        })
         .await;
     assert_eq!(condition["reason"], "BackendError", "{condition}");
     let message = condition["message"].as_str().unwrap();

@@ -10,7 +10,6 @@ use base64::Engine as _;
 use latchkey::api::push_metadata::{MetadataMergePolicy, PushMetadataSpec};
 use latchkey::providers::push::{PushError, Pushed, Pusher};
 use serde_json::{Value, json};
-use support::apiserver::FakeApiServer;
 use support::controller::ControllerProcess;
 use support::openbao::{JwtIssuer, OpenBao};
 use support::push::{REPLACE, props};
@@ -325,14 +324,6 @@ fn push_secret(name: &str, store: &str, remote: &str, meta: Value) -> Value {
         ]}})
 }
 
-fn condition(s: &FakeApiServer, name: &str) -> Option<Value> {
-    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
-    let conditions = ps["status"]["conditions"].as_array()?.clone();
-    conditions
-        .into_iter()
-        .find(|c| c["type"] == "Ready" && c["status"] == "False")
-}
-
 /// The controller end to end: a KV v2 store takes `customMetadata`; a KV v1 store, which has
 /// no metadata, fails the PushSecret naming the field, with nothing written.
 #[tokio::test(flavor = "multi_thread")]
@@ -375,7 +366,9 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
     .await;
 
     let failed = c
-        .until("the KV v1 refusal", || async { condition(&s, "v1") })
+        .until("the KV v1 refusal", || async {
+            support::push::failed_ready(&s, "v1")
+        })
         .await;
     assert_eq!(failed["reason"], "Unsupported", "{failed}");
     let message = failed["message"].as_str().unwrap();
@@ -390,17 +383,7 @@ async fn the_controller_writes_custom_metadata_and_a_kv_v1_store_refuses_it_by_n
     let (code, v1) = bao.request("GET", "kv1/prod/meta", None).await;
     assert_eq!(code, 404, "nothing written to KV v1: {v1}");
 
-    let mut shown = c.log_text();
-    for name in ["v1", "v2"] {
-        shown.push_str(
-            &s.get(API, "PushSecret", Some("shop"), name)
-                .unwrap()
-                .to_string(),
-        );
-    }
-    for event in s.events() {
-        shown.push_str(&event.to_string());
-    }
+    let shown = support::push::shown(&s, &c, &["v1", "v2"]);
     assert_no_secret(&shown, &bao);
     assert!(!shown.contains(&b64(PASSWORD)), "{shown}");
     assert!(!shown.contains(&reviewer), "{shown}");

@@ -106,17 +106,7 @@ fn set(keys: &[&str]) -> BTreeSet<String> {
 }
 
 fn assert_no_value(s: &FakeApiServer, c: &ControllerProcess, names: &[&str]) {
-    let mut shown = c.log_text();
-    for name in names {
-        shown.push_str(
-            &s.get(API, "PushSecret", Some("shop"), name)
-                .unwrap()
-                .to_string(),
-        );
-    }
-    for event in s.events() {
-        shown.push_str(&event.to_string());
-    }
+    let shown = crate::support::push::shown(s, c, names);
     assert!(!shown.contains(PASSWORD), "the password is shown");
     assert!(!shown.contains(&b64(PASSWORD)), "the password is shown");
 }

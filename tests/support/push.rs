@@ -128,6 +128,31 @@ pub fn push_secret_to(
         ]}})
 }
 
+/// The failing `Ready` condition of PushSecret `shop/name`, if it has one.
+pub fn failed_ready(s: &FakeApiServer, name: &str) -> Option<serde_json::Value> {
+    let ps = s.get(API, "PushSecret", Some("shop"), name)?;
+    let conditions = ps["status"]["conditions"].as_array()?.clone();
+    conditions
+        .into_iter()
+        .find(|c| c["type"] == "Ready" && c["status"] == "False")
+}
+
+/// Everything the controller shows: its log, the PushSecrets `names` of `shop` and every Event.
+pub fn shown(s: &FakeApiServer, c: &ControllerProcess, names: &[&str]) -> String {
+    let mut shown = c.log_text();
+    for name in names {
+        shown.push_str(
+            &s.get(API, "PushSecret", Some("shop"), name)
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for event in s.events() {
+        shown.push_str(&event.to_string());
+    }
+    shown
+}
+
 /// Polls `check` every 50 ms for up to `within`; the controller's log shows on a timeout.
 pub async fn eventually<T>(
     c: &ControllerProcess,

@@ -278,25 +278,44 @@ fn name_part(s: &str) -> bool {
 }
 
 /// Sets the labels and annotations of `meta` (a Secret read, or a new one) as `metadata` and
-/// `policy` say, and the mark in every case.
-fn set_metadata(meta: &mut ObjectMeta, metadata: &PushMetadataSpec, policy: TargetMergePolicy) {
+/// `policy` say, and the mark in every case; whether that changed them. Compared in place: the
+/// annotations read may hold kubectl's last-applied copy of the Secret's values.
+fn set_metadata(
+    meta: &mut ObjectMeta,
+    metadata: &PushMetadataSpec,
+    policy: TargetMergePolicy,
+) -> bool {
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);
     let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    let mut changed = false;
     match policy {
         TargetMergePolicy::Merge => {
-            labels.extend(metadata.labels.clone());
-            annotations.extend(metadata.annotations.clone());
+            for (into, from) in [
+                (&mut *labels, &metadata.labels),
+                (&mut *annotations, &metadata.annotations),
+            ] {
+                for (k, v) in from {
+                    changed |= into.insert(k.clone(), v.clone()).as_ref() != Some(v);
+                }
+            }
         }
         TargetMergePolicy::Replace => {
-            labels.clone_from(&metadata.labels);
+            let mut wanted = metadata.labels.clone();
+            wanted.insert(MARK_LABEL.to_string(), MARK_VALUE.to_string());
+            changed |= *labels != wanted || *annotations != metadata.annotations;
+            *labels = wanted;
             annotations.clone_from(&metadata.annotations);
         }
         TargetMergePolicy::Ignore => {}
     }
-    labels.insert(MARK_LABEL.to_string(), MARK_VALUE.to_string());
+    changed |= labels
+        .insert(MARK_LABEL.to_string(), MARK_VALUE.to_string())
+        .as_deref()
+        != Some(MARK_VALUE);
     if annotations.is_empty() {
         meta.annotations = None;
     }
+    changed
 }
 
 fn version(secret: &Secret) -> String {
@@ -358,14 +377,9 @@ impl Pusher for KubernetesPush {
         secret.data = Some(bounded(remote_key, data)?);
         // Marked in the same write as the data, with the labels and annotations: one update,
         // all of it, or nothing.
-        let read_meta = (
-            secret.metadata.labels.clone(),
-            secret.metadata.annotations.clone(),
-        );
         let target = metadata.target_merge_policy.unwrap_or_default();
-        set_metadata(&mut secret.metadata, metadata, target);
-        let meta_now = (&secret.metadata.labels, &secret.metadata.annotations);
-        if same_data && (&read_meta.0, &read_meta.1) == meta_now {
+        let changed = set_metadata(&mut secret.metadata, metadata, target);
+        if same_data && !changed {
             // Already what would be written (a restarted controller): no new resourceVersion.
             return Ok(Pushed::Unchanged {
                 version: version(&secret),

@@ -275,32 +275,40 @@ impl PluginPush {
     ) -> Result<Pushed, PushError> {
         self.plugin.ess_has_no_identity().map_err(|f| f.error)?;
         let current = self.ess_current(remote_key).await?;
-        let mut metadata = HashMap::new();
-        let mut data = HashMap::new();
-        if let Some(current) = &current {
-            if policy.if_not_exists {
-                return Ok(Pushed::Kept);
+        // Taken apart, not copied: the data holds the secret's values.
+        let (read_metadata, read_data) = match current {
+            Some(current) => {
+                if policy.if_not_exists {
+                    return Ok(Pushed::Kept);
+                }
+                if !marked(&current) && !policy.adopt {
+                    return Err(PushError::Conflict {
+                        remote_key: remote_key.to_string(),
+                    });
+                }
+                (Some(current.metadata), Some(current.data))
             }
-            if !marked(current) && !policy.adopt {
-                return Err(PushError::Conflict {
-                    remote_key: remote_key.to_string(),
-                });
+            None => (None, None),
+        };
+        let (data, same_data) = match value {
+            PushValue::Whole(bytes) => {
+                let data = whole_entries(remote_key, bytes)?;
+                let same = read_data.is_some_and(|read| read == data);
+                (data, same)
             }
-            if !replaces(settings) {
-                metadata = current.metadata.clone();
-            }
-            if matches!(value, PushValue::Properties(_)) {
-                data = current.data.clone();
-            }
-        }
-        match value {
-            PushValue::Whole(bytes) => data = whole_entries(remote_key, bytes)?,
             PushValue::Properties(properties) => {
+                let existed = read_data.is_some();
+                let mut data = read_data.unwrap_or_default();
+                let same = existed
+                    && properties
+                        .iter()
+                        .all(|(k, v)| data.get(k).is_some_and(|b| b.as_slice() == v.expose()));
                 for (k, v) in properties {
                     data.insert(k.clone(), v.expose().to_vec());
                 }
+                (data, same)
             }
-        }
+        };
         let size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
         if size > MAX_PUSH_BYTES {
             return Err(PushError::TooLarge {
@@ -309,10 +317,14 @@ impl PluginPush {
                 max: MAX_PUSH_BYTES,
             });
         }
+        let mut metadata = match &read_metadata {
+            Some(read) if !replaces(settings) => read.clone(),
+            _ => HashMap::new(),
+        };
         metadata.extend(settings.custom_metadata.clone());
         metadata.insert(MARK_KEY.to_string(), MARK_VALUE.to_string());
         // ESS answers no version.
-        if current.is_some_and(|c| c.data == data && c.metadata == metadata) {
+        if same_data && read_metadata.as_ref() == Some(&metadata) {
             return Ok(Pushed::Unchanged {
                 version: String::new(),
             });

@@ -454,16 +454,16 @@ pub(super) fn valid_key(remote_key: &str) -> Result<&str, PushError> {
     Ok(key)
 }
 
-/// A whole value as a KV data map. As ESO's Vault provider (which unmarshals a pushed whole
-/// Secret key into the secret's data map and fails otherwise), only a JSON object is stored:
-/// KV holds a map of keys, and wrapping any other value under an invented key would make a
-/// secret ESO users do not expect. `remoteRef.property` pushes a value as one key instead.
 /// Whether two JSON objects hold the same members (in whatever order).
 fn same_object(a: &SecretBytes, b: &SecretBytes) -> bool {
     let parse = |s: &SecretBytes| serde_json::from_slice::<Value>(s.expose()).ok();
     matches!((parse(a), parse(b)), (Some(a), Some(b)) if a == b)
 }
 
+/// A whole value as a KV data map. As ESO's Vault provider (which unmarshals a pushed whole
+/// Secret key into the secret's data map and fails otherwise), only a JSON object is stored:
+/// KV holds a map of keys, and wrapping any other value under an invented key would make a
+/// secret ESO users do not expect. `remoteRef.property` pushes a value as one key instead.
 pub(super) fn whole(remote_key: &str, bytes: &SecretBytes) -> Result<SecretBytes, PushError> {
     let bytes = fits(remote_key, bytes.clone())?;
     match serde_json::from_slice::<Value>(bytes.expose()) {
